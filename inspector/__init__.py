@@ -1,0 +1,33 @@
+"""gradient-inspector's core library: real PyTorch gradient hooks, live-editable, with telemetry.
+
+    import inspector
+    insp = inspector.attach(model, optimizer)
+    insp.add_hook("clip_norm", target="*", max_norm=1.0)
+    url = insp.serve()          # the dashboard (imports the server lazily)
+
+This package imports torch only: no web framework is imported until ``serve()``.
+"""
+
+from ._version import __version__
+from .errors import AttachError, HookError, HookNotFound, InspectorError
+from .handles import HookHandle
+from .inspector import Inspector, attach
+from .kinds import POINTS, hook_kinds
+from .records import HookSpec, Snapshot
+from .targets import match as match_targets
+
+__all__ = [
+    "__version__",
+    "attach",
+    "Inspector",
+    "HookHandle",
+    "HookSpec",
+    "Snapshot",
+    "hook_kinds",
+    "match_targets",
+    "POINTS",
+    "InspectorError",
+    "HookError",
+    "HookNotFound",
+    "AttachError",
+]

@@ -1,0 +1,55 @@
+"""Exceptions raised by :mod:`inspector`.
+
+The hierarchy::
+
+    InspectorError            base of everything the inspector raises on purpose
+    ├── HookError             invalid input (a ValueError): kind, point, target or a parameter;
+    │                         ``.loc`` names the field, ``.msg`` says what is wrong
+    ├── HookNotFound          no hook with that id (a KeyError)
+    └── AttachError           attach() was given something it cannot inspect (a TypeError)
+
+Invalid input never changes anything: the registry validates a whole edit before it
+queues or applies it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError"]
+
+
+class InspectorError(Exception):
+    """Base class of the exceptions the inspector raises on purpose."""
+
+
+class HookError(InspectorError, ValueError):
+    """Invalid hook input. ``loc`` is the path of the offending field, e.g. ``("params", "threshold")``.
+
+    ``str(err)`` reads ``"params.threshold: must be > 0 (got -1)"``; ``err.detail()`` is the
+    list the server sends as a 422 ``detail``.
+    """
+
+    def __init__(self, loc: tuple[Any, ...] | str, msg: str) -> None:
+        self.loc: tuple[Any, ...] = (loc,) if isinstance(loc, str) else tuple(loc)
+        self.msg = msg
+        where = ".".join(str(p) for p in self.loc)
+        super().__init__(f"{where}: {msg}" if where else msg)
+
+    def detail(self) -> list[dict[str, Any]]:
+        return [{"loc": list(self.loc), "msg": self.msg}]
+
+
+class HookNotFound(InspectorError, KeyError):
+    """No hook with this id."""
+
+    def __init__(self, hook_id: str) -> None:
+        self.hook_id = hook_id
+        super().__init__(f"no hook with id {hook_id!r}")
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return self.args[0]
+
+
+class AttachError(InspectorError, TypeError):
+    """``attach()`` was given a model or optimizer it cannot inspect."""

@@ -1,0 +1,123 @@
+"""Where published records go: bounded ring buffers, and subscribers fed off the hot path.
+
+The training thread calls :meth:`Hub.publish`, which appends to a deque and notifies a
+condition: O(1), never blocks on a consumer. A daemon dispatcher thread converts each
+record to its wire dict once and calls every subscriber with it. Snapshots and scalars
+may be dropped for a consumer that cannot keep up (counted); hooks and events never are.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .records import Snapshot
+
+__all__ = ["Hub", "Callback"]
+
+Callback = Callable[[str, Any], None]
+_DATA_KINDS = ("snapshot", "scalars")
+
+
+class Hub:
+    def __init__(self, *, max_snapshots: int = 2000, max_events: int = 10000, max_queue: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self.snapshots: deque[Snapshot] = deque(maxlen=max_snapshots)
+        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._queue: deque[tuple[str, Any]] = deque()
+        self._queued_data = 0
+        self._max_queue = max_queue
+        self._subscribers: list[Callback] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.dropped = 0  # snapshot/scalars messages dropped because subscribers lagged
+        self.callback_errors = 0
+        self._warned = False
+
+    # ------------------------------------------------------------ producer side
+    def publish(self, kind: str, payload: Any) -> None:
+        """Record ``payload`` and queue it for subscribers. Never blocks."""
+        with self._cond:
+            if kind == "snapshot":
+                self.snapshots.append(payload)
+            elif kind == "event":
+                self.events.append(payload)
+            if not self._subscribers or self._closed:
+                return
+            if kind in _DATA_KINDS:
+                if self._queued_data >= self._max_queue:
+                    self.dropped += 1
+                    return
+                self._queued_data += 1
+            self._queue.append((kind, payload))
+            self._cond.notify()
+
+    def replace_snapshot(self, snap: Snapshot) -> None:
+        """Swap in an updated snapshot of the same step (late scalars)."""
+        with self._lock:
+            for i in range(len(self.snapshots) - 1, -1, -1):
+                if self.snapshots[i].step == snap.step:
+                    self.snapshots[i] = snap
+                    return
+
+    # ------------------------------------------------------------ consumer side
+    def subscribe(self, callback: Callback) -> Callable[[], None]:
+        with self._cond:
+            self._subscribers.append(callback)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="inspector-hub", daemon=True)
+                self._thread.start()
+
+        def unsubscribe() -> None:
+            with self._cond:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._queue:
+                    return
+                kind, payload = self._queue.popleft()
+                if kind in _DATA_KINDS:
+                    self._queued_data -= 1
+                subs = list(self._subscribers)
+            if kind == "_flush":
+                payload.set()
+                continue
+            wire = payload.to_dict() if isinstance(payload, Snapshot) else payload  # one conversion for all
+            for cb in subs:
+                try:
+                    cb(kind, wire)
+                except Exception as e:  # a consumer's bug never reaches training
+                    self.callback_errors += 1
+                    if not self._warned:
+                        self._warned = True
+                        warnings.warn(f"inspector subscriber {cb!r} raised {e!r}; further errors are counted "
+                                      "in Hub.callback_errors", RuntimeWarning, stacklevel=1)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the dispatcher has delivered everything queued so far (tests, close)."""
+        done = threading.Event()
+        with self._cond:
+            if self._thread is None or self._closed:
+                return True
+            self._queue.append(("_flush", done))
+            self._cond.notify()
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5.0)

@@ -1,0 +1,239 @@
+"""What each hook kind does to gradients, at ``pre_step`` (batched) and ``post_accumulate``.
+
+``pre_step`` functions receive every target at once and use ``torch._foreach_*`` ops;
+``post_accumulate`` functions receive one parameter (the hook's argument is the
+**parameter**; its gradient is ``param.grad``) and edit ``param.grad`` in place.
+
+When ``measure`` is set (sampled steps), each application adds to its hook's effect
+accumulators: elements changed, and squared norms before and after, as device tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .records import HookSpec
+from .stats import foreach_norm
+
+__all__ = ["Runtime", "Target", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
+
+
+@dataclass(slots=True)
+class Target:
+    index: int  # position in Inspector.params
+    name: str
+    param: Tensor
+
+
+@dataclass(slots=True)
+class NanFinding:
+    index: int
+    name: str
+    nan: int
+    inf: int
+
+
+@dataclass
+class Runtime:
+    """Mutable per-hook state: the noise generators and the effect accumulators of this step."""
+
+    spec: HookSpec
+    fn: Callable[[str, Tensor], Any] | None = None  # the user's callable (kind "python")
+    generators: dict[torch.device, torch.Generator] = field(default_factory=dict)
+    changed: Tensor | float = 0.0
+    before_sq: Tensor | float = 0.0
+    after_sq: Tensor | float = 0.0
+    measured: bool = False
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        gen = self.generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(self.spec.params.get("seed", 0)))
+            self.generators[device] = gen
+        return gen
+
+    def reset_effects(self) -> None:
+        self.changed, self.before_sq, self.after_sq, self.measured = 0.0, 0.0, 0.0, False
+
+
+def _sq(norms: list[Tensor]) -> Tensor:
+    return torch.stack([n.to(norms[0].device) for n in norms]).pow(2).sum()
+
+
+def _count(ts: list[Tensor], pred: Callable[[Tensor], Tensor]) -> Tensor:
+    return torch.stack([pred(t).sum().to(ts[0].device).float() for t in ts]).sum()
+
+
+def _numel(ts: list[Tensor]) -> float:
+    return float(sum(t.numel() for t in ts))
+
+
+def count_nonfinite(g: Tensor) -> tuple[int, int]:
+    """NaN and Inf counts of one gradient (host values: call only where a norm was not finite)."""
+    return int(torch.isnan(g).sum()), int(torch.isinf(g).sum())
+
+
+def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mode: str) -> list[Tensor]:
+    """The factor for each gradient, exactly as ``torch.nn.utils.clip_grad_norm_`` computes it."""
+    norms = foreach_norm(grads, norm_type)
+    if mode == "global":
+        dev = grads[0].device
+        stacked = torch.stack([n.to(dev) for n in norms])
+        total = stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return [coef.to(g.device, g.dtype) for g in grads]
+    return [torch.clamp(max_norm / (n + 1e-6), max=1.0).to(g.dtype) for n, g in zip(norms, grads, strict=True)]
+
+
+def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[NanFinding] | bool | None:
+    """Apply one enabled ``pre_step`` hook to all of its targets that have a dense gradient.
+
+    Returns, for ``nan_guard``, the non-finite findings (a list), or ``True`` when the step
+    must be skipped; ``None`` otherwise.
+    """
+    spec, p = rt.spec, rt.spec.params
+    kind = spec.kind
+    if kind == "freeze":
+        grads = [t.param.grad for t in targets if t.param.grad is not None]
+        if measure and grads:
+            _add_effect(rt, _numel(grads), _sq(foreach_norm(grads)), 0.0)
+        for t in targets:
+            t.param.grad = None
+        return None
+    tg = [t for t in targets if t.param.grad is not None]
+    if not tg:
+        return None
+    grads = [t.param.grad for t in tg]
+    before = foreach_norm(grads) if measure else None
+    changed: Tensor | float = 0.0
+    result: list[NanFinding] | bool | None = None
+    with torch.no_grad():
+        if kind == "clip_value":
+            thr = float(p["threshold"])
+            if measure:
+                changed = _count(grads, lambda g: g.abs() > thr)
+            torch._foreach_clamp_min_(grads, -thr)
+            torch._foreach_clamp_max_(grads, thr)
+        elif kind == "clip_norm":
+            coefs = _clip_norm_coefs(grads, float(p["max_norm"]), float(p["norm_type"]), p["mode"])
+            if measure:
+                changed = torch.stack(
+                    [(c < 1).float().to(grads[0].device) * g.numel() for c, g in zip(coefs, grads, strict=True)]
+                ).sum()
+            torch._foreach_mul_(grads, coefs)
+        elif kind == "scale":
+            factor = float(p["factor"])
+            if measure and factor != 1.0:
+                changed = _count(grads, lambda g: g != 0)
+            torch._foreach_mul_(grads, factor)
+        elif kind == "l2":
+            lam = float(p["lam"])
+            ps = [t.param.detach() for t in tg]
+            if measure and lam != 0.0:
+                changed = _count(ps, lambda x: x != 0)
+            torch._foreach_add_(grads, ps, alpha=lam)
+        elif kind == "noise":
+            std = float(p["std"])
+            if std > 0:
+                noise = [torch.randn(g.shape, generator=rt.generator(g.device), device=g.device, dtype=g.dtype)
+                         for g in grads]
+                torch._foreach_add_(grads, noise, alpha=std)
+                changed = _numel(grads)
+        elif kind == "nan_guard":
+            norms = foreach_norm(grads)
+            # host read of one float per target: the only way to name the parameter
+            host = torch.stack([n.to(grads[0].device) for n in norms]).tolist()
+            bad = [i for i, v in enumerate(host) if not math.isfinite(v)]
+            if bad:
+                result = [NanFinding(tg[i].index, tg[i].name, *count_nonfinite(grads[i])) for i in bad]
+                if p["action"] == "zero":
+                    for i in bad:
+                        grads[i].zero_()
+                    changed = float(sum(grads[i].numel() for i in bad))
+                elif p["action"] == "skip":
+                    result = True
+        elif kind == "python":
+            assert rt.fn is not None
+            snap = [g.clone() for g in grads] if measure else None
+            for t in tg:
+                rt.fn(t.name, t.param)
+            if snap is not None:
+                now = [t.param.grad for t in tg]
+                changed = torch.stack([
+                    (a != b).sum().float() if b is not None else torch.tensor(float(a.numel()))
+                    for a, b in zip(snap, now, strict=True)
+                ]).sum()
+                grads = [g for g in now if g is not None] or grads
+    if measure:
+        assert before is not None
+        after = foreach_norm([t.param.grad for t in tg if t.param.grad is not None])
+        _add_effect(rt, changed, _sq(before), _sq(after) if after else 0.0)
+    return result
+
+
+def apply_post_accumulate(rt: Runtime, t: Target, measure: bool) -> NanFinding | None:
+    """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward)."""
+    g = t.param.grad
+    if g is None or g.layout != torch.strided:
+        return None
+    spec, p = rt.spec, rt.spec.params
+    before = g.float().pow(2).sum() if measure else None
+    changed: Tensor | float = 0.0
+    finding = None
+    with torch.no_grad():
+        if spec.kind == "clip_value":
+            thr = float(p["threshold"])
+            if measure:
+                changed = (g.abs() > thr).sum().float()
+            g.clamp_(-thr, thr)
+        elif spec.kind == "clip_norm":  # per_tensor only (validated)
+            (coef,) = _clip_norm_coefs([g], float(p["max_norm"]), float(p["norm_type"]), "per_tensor")
+            if measure:
+                changed = (coef < 1).float() * g.numel()
+            g.mul_(coef)
+        elif spec.kind == "scale":
+            if measure:
+                changed = (g != 0).sum().float()
+            g.mul_(float(p["factor"]))
+        elif spec.kind == "l2":
+            if measure:
+                changed = (t.param != 0).sum().float()
+            g.add_(t.param.detach(), alpha=float(p["lam"]))
+        elif spec.kind == "noise":
+            std = float(p["std"])
+            if std > 0:
+                g.add_(torch.randn(g.shape, generator=rt.generator(g.device), device=g.device, dtype=g.dtype),
+                       alpha=std)
+                changed = float(g.numel())
+        elif spec.kind == "nan_guard":
+            n = torch.linalg.vector_norm(g.float())
+            if not math.isfinite(float(n)):  # one host read per parameter and backward: documented cost
+                finding = NanFinding(t.index, t.name, *count_nonfinite(g))
+                if p["action"] == "zero":
+                    g.zero_()
+                    changed = float(g.numel())
+        elif spec.kind == "python":
+            assert rt.fn is not None
+            snap = g.clone() if measure else None
+            rt.fn(t.name, t.param)
+            g = t.param.grad if t.param.grad is not None else g
+            if snap is not None:
+                changed = (snap != g).sum().float()
+    if measure:
+        assert before is not None
+        _add_effect(rt, changed, before, g.float().pow(2).sum())
+    return finding
+
+
+def _add_effect(rt: Runtime, changed: Tensor | float, before_sq: Tensor | float, after_sq: Tensor | float) -> None:
+    rt.changed = rt.changed + changed
+    rt.before_sq = rt.before_sq + before_sq
+    rt.after_sq = rt.after_sq + after_sq
+    rt.measured = True

@@ -1,0 +1,95 @@
+"""Plain records: hook specs, snapshots and events, and strict-JSON conversion.
+
+Everything here is plain Python data (no tensors): the training thread builds these after
+its one host transfer per snapshot, and consumers (the server, tests) read them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["HookSpec", "Snapshot", "jsonsafe", "SPEC_FIELDS"]
+
+
+def jsonsafe(x: Any) -> Any:
+    """``x`` with every non-finite float replaced by ``"nan"``, ``"inf"`` or ``"-inf"``.
+
+    The result serialises with ``json.dumps(..., allow_nan=False)``: strict JSON.
+    """
+    if isinstance(x, float):
+        if math.isfinite(x):
+            return x
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {str(k): jsonsafe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonsafe(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class HookSpec:
+    """One hook as requested or applied. ``params`` is complete (defaults filled in)."""
+
+    id: str
+    kind: str
+    point: str
+    target: str
+    params: dict[str, Any]
+    enabled: bool = True
+    position: int = 0
+    applied_step: int | None = None  # first step whose gradients were processed with this spec
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["params"] = jsonsafe(dict(self.params))
+        return d
+
+    def preset(self) -> dict[str, Any]:
+        """The spec without id, position and applied_step: what presets store."""
+        return {"kind": self.kind, "target": self.target, "point": self.point,
+                "params": jsonsafe(dict(self.params)), "enabled": self.enabled}
+
+
+SPEC_FIELDS = tuple(f.name for f in fields(HookSpec))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Telemetry of one sampled step, published at that step's boundary.
+
+    Per-parameter lists are aligned to ``Inspector.params``; ``None`` means no value (no
+    gradient, or the std of one element). See DESIGN.md "Wire format" for every key.
+    """
+
+    step: int
+    time: float
+    config_version: int
+    loss: float | None
+    scalars: dict[str, float]
+    lr: list[float]
+    grad_norm_raw: list[float | None]
+    grad_norm: list[float | None]
+    grad_mean: list[float | None]
+    grad_std: list[float | None]
+    grad_absmax_raw: list[float | None]
+    grad_absmax: list[float | None]
+    nan_count: list[int | None]
+    inf_count: list[int | None]
+    param_norm: list[float | None]
+    update_ratio: list[float | None]
+    total_norm_raw: float | None
+    total_norm: float | None
+    hook_effects: dict[str, dict[str, float]]
+    hist: dict[str, dict[str, list[float]]]
+    modules: dict[str, dict[str, float]]
+    ranks: dict[str, list[Any]] | None
+    sampled_every: int
+    overhead: float | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict-JSON-safe dict (non-finite numbers as strings), the wire format's snapshot."""
+        return jsonsafe({f.name: getattr(self, f.name) for f in fields(self)})

@@ -1,0 +1,111 @@
+"""Per-step telemetry plumbing: the budgeted cadence, and the one-transfer pack.
+
+:class:`Cadence` decides which steps are sampled. With ``every=N`` it samples steps
+1, 1+N, 1+2N, ...; otherwise it keeps the inspector's own measured cost within
+``budget`` (a fraction of the wall-clock step): hooks and NaN/Inf detection still run
+every step (their cost is ``base``), and the full statistics (cost ``sampled``) run
+every k-th step with ``k = ceil((sampled - base) / (budget * step - base))``.
+
+:class:`Pack` collects 1-D float32 device tensors during a sampled step and moves them
+to the host with a single ``.tolist()``, the one sync point of a snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["Cadence", "Pack"]
+
+_EMA = 0.2
+MAX_EVERY = 1000
+
+
+class Cadence:
+    def __init__(self, budget: float, every: int | None) -> None:
+        self.budget = budget
+        self.every = every
+        self.k = every or 1
+        self.next_sampled = 1
+        self._sampled_cost: float | None = None  # EMA of our time on a sampled step (s)
+        self._base_cost: float | None = None  # EMA of our time on an unsampled step (s)
+        self._wall: float | None = None  # EMA of the wall-clock step (s)
+        self._ours: float | None = None  # EMA of our time per step, all steps (s)
+
+    def is_sampled(self, step: int) -> bool:
+        return step >= self.next_sampled
+
+    @staticmethod
+    def _ema(old: float | None, x: float) -> float:
+        return x if old is None else old + _EMA * (x - old)
+
+    def observe(self, step: int, sampled: bool, ours: float, wall: float | None) -> None:
+        """Account one finished step: ``ours`` seconds inside the inspector, ``wall`` seconds
+        since the previous boundary (None for the first step or after a pause)."""
+        self._ours = self._ema(self._ours, ours)
+        if wall is not None and wall > 0:
+            self._wall = self._ema(self._wall, wall)
+        if sampled:
+            self._sampled_cost = self._ema(self._sampled_cost, ours)
+        else:
+            self._base_cost = self._ema(self._base_cost, ours)
+        if sampled:
+            self.k = self.every or self._choose_k()
+            self.next_sampled = step + self.k
+
+    def _choose_k(self) -> int:
+        if self._wall is None or self._sampled_cost is None:
+            return 1
+        base = self._base_cost if self._base_cost is not None else 0.0
+        extra = max(self._sampled_cost - base, 0.0)
+        room = self.budget * self._wall - base
+        if extra <= 0:
+            return 1
+        if room <= 0:
+            return MAX_EVERY
+        return max(1, min(MAX_EVERY, math.ceil(extra / room)))
+
+    @property
+    def overhead(self) -> float | None:
+        """Measured fraction of the wall-clock step spent inside the inspector (recent average)."""
+        if self._ours is None or not self._wall:
+            return None
+        base = self._base_cost if self._base_cost is not None else self._ours
+        sampled = self._sampled_cost if self._sampled_cost is not None else self._ours
+        per_step = base + (sampled - base) / self.k  # what this cadence costs per step
+        return per_step / self._wall
+
+
+class Pack:
+    """Named 1-D float32 segments gathered on device, moved to the host in one transfer."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._parts: list[Tensor] = []
+
+    def add(self, name: str, values: Tensor | list[Tensor]) -> None:
+        if isinstance(values, list):
+            if not values:
+                return
+            dev = values[0].device
+            values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
+        self._names.append(name)
+        self._parts.append(values.reshape(-1).float())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def transfer(self) -> dict[str, list[float]]:
+        if not self._parts:
+            return {}
+        dev = self._parts[0].device
+        flat = torch.cat([p.to(dev) for p in self._parts])
+        host = flat.tolist()  # the one device->host transfer (sync point) of this snapshot
+        out, i = {}, 0
+        for name, part in zip(self._names, self._parts, strict=True):
+            n = part.numel()
+            out[name] = host[i:i + n]
+            i += n
+        return out
