@@ -832,7 +832,9 @@ class Inspector:
             self._drain_locked(torch_ok=True)
             self._decide_next(step)
             while self._paused and self._credit == 0 and not self._closed:
-                self._waiting = True
+                if not self._waiting:
+                    self._waiting = True
+                    self._cond.notify_all()  # for whoever waits for the pause to take hold
                 self._drain_locked(torch_ok=True)
                 self._cond.wait()
             if self._credit > 0:

@@ -1,0 +1,155 @@
+"""The :class:`Scenario` base class: a model, its optimizer and its data, one step at a time.
+
+A scenario owns everything one training step needs, so the demo loop (and a test) is just::
+
+    sc = make("exploding", seed=0)
+    insp = inspector.attach(sc.model, sc.optimizer)
+    for _ in range(200):
+        loss = sc.step()        # zero_grad, forward, loss, backward, optimizer.step()
+        insp.record(loss=loss)
+
+Determinism: the parameters are initialised under ``torch.random.fork_rng`` seeded with
+``seed`` (the caller's global RNG state is left exactly as it was), and the data comes from the
+scenario's own ``torch.Generator``, never the global RNG. Two scenarios made with the same name
+and seed produce the same losses, step for step, on the same device and thread count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+__all__ = ["Scenario"]
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with the CPU global RNG seeded by ``seed``, then restore the caller's state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class Scenario:
+    """A small, self-contained training problem that the inspector can watch.
+
+    Subclasses set the class attributes ``name``, ``description`` and ``try_this`` and
+    implement :meth:`build_model`, :meth:`build_optimizer`, :meth:`next_batch` and
+    :meth:`compute_loss`; they may override :meth:`init_parameters`, :meth:`setup_data` and
+    :meth:`before_step`.
+
+    Attributes:
+        name: the scenario's name, as given to :func:`inspector.scenarios.make`.
+        description: one sentence for the dashboard: what the model is and what goes wrong.
+        try_this: one sentence: which hook to add and what to watch.
+        model: the ``nn.Module``; built on the CPU, then moved to ``device``.
+        optimizer: the ``torch.optim.Optimizer`` over ``model.parameters()``.
+        steps_done: completed calls to :meth:`step` since construction or :meth:`reset`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    try_this: ClassVar[str]
+
+    def __init__(self, *, seed: int = 0, device: torch.device | str | None = None) -> None:
+        self.seed = seed
+        self.device = torch.device("cpu" if device is None else device)
+        with seeded(seed):
+            model = self.build_model()
+            with torch.no_grad():
+                self.init_parameters(model)
+        # The initial values, kept on the CPU: reset() copies them back in place, so a reset
+        # model is bit-identical to a fresh one on any device.
+        self._initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.model: nn.Module = model.to(self.device)
+        self.optimizer: torch.optim.Optimizer = self.build_optimizer(self.model)
+        # The data stream is drawn on the CPU from this generator, then moved to `device`.
+        self._data_gen = torch.Generator()
+        self.steps_done = 0
+        self._reset_data()
+
+    # -- subclass interface ------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        """Construct the model on the CPU (called once, under a seeded global RNG)."""
+        raise NotImplementedError
+
+    def init_parameters(self, model: nn.Module) -> None:
+        """Initialise ``model``'s parameters (called once, under ``no_grad`` and a seeded RNG).
+
+        The default keeps the modules' own initialisation from construction.
+        """
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """Construct the optimizer over ``model``'s parameters (already on ``device``)."""
+        raise NotImplementedError
+
+    def setup_data(self, gen: torch.Generator) -> None:
+        """Draw the fixed parts of the data (a teacher network, ...) from ``gen``.
+
+        Called at construction and by :meth:`reset`, right after ``gen`` is re-seeded.
+        """
+
+    def next_batch(self, gen: torch.Generator) -> tuple[Any, ...]:
+        """Draw the next batch from ``gen`` (on the CPU); :meth:`step` moves it to ``device``."""
+        raise NotImplementedError
+
+    def compute_loss(self, *batch: torch.Tensor) -> torch.Tensor:
+        """Forward pass and loss for one batch (already on ``device``); a scalar tensor."""
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        """Called at the start of every :meth:`step`, before the batch is drawn (a schedule)."""
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def step_under_way(self) -> int:
+        """The 1-based number of the step that the next :meth:`step` call runs."""
+        return self.steps_done + 1
+
+    def step(self) -> torch.Tensor:
+        """Run one full training step and return the detached loss (a 0-d tensor on ``device``).
+
+        ``zero_grad(set_to_none=True)``, forward, loss, ``backward()``, ``optimizer.step()``.
+        Nothing here reads a value back to the host (no ``.item()``): the caller decides when
+        to pay for that sync.
+        """
+        self.before_step()
+        batch = tuple(t.to(self.device, non_blocking=True) for t in self.next_batch(self._data_gen))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.compute_loss(*batch)
+        loss.backward()
+        self.optimizer.step()
+        self.steps_done += 1
+        return loss.detach()
+
+    def reset(self) -> None:
+        """Start over: initial parameters, empty optimizer state, the data stream from its start.
+
+        Everything is done in place: ``model``, its parameter tensors and ``optimizer`` stay
+        the same objects, so hooks attached to them (the inspector's included) stay valid.
+        """
+        with torch.no_grad():
+            for key, value in self.model.state_dict().items():
+                value.copy_(self._initial_state[key])  # state_dict() tensors share storage
+        for p in self.model.parameters():
+            p.grad = None
+        self.optimizer.state.clear()  # Adam/AdamW/momentum buffers are rebuilt on the next step
+        self.steps_done = 0
+        self._reset_data()
+
+    def _reset_data(self) -> None:
+        self._data_gen.manual_seed(self.seed)
+        self.setup_data(self._data_gen)
+
+    def __repr__(self) -> str:
+        n = sum(p.numel() for p in self.model.parameters())
+        return (
+            f"{type(self).__name__}(name={self.name!r}, seed={self.seed}, device={str(self.device)!r}, "
+            f"params={n}, steps_done={self.steps_done})"
+        )

@@ -1,0 +1,75 @@
+"""``nan``: a small regression MLP fed one corrupted batch at step 30 and every 100 steps after."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import Scenario
+
+__all__ = ["NaNBatch"]
+
+
+class NaNBatch(Scenario):
+    """A 3-layer ReLU MLP (8 -> 32 -> 32 -> 1), MSE loss, SGD lr 0.02 with momentum 0.9.
+
+    The batch of step ``bad_step`` (30, counting the first step as 1) and of every
+    ``bad_every`` (100) steps after it (130, 230, ...) holds one corrupted record: its
+    features are all ``inf``. The forward pass turns that row into NaN (inf times weights of
+    both signs), so the loss and every parameter's gradient are NaN on that step. Without a
+    guard the optimizer writes NaN into every weight and the model is lost for good; with the
+    step skipped (every gradient set to None, so SGD leaves all parameters and momentum
+    buffers alone) or the non-finite gradients zeroed (momentum carries the update), the bad
+    step's own loss is NaN but training carries on and the loss keeps falling.
+
+    The data stream is the same with and without the corruption: the bad batch is drawn like
+    any other and then one row is overwritten. Targets come from a fixed random teacher of
+    the same shape plus N(0, 0.1^2) noise.
+    Parameters: ``0.weight``, ``0.bias``, ``2.weight``, ``2.bias``, ``4.weight``, ``4.bias``.
+    """
+
+    name = "nan"
+    description = (
+        "A small ReLU MLP whose batch at step 30 (and every 100 steps after) holds one record of inf "
+        "features: the loss and every gradient turn NaN, and one SGD step ruins every weight for good."
+    )
+    try_this = (
+        'Add nan_guard with action "skip" (or "zero") on * before step 30 and watch the bad step '
+        "appear as an event while the loss carries on falling; with the default \"report\" it only names the damage."
+    )
+
+    bad_step = 30
+    bad_every = 100
+    in_features = 8
+    hidden = 32
+    batch_size = 32
+    lr = 0.02
+    momentum = 0.9
+    noise_std = 0.1
+
+    @classmethod
+    def is_bad_step(cls, step: int) -> bool:
+        """Whether (1-based) step ``step`` gets the corrupted batch: 30, 130, 230, ..."""
+        return step >= cls.bad_step and (step - cls.bad_step) % cls.bad_every == 0
+
+    def build_model(self) -> nn.Module:
+        h = self.hidden
+        return nn.Sequential(nn.Linear(self.in_features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum)
+
+    def setup_data(self, gen: torch.Generator) -> None:
+        self._w1 = torch.randn(self.in_features, self.hidden, generator=gen) / self.in_features**0.5
+        self._w2 = torch.randn(self.hidden, 1, generator=gen) / self.hidden**0.5 * 2.0
+
+    def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(self.batch_size, self.in_features, generator=gen)
+        noise = torch.randn(self.batch_size, 1, generator=gen) * self.noise_std
+        y = torch.relu(x @ self._w1) @ self._w2 + noise
+        if self.is_bad_step(self.step_under_way):
+            x[0] = float("inf")  # the corrupted record; its target stays finite
+        return x, y
+
+    def compute_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.model(x), y)
