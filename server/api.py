@@ -1,0 +1,149 @@
+"""The HTTP routes under /api (DESIGN.md "Wire format"). PROTOCOL.md shows each with example JSON.
+
+Routes are plain `def`s: FastAPI runs them on its thread pool, so a core call that
+waits for a lock never blocks the event loop that feeds the websockets.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from . import protocol as p
+from .export import python_code
+from .history import MAX_ROWS
+from .sources import Source
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": p.ErrorBody, "description": "missing or wrong token"},
+    403: {"model": p.ErrorBody, "description": "foreign Origin or Host, or a command on a read-only server"},
+}
+_INVALID = {422: {"model": p.ErrorBody, "description": "invalid input: `detail` names the field"}}
+_COMMAND = {**_INVALID, 413: {"model": p.ErrorBody, "description": "body too large"},
+            415: {"model": p.ErrorBody, "description": "the body is not JSON"},
+            429: {"model": p.ErrorBody, "description": "too many commands"}}
+_UNKNOWN = {404: {"model": p.ErrorBody, "description": "unknown id or run"}}
+
+router = APIRouter(prefix="/api", responses=_ERRORS)
+
+
+def get_source(request: Request) -> Source:
+    return request.app.state.source
+
+
+SourceDep = Annotated[Source, Depends(get_source)]
+RunQuery = Annotated[int | None, Query(ge=0, description="a run id; the current (or replayed) run when absent")]
+SinceQuery = Annotated[int | None, Query(ge=-1, description="only items after this step (seq for events)")]
+LimitQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="only the newest N")]
+PointsQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")]
+
+
+@router.get("/health", response_model=p.Health, tags=["server"])
+def health() -> dict[str, str]:
+    """Liveness; needs no token."""
+    return {"status": "ok"}
+
+
+@router.get("/session", response_model=None, tags=["server"], responses=_UNKNOWN)
+def session(source: SourceDep, run: RunQuery = None) -> dict[str, Any]:
+    """Everything a page needs to start: parameters, modules, hook kinds, hooks, training state."""
+    return source.session(run)
+
+
+@router.get("/runs", response_model=None, tags=["history"], responses={200: {"model": p.RunList}})
+def runs(source: SourceDep) -> dict[str, Any]:
+    """The runs in the database, newest first."""
+    return {"runs": source.runs()}
+
+
+@router.get("/targets", response_model=None, tags=["hooks"], responses={200: {"model": p.Targets}, **_INVALID})
+def targets(
+    source: SourceDep,
+    glob: Annotated[str, Query(max_length=256, description="fnmatchcase pattern over full dotted names")],
+    point: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """The parameter (or, for `point=module`, module) names a target pattern matches."""
+    return {"matches": source.targets(glob, point)}
+
+
+@router.get("/hooks", response_model=None, tags=["hooks"], responses={200: {"model": list[p.HookSpec]}})
+def list_hooks(source: SourceDep) -> list[dict[str, Any]]:
+    """The requested configuration, pending changes included (`applied_step: null`)."""
+    return source.hooks()
+
+
+@router.post("/hooks", response_model=None, status_code=201, tags=["hooks"], responses={201: {"model": p.HookSpec}, **_COMMAND})
+def add_hook(source: SourceDep, body: p.HookCreate) -> dict[str, Any]:
+    """Add a hook. The core validates kind, params, point and target; nothing changes on error."""
+    return source.add_hook(body.kind, target=body.target, point=body.point, enabled=body.enabled,
+                           params=body.params)
+
+
+@router.get("/hooks/export", response_model=None, tags=["hooks"], responses={200: {"content": {
+    "application/json": {}, "text/x-python": {}}, "description": "a preset, or Python code"}, **_INVALID})
+def export_hooks(source: SourceDep, format: Literal["json", "python"] = "json") -> Any:
+    """The hooks as a preset (JSON, for `/api/hooks/import` and `demo --hooks`), or as Python code
+    that recreates them with `insp.add_hook(...)`."""
+    preset = source.export_hooks()
+    if format == "python":
+        return PlainTextResponse(python_code(preset), media_type="text/x-python; charset=utf-8")
+    return preset
+
+
+@router.post("/hooks/import", response_model=None, tags=["hooks"], responses={200: {"model": list[p.HookSpec]}, **_COMMAND})
+def import_hooks(source: SourceDep, preset: Annotated[p.Preset, Body()]) -> list[dict[str, Any]]:
+    """Replace every hook with a preset, as one change (all validated first)."""
+    return source.import_hooks(preset)
+
+
+@router.patch("/hooks/{hook_id}", response_model=None, tags=["hooks"], responses={200: {"model": p.HookSpec}, **_COMMAND, **_UNKNOWN})
+def update_hook(source: SourceDep, hook_id: str, body: p.HookPatch) -> dict[str, Any]:
+    """One change: merge `params` (only the given keys change), enable/disable, retarget, or move."""
+    return source.update_hook(hook_id, params=body.params, enabled=body.enabled, target=body.target,
+                              position=body.position)
+
+
+@router.delete("/hooks/{hook_id}", response_model=None, status_code=204, tags=["hooks"], responses={**_UNKNOWN, 429: _COMMAND[429]})
+def remove_hook(source: SourceDep, hook_id: str) -> Response:
+    source.remove_hook(hook_id)
+    return Response(status_code=204)
+
+
+@router.post("/training/rate", response_model=None, tags=["training"],
+             responses={409: {"model": p.ErrorBody, "description": "not a demo"}, **_COMMAND})
+def training_rate(source: SourceDep, body: p.RateBody) -> dict[str, Any]:
+    """The demo's steps-per-second cap (`null`: none). Takes effect at once."""
+    return source.set_rate(body.steps_per_second)
+
+
+@router.post("/training/{action}", status_code=202, response_model=None, tags=["training"],
+             responses={202: {"model": p.TrainingState}, 429: _COMMAND[429], **_INVALID})
+def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> dict[str, Any]:
+    """Pause, resume, or run exactly one step then pause. No body needed."""
+    return source.training_command(action)
+
+
+@router.get("/snapshots", response_model=None, tags=["history"],
+            responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN})
+def snapshots(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, points: PointsQuery = None,
+              run: RunQuery = None) -> dict[str, Any]:
+    """Snapshots with step > since, oldest first: the newest `limit`, then `points` spread evenly."""
+    rows = source.snapshots(run, since=since, limit=limit, points=points)
+    return {"params": source.param_names(run), "snapshots": rows}
+
+
+@router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
+def scalars(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, points: PointsQuery = None,
+            run: RunQuery = None) -> dict[str, Any]:
+    """Loss and scalars of every recorded step (also the steps the sampler skipped)."""
+    return {"scalars": source.scalars(run, since=since, limit=limit, points=points)}
+
+
+@router.get("/events", response_model=None, tags=["history"],
+            responses={200: {"model": p.EventPage}, **_INVALID, **_UNKNOWN})
+def events(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None,
+           run: RunQuery = None) -> dict[str, Any]:
+    """Events with seq > since, oldest first."""
+    return {"events": source.events(run, since=since, limit=limit)}

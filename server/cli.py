@@ -1,0 +1,255 @@
+"""`gradient-inspector`: demo, replay, export (DESIGN.md "Python API and CLI")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .settings import DEFAULT_HOST, DEFAULT_PORT
+from .storage import DEFAULT_DB
+
+SCENARIOS = ("mlp", "exploding", "nan", "tiny_gpt")
+
+DESCRIPTION = """\
+A live, browser-based inspector for PyTorch gradients.
+
+  gradient-inspector demo                 train a built-in scenario, open http://127.0.0.1:8000
+  gradient-inspector replay [FILE]        browse a recorded run (read-only)
+  gradient-inspector export [FILE] ...    write a recorded run as CSV or JSON Lines
+
+In your own script:  insp = inspector.attach(model, optimizer); insp.serve()
+"""
+
+SECURITY = """\
+security: the server binds 127.0.0.1 by default. Any other --host requires a token:
+one is generated when --token is not given, and printed once in the URL
+(http://HOST:PORT/?token=T). Opening that URL stores the token in a cookie.
+Scripts can send 'Authorization: Bearer T' instead.
+"""
+
+
+def _rate(text: str) -> float | None:
+    if text.lower() in ("0", "none", "max", "unlimited"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be in (0, 10000], or 0 for no cap: {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535: {text!r}")
+    return value
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"bind address (default {DEFAULT_HOST}; anything else requires a token)")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--token", default=None,
+                   help="access token (default: none on loopback, generated for any other --host)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradient-inspector", description=DESCRIPTION, epilog=SECURITY,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,replay,export}")
+
+    demo = sub.add_parser(
+        "demo", help="train a built-in scenario and serve the dashboard",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SECURITY,
+        description=(
+            "Train a built-in scenario in a background thread and serve the dashboard.\n\n"
+            "Scenarios: mlp (a small MLP, nothing wrong), exploding (gradients blow up: try clip_norm),\n"
+            "nan (a bad batch poisons the weights: try nan_guard), tiny_gpt (a small transformer).\n\n"
+            "Training starts at once and runs until Ctrl-C, at most --steps-per-second steps a second\n"
+            "(changeable from the page). Every step is sampled (every=1). A scenario whose loss stays\n"
+            "non-finite for 30 steps is reset in place: same run, same hooks, the step count goes on,\n"
+            "and a scenario_reset event marks it. Each start is a new run in the database."
+        ),
+    )
+    demo.add_argument("--scenario", choices=SCENARIOS, default="mlp", help="which scenario (default mlp)")
+    _add_server_options(demo)
+    demo.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
+                      help=f"history database, a new run in it per start (default ./{DEFAULT_DB})")
+    demo.add_argument("--no-db", action="store_true", help="keep no history on disk")
+    demo.add_argument("--read-only", action="store_true",
+                      help="serve the dashboard and the stream, answer every command with 403")
+    demo.add_argument("--steps-per-second", type=_rate, default=10.0, metavar="X",
+                      help="cap on training speed (default 10; 0 for none); the page can change it")
+    demo.add_argument("--hooks", metavar="PRESET.json",
+                      help="start with these hooks (a preset, as GET /api/hooks/export writes it)")
+    demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
+
+    replay = sub.add_parser(
+        "replay", help="serve a recorded run, read-only", epilog=SECURITY,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a recorded run from a database, read-only: the page can browse every run in "
+                    "the file. Nothing is added to the file.",
+    )
+    replay.add_argument("file", nargs="?", default=DEFAULT_DB, metavar="FILE",
+                        help=f"the database (default ./{DEFAULT_DB})")
+    replay.add_argument("--run", type=int, default=None, metavar="ID", help="the run to open (default: the latest)")
+    _add_server_options(replay)
+
+    export = sub.add_parser(
+        "export", help="write a recorded run as CSV or JSON Lines",
+        description="Write a recorded run. csv: one row per (step, parameter). jsonl: one JSON object a "
+                    "line: the run, its hook changes, its events, its snapshots. (html, a standalone "
+                    "report, comes with a later release.)",
+    )
+    export.add_argument("file", nargs="?", default=DEFAULT_DB, metavar="FILE",
+                        help=f"the database (default ./{DEFAULT_DB})")
+    export.add_argument("--run", type=int, default=None, metavar="ID", help="the run (default: the latest)")
+    export.add_argument("--format", choices=("csv", "jsonl"), required=True, help="output format")
+    export.add_argument("-o", "--output", metavar="OUT", help="output file (default: standard output)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from .app import version
+
+        print(f"gradient-inspector {version()}")
+        return 0
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return {"demo": run_demo, "replay": run_replay, "export": run_export}[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except _Fail as e:
+        print(f"gradient-inspector: {e}", file=sys.stderr)
+        return 2
+
+
+class _Fail(Exception):
+    pass
+
+
+def _serve(app: Any, settings: Any, lines: list[str]) -> int:
+    import uvicorn
+
+    from .serving import PortInUse, bind, uvicorn_config
+
+    try:
+        sock = bind(settings.host, settings.port)
+    except PortInUse as e:
+        raise _Fail(e.strerror) from None
+    port = sock.getsockname()[1]
+    print(f"gradient-inspector: open {settings.url(port)}", flush=True)
+    if settings.host.strip("[]") in ("0.0.0.0", "::"):
+        print("gradient-inspector: listening on every interface; from another machine use this host's address",
+              flush=True)
+    for line in lines:
+        print(f"gradient-inspector: {line}", flush=True)
+    uvicorn.Server(uvicorn_config(app, settings, quiet=False)).run(sockets=[sock])
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    import inspector
+    from inspector import scenarios
+
+    from .app import create_app
+    from .demo import Trainer
+    from .live import LiveSource
+    from .settings import Settings
+    from .storage import Store, StoreError
+
+    try:
+        settings = Settings(host=args.host, port=args.port, token=args.token, read_only=args.read_only)
+    except ValueError as e:
+        raise _Fail(str(e)) from None
+    preset = None
+    if args.hooks:
+        try:
+            with open(args.hooks, encoding="utf-8") as f:
+                preset = json.load(f)
+        except (OSError, ValueError) as e:
+            raise _Fail(f"--hooks {args.hooks}: {e}") from None
+    sc = scenarios.make(args.scenario, seed=args.seed)
+    insp = inspector.attach(sc.model, sc.optimizer, every=1)
+    if preset is not None:
+        try:
+            insp.import_hooks(preset)
+        except inspector.HookError as e:
+            insp.close()
+            raise _Fail(f"--hooks {args.hooks}: {e}") from None
+    try:
+        store = None if args.no_db else Store(args.db)
+    except StoreError as e:
+        insp.close()
+        raise _Fail(str(e)) from None
+    scenario = {"name": sc.name, "description": sc.description, "try_this": getattr(sc, "try_this", None)}
+    trainer = Trainer(sc, insp, steps_per_second=args.steps_per_second)
+    source = LiveSource(insp, mode="demo", store=store, read_only=args.read_only, trainer=trainer,
+                        scenario=scenario, owns_inspector=True)
+    lines = [f"scenario {sc.name}: {sc.description}"]
+    lines.append(f"history in {os.path.abspath(args.db)}" if store is not None else "no history (--no-db)")
+    return _serve(create_app(source, settings), settings, lines)
+
+
+def _open_store(path: str) -> Any:
+    from .storage import Store, StoreError
+
+    try:
+        return Store(path, read_only=True)
+    except StoreError as e:
+        raise _Fail(str(e)) from None
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from .app import create_app
+    from .settings import Settings
+    from .sources import ApiError, ReplaySource
+
+    try:
+        settings = Settings(host=args.host, port=args.port, token=args.token, read_only=True)
+    except ValueError as e:
+        raise _Fail(str(e)) from None
+    store = _open_store(args.file)
+    try:
+        source = ReplaySource(store, args.run)
+    except ApiError as e:
+        store.close()
+        raise _Fail(str(e.detail)) from None
+    return _serve(create_app(source, settings), settings,
+                  [f"replaying run {source.run_id} of {os.path.abspath(args.file)} (read-only)"])
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .export import write_csv, write_jsonl
+
+    store = _open_store(args.file)
+    try:
+        run = args.run if args.run is not None else store.latest_run_id()
+        if run is None or store.run(run) is None:
+            raise _Fail(f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run")
+        write = write_csv if args.format == "csv" else write_jsonl
+        if args.output:
+            with open(args.output, "w", encoding="utf-8", newline="") as out:
+                n = write(store, run, out)
+            print(f"gradient-inspector: wrote {n} snapshots of run {run} to {args.output}", file=sys.stderr)
+        else:
+            write(store, run, sys.stdout)
+    finally:
+        store.close()
+    return 0

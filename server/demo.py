@@ -1,0 +1,98 @@
+"""The demo's training thread: a built-in scenario stepped in the background.
+
+Each iteration runs one full training step (`scenario.step()`), records the
+loss, then waits so that at most `rate` steps run per second (`None`: as fast as
+the machine goes). The cap can change at run time (`set_rate`, the
+`/api/training/rate` route) and takes effect at once. Pause, resume and single
+step are the core's (`insp.pause()`...): the thread blocks at the step boundary.
+
+Non-finite runs: a scenario whose loss stays non-finite for `reset_after`
+consecutive steps (its weights are NaN: nothing can recover) is reset in place
+(`scenario.reset()`: fresh weights and optimizer state, same model objects).
+It stays the same run: the step counter goes on, the hooks stay, and a
+`scenario_reset` event marks the moment, so a hook added to tame the
+explosion is seen working on the fresh start.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("gradient_inspector.demo")
+
+
+class Trainer:
+    """Runs `scenario.step()` in a daemon thread; see the module docstring.
+
+    Args:
+        scenario: from `inspector.scenarios.make(name)`.
+        insp: the inspector attached to the scenario's model and optimizer.
+        steps_per_second: the cap (None for none).
+        reset_after: consecutive non-finite losses before the scenario is reset.
+    """
+
+    def __init__(self, scenario: Any, insp: Any, *, steps_per_second: float | None = 10.0,
+                 reset_after: int = 30) -> None:
+        self.scenario = scenario
+        self.insp = insp
+        self.reset_after = reset_after
+        self.resets = 0
+        self.error: BaseException | None = None
+        self._rate = steps_per_second
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def rate(self) -> float | None:
+        return self._rate
+
+    def set_rate(self, steps_per_second: float | None) -> None:
+        self._rate = steps_per_second
+        self._wake.set()  # a long wait under the old cap ends now
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gradient-inspector-demo", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread.is_alive():
+            if self.insp.state["state"] == "paused":
+                self.insp.resume()  # the thread waits at the boundary: let it reach the stop flag
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        bad = 0
+        try:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                loss = self.scenario.step()
+                self.insp.record(loss=loss)
+                # One host sync per step: fine at a demo's rate.
+                value = float(loss.detach().float().sum()) if hasattr(loss, "detach") else float(loss)
+                bad = 0 if math.isfinite(value) else bad + 1
+                if bad >= self.reset_after:
+                    bad = 0
+                    self.resets += 1
+                    self.scenario.reset()
+                    self.insp.add_event(
+                        "scenario_reset", step=self.insp.step,
+                        reason=f"loss non-finite for {self.reset_after} steps: fresh weights, same hooks",
+                    )
+                rate = self._rate
+                if rate:
+                    delay = t0 + 1.0 / rate - time.monotonic()
+                    if delay > 0:
+                        self._wake.wait(delay)
+                self._wake.clear()
+        except Exception as e:  # a failing scenario stops training, not the server
+            self.error = e
+            log.exception("gradient-inspector demo: training stopped")
+            self.insp.add_event("training_error", message=f"{type(e).__name__}: {e}", step=self.insp.step)

@@ -1,0 +1,98 @@
+"""User mode: the dashboard inside the user's own training process.
+
+`insp.serve(...)` (in the core) loads this package and calls `start`, which runs
+the app on a uvicorn server in a daemon thread and returns once it serves. The
+user's loop is untouched: the server only subscribes to the inspector.
+
+A crash of the server thread never reaches training: it is kept on the
+handle's `.error` and reported with a `server_error` event.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .app import create_app
+from .live import LiveSource
+from .serving import ThreadedServer
+from .settings import DEFAULT_HOST, DEFAULT_PORT, Settings
+from .storage import DEFAULT_DB, Store
+
+
+class EmbeddedServer:
+    """The handle `start` returns.
+
+    Attributes:
+        url: the start-up URL, with `?token=T` when a token is in force.
+        port: the bound port (useful with port=0).
+        db: the history file, or None.
+        run_id: this process's run in it.
+        error: None, or the exception that stopped the server thread.
+    """
+
+    def __init__(self, server: ThreadedServer, source: LiveSource) -> None:
+        self._server = server
+        self._source = source
+        self._lock = threading.Lock()
+        self._stopped = False
+        self.url = server.url
+        self.port = server.port
+        self.db = source.store.path if source.store is not None else None
+        self.run_id = source.run_id
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._server.error
+
+    def stop(self) -> None:
+        """Stop serving and flush history. Idempotent; training is not touched."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._server.stop()
+        if self._server.thread.is_alive() or self._server.error is not None:
+            self._source.stop()  # the lifespan did not get to it: close the store ourselves
+
+
+def start(
+    insp: Any,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    read_only: bool = False,
+    db: str | os.PathLike[str] | None | bool = None,
+) -> EmbeddedServer:
+    """Serve `insp` in a background thread and return once the server answers.
+
+    Args:
+        insp: an attached inspector.
+        host: the bind address; anything but loopback requires a token (generated when None).
+        port: the TCP port; 0 picks a free one (see the handle's `.port`).
+        token: the access token.
+        read_only: serve reads and the stream, refuse every command (403).
+        db: the history file; None means `./gradient-inspector.sqlite`, False means no history.
+
+    Raises:
+        PortInUse: the port is taken (an OSError).
+        RuntimeError: the server did not start.
+    """
+    settings = Settings(host=host, port=port, token=token, read_only=read_only)
+    store = None if db is False else Store(DEFAULT_DB if db in (None, True) else db)  # type: ignore[arg-type]
+    source = LiveSource(insp, mode="user", store=store, read_only=read_only)
+    try:
+        server = ThreadedServer(create_app(source, settings), settings, quiet=True)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+
+    def report(exc: BaseException) -> None:
+        insp.add_event("server_error", message=f"the dashboard server stopped: {type(exc).__name__}: {exc}")
+
+    server.on_crash(report)
+    server.start()
+    return EmbeddedServer(server, source)

@@ -1,0 +1,200 @@
+"""The websocket hub: fan-out of core messages to every client, each behind its own queue.
+
+Threads: the core calls the source's subscriber on its dispatcher thread; the
+source hands each message to `Hub.publish` through `loop.call_soon_threadsafe`,
+so everything here runs on the server's event loop and needs no lock.
+
+Each message is serialized once (`protocol.dumps`) and the same text goes to
+every client. Each client has a `ClientQueue` and a sender task:
+
+- `hooks`, `event`, `ack`, `error` (control messages) wait in order and are
+  never dropped;
+- `snapshot` and `scalars` are coalesced: a client keeps at most one pending of
+  each, the newest (latest wins), and snapshots go out at most `max_rate` per
+  second when the client asked for a cap;
+- a client whose control backlog passes `max_backlog` messages or
+  `max_backlog_bytes`, or whose socket accepted nothing for `stall_timeout`
+  seconds while messages wait, is closed (code 1013, "try again later"); it
+  backfills over HTTP when it reconnects.
+
+A stalled socket therefore costs one pending snapshot, one pending scalars and
+its bounded backlog; it slows neither training (which never waits for the hub)
+nor the other clients (each has its own sender task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .protocol import dumps
+
+TOO_FAR_BEHIND = 1013  # websocket close code: "try again later"
+
+Send = Callable[[str], Awaitable[None]]
+
+
+def message_text(kind: str, payload: dict[str, Any]) -> str:
+    """The wire text of a core message (`kind` as given to the subscriber)."""
+    if kind in ("snapshot", "event"):
+        return dumps({"type": kind, "data": payload})
+    return dumps({"type": kind, **payload})
+
+
+class ClientQueue:
+    """One client's outbound queue and its sender loop (see the module docstring)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        max_backlog: int = 512,
+        max_backlog_bytes: int = 16 << 20,
+        stall_timeout: float = 30.0,
+    ) -> None:
+        self.id = f"c{next(self._ids)}"
+        self._send = send
+        self.max_backlog = max_backlog
+        self.max_backlog_bytes = max_backlog_bytes
+        self.stall_timeout = stall_timeout
+        self.max_rate: float | None = None
+        self.controls: deque[tuple[str, int | None]] = deque()  # (text, event seq or None)
+        self.backlog_bytes = 0
+        self.snapshot: str | None = None
+        self.snapshot_step = -1
+        self.scalars: str | None = None
+        self.last_step = -1  # newest snapshot step queued or in hello (duplicates are skipped)
+        self.last_seq = -1  # newest event seq likewise
+        self.sent = 0
+        self.coalesced = 0
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._next_snapshot = 0.0
+        self._sending_since: float | None = None
+
+    # -- producer side (event loop, synchronous) -----------------------------------------------------
+
+    def offer(self, kind: str, text: str, *, step: int | None = None, seq: int | None = None) -> None:
+        if self.close_code is not None:
+            return
+        if kind == "snapshot":
+            if step is not None:
+                if step <= self.last_step:
+                    return
+                self.last_step = step
+            if self.snapshot is not None:
+                self.coalesced += 1
+            self.snapshot, self.snapshot_step = text, (step if step is not None else -1)
+        elif kind == "scalars":
+            if self.scalars is not None:
+                self.coalesced += 1
+            self.scalars = text
+        else:
+            if seq is not None:
+                if seq <= self.last_seq:
+                    return
+                self.last_seq = seq
+            self.controls.append((text, seq))
+            self.backlog_bytes += len(text)
+            if len(self.controls) > self.max_backlog or self.backlog_bytes > self.max_backlog_bytes:
+                self.kick(TOO_FAR_BEHIND, "too far behind: reconnect and backfill over HTTP")
+                return
+        loop_time = asyncio.get_running_loop().time()
+        if self._sending_since is not None and loop_time - self._sending_since > self.stall_timeout:
+            self.kick(TOO_FAR_BEHIND, "stalled: reconnect and backfill over HTTP")
+            return
+        self._wake.set()
+
+    def forget_before(self, step: int, seq: int) -> None:
+        """Drop what `hello` already carried: snapshots up to `step`, events up to `seq`."""
+        if self.snapshot is not None and self.snapshot_step <= step:
+            self.snapshot = None
+        kept = [(t, q) for t, q in self.controls if q is None or q > seq]
+        self.controls = deque(kept)
+        self.backlog_bytes = sum(len(t) for t, _ in kept)
+        self.last_step = max(self.last_step, step)
+        self.last_seq = max(self.last_seq, seq)
+
+    def kick(self, code: int, reason: str) -> None:
+        """Stop sending: the endpoint sees the sender task end and closes the socket with `code`."""
+        if self.close_code is None:
+            self.close_code, self.close_reason = code, reason
+            self.controls.clear()
+            self.snapshot = self.scalars = None
+            if self.task is not None:
+                self.task.cancel()
+
+    # -- consumer side -------------------------------------------------------------------------------
+
+    async def _out(self, text: str) -> None:
+        self._sending_since = asyncio.get_running_loop().time()
+        await self._send(text)
+        self._sending_since = None
+        self.sent += 1
+
+    async def run(self) -> None:
+        """Send until cancelled (by `kick`, or by the endpoint when the socket goes away)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not (self.controls or self.snapshot or self.scalars):
+                self._wake.clear()
+                await self._wake.wait()
+            while self.controls:
+                text, _ = self.controls.popleft()
+                self.backlog_bytes -= len(text)
+                await self._out(text)
+            wait = 0.0
+            if self.snapshot is not None:
+                wait = self._next_snapshot - loop.time()
+                if wait <= 0:
+                    text, self.snapshot = self.snapshot, None
+                    self._next_snapshot = loop.time() + (1.0 / self.max_rate if self.max_rate else 0.0)
+                    await self._out(text)
+            if self.scalars is not None:
+                text, self.scalars = self.scalars, None
+                await self._out(text)
+            if wait > 0 and not self.controls:
+                self._wake.clear()  # a new control message or scalars ends the wait early
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except TimeoutError:
+                    pass
+
+
+class Hub:
+    """Every connected client of one app; `publish` runs on the event loop."""
+
+    def __init__(self, **client_options: Any) -> None:
+        self.clients: dict[str, ClientQueue] = {}
+        self.client_options = client_options
+        self.published = 0
+
+    def new_client(self, send: Send) -> ClientQueue:
+        client = ClientQueue(send, **self.client_options)
+        self.clients[client.id] = client
+        return client
+
+    def remove(self, client: ClientQueue) -> None:
+        self.clients.pop(client.id, None)
+
+    def publish(self, kind: str, payload: dict[str, Any]) -> None:
+        """Serialize once and offer to every client."""
+        if not self.clients:
+            return
+        text = message_text(kind, payload)
+        step = payload.get("step") if kind == "snapshot" else None
+        seq = payload.get("seq") if kind == "event" else None
+        self.published += 1
+        for client in list(self.clients.values()):
+            client.offer(kind, text, step=step, seq=seq)
+
+    def close_all(self, code: int = 1001, reason: str = "server shutting down") -> None:
+        for client in list(self.clients.values()):
+            client.kick(code, reason)

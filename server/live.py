@@ -1,0 +1,280 @@
+"""`LiveSource`: an attached inspector (demo mode or user mode), with optional history.
+
+The core calls `_on_message` on its dispatcher thread for every message. That
+callback does only cheap work: queue the row for the store's writer, remember
+late scalars, and hand the message to the event loop (`publish`). It never
+raises into the core.
+
+History for the current run is the database (at most ~1 s behind) followed by
+the core's in-memory ring buffer for the newest steps, so a request never waits
+for the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from .history import select
+from .sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
+from .storage import Store
+
+log = logging.getLogger("gradient_inspector.server")
+
+_ADD_HOOK_KWARGS = ("kind", "target", "point", "enabled")  # add_hook's own keywords: not params
+
+
+class LiveSource(Source):
+    """An attached inspector.
+
+    Args:
+        insp: the object `inspector.attach(...)` returned.
+        mode: "demo" (our own training thread, `trainer`) or "user" (the user's loop).
+        store: the history database, or None for no history.
+        read_only: answer every command with 403.
+        trainer: the demo's training thread (`demo.Trainer`), started and stopped with the app.
+        scenario: the demo scenario's `{"name", "description", "try_this"}`.
+        owns_inspector: close `insp` when the app stops (demo mode).
+    """
+
+    def __init__(
+        self,
+        insp: Any,
+        *,
+        mode: str = "user",
+        store: Store | None = None,
+        read_only: bool = False,
+        trainer: Any = None,
+        scenario: dict[str, Any] | None = None,
+        owns_inspector: bool = False,
+    ) -> None:
+        self.insp = insp
+        self.mode = mode
+        self.store = store
+        self.read_only = read_only
+        self.trainer = trainer
+        self.scenario = scenario
+        self.owns_inspector = owns_inspector
+        self.run_id = 0 if store is None else None
+        self.started = time.time()
+        self._publish: Publish | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._recent_scalars: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> scalars payload
+        self._lock = threading.Lock()
+        self.callback_errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, publish: Publish) -> None:
+        self._publish = publish
+        if self.store is not None:
+            name = self.scenario["name"] if self.scenario else None
+            self.run_id = self.store.new_run(
+                params=self.insp.param_info(), modules=list(self.insp.modules), scenario=name,
+                meta={"mode": self.mode, "scenario": self.scenario},
+            )
+            self.store.start_writer(on_status=self._history_status)
+        self._unsubscribe = self.insp.subscribe(self._on_message)
+        if self.store is not None and self.run_id is not None:
+            self.store.add_hooks(self.run_id, self.insp.config_version, self.insp.hooks())
+        if self.trainer is not None:
+            self.trainer.start()
+
+    def stop(self) -> None:
+        if self.trainer is not None:
+            self.trainer.stop()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self.owns_inspector:
+            self.insp.close()
+        if self.store is not None:
+            self.store.close()
+
+    def _history_status(self, kind: str, reason: str) -> None:
+        self.insp.add_event(kind, reason=reason)
+
+    def _on_message(self, kind: str, payload: dict[str, Any]) -> None:
+        try:
+            store, run = self.store, self.run_id
+            if kind == "scalars":
+                with self._lock:
+                    self._recent_scalars[int(payload["step"])] = payload
+                    while len(self._recent_scalars) > 4096:
+                        self._recent_scalars.popitem(last=False)
+            if store is not None and run is not None:
+                if kind == "snapshot":
+                    store.add_snapshot(run, payload)
+                elif kind == "scalars":
+                    store.add_scalars(run, payload)
+                elif kind == "event":
+                    store.add_event(run, payload)
+                elif kind == "hooks":
+                    store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
+            if self._publish is not None:
+                self._publish(kind, payload)
+        except Exception:  # never raise into the core's dispatcher
+            self.callback_errors += 1
+            if self.callback_errors == 1:
+                log.exception("gradient-inspector server: failed to handle a %r message", kind)
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def _is_current(self, run: int | None) -> bool:
+        return run is None or run == self.run_id
+
+    def session(self, run: int | None = None) -> dict[str, Any]:
+        if not self._is_current(run):
+            return self.stored_session(self._run(run), read_only=self.read_only, live=False)
+        insp = self.insp
+        return {
+            "run_id": self.run_id,
+            "mode": self.mode,
+            "live": True,
+            "params": insp.param_info(),
+            "modules": list(insp.modules),
+            "hook_kinds": hook_kinds(),
+            "hooks": insp.hooks(),
+            "config_version": insp.config_version,
+            "training": {
+                **insp.state,
+                "scenario": self.scenario["name"] if self.scenario else None,
+                "steps_per_second": self.trainer.rate if self.trainer is not None else None,
+            },
+            "read_only": self.read_only,
+            "scenario": self.scenario,
+            "history": {
+                "db": self.store.path if self.store is not None else None,
+                "paused": self.store.paused_reason if self.store is not None else None,
+            },
+        }
+
+    def param_names(self, run: int | None = None) -> list[str]:
+        if self._is_current(run):
+            return list(self.insp.params)
+        return super().param_names(run)
+
+    def _late_scalars(self, snap: dict[str, Any]) -> dict[str, Any]:
+        if snap.get("loss") is not None:
+            return snap
+        with self._lock:
+            late = self._recent_scalars.get(snap.get("step", -1))
+        if late is None:
+            return snap
+        return {**snap, "loss": late.get("loss"), "scalars": {**(snap.get("scalars") or {}), **(late.get("scalars") or {})}}
+
+    def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
+                  points: int | None = None) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().snapshots(run, since=since, limit=limit, points=points)
+        ring = {s["step"]: s for s in self.insp.snapshots(since)}
+        first = min(ring) if ring else None
+        stored = [] if self.store is None else self.store.steps("snapshots", self.run_id, since, before=first)
+        chosen = select(stored + sorted(ring), limit, points)
+        old = [s for s in chosen if s not in ring]
+        out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
+        return out + [self._late_scalars(ring[s]) for s in chosen if s in ring]
+
+    def scalars(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
+                points: int | None = None) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().scalars(run, since=since, limit=limit, points=points)
+        with self._lock:
+            recent = {s: p for s, p in self._recent_scalars.items() if since is None or s > since}
+        first = min(recent) if recent else None
+        stored = [] if self.store is None else self.store.steps("scalars", self.run_id, since, before=first)
+        chosen = select(stored + sorted(recent), limit, points)
+        old = [s for s in chosen if s not in recent]
+        out = self.store.scalars_at(self.run_id, old) if (old and self.store is not None) else []
+        return out + [{"step": s, "loss": recent[s].get("loss"), "scalars": recent[s].get("scalars") or {}}
+                      for s in chosen if s in recent]
+
+    def events(self, run: int | None = None, *, since: int | None = None,
+               limit: int | None = None) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().events(run, since=since, limit=limit)
+        ring = list(self.insp.events(since))
+        out = ring
+        if self.store is not None:
+            first = ring[0]["seq"] if ring else None
+            stored = self.store.events(self.run_id, since=since)
+            out = [e for e in stored if first is None or e["seq"] < first] + ring
+        return out[-limit:] if limit else out
+
+    def runs(self) -> list[dict[str, Any]]:
+        if self.store is not None:
+            return super().runs()
+        state = self.insp.state
+        return [{"id": self.run_id, "started": self.started,
+                 "scenario": self.scenario["name"] if self.scenario else None,
+                 "steps": state["step"], "params": len(self.insp.params), "live": True}]
+
+    def hooks(self) -> list[dict[str, Any]]:
+        return self.insp.hooks()
+
+    def config_version(self) -> int:
+        return int(self.insp.config_version)
+
+    def export_hooks(self) -> dict[str, Any]:
+        return self.insp.export_hooks()
+
+    def targets(self, glob: str, point: str | None) -> list[str]:
+        return self._core(self.insp.match_targets, glob, **({"point": point} if point else {}))
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    def _core(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import inspector
+
+        try:
+            return fn(*args, **kwargs)
+        except inspector.HookNotFound as e:
+            key = e.args[0] if e.args else "?"
+            raise ApiError(404, f"no hook {key!r}") from e
+        except inspector.HookError as e:
+            raise ApiError(422, detail_of(e)) from e
+
+    def _command(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.read_only:
+            raise read_only_error()
+        return self._core(fn, *args, **kwargs)
+
+    def add_hook(self, kind: str, *, target: str, point: str | None, enabled: bool,
+                 params: dict[str, Any]) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        for key in params:
+            if key in _ADD_HOOK_KWARGS:  # would collide with add_hook's own keywords
+                raise ApiError(422, [{"loc": ["params", key], "msg": f"{key!r} is not a parameter of any kind"}])
+        handle = self._command(self.insp.add_hook, kind, target=target, point=point, enabled=enabled, **params)
+        return dict(handle.spec)
+
+    def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
+        given = {k: v for k, v in change.items() if v is not None}
+        return self._command(self.insp.update_hook, hook_id, **given)
+
+    def remove_hook(self, hook_id: str) -> None:
+        self._command(self.insp.remove_hook, hook_id)
+
+    def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._command(self.insp.import_hooks, preset)
+
+    def training_command(self, action: str) -> dict[str, Any]:
+        fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]
+        self._command(fn)
+        return dict(self.insp.state)
+
+    def set_rate(self, steps_per_second: float | None) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        if self.trainer is None:
+            raise ApiError(409, "the step rate is set by your own training loop: rate control is demo mode only")
+        self.trainer.set_rate(steps_per_second)
+        return {"steps_per_second": self.trainer.rate}
+
+    def set_hist(self, client_id: str, names: list[str]) -> None:
+        self._core(self.insp.set_hist_subscription, client_id, names)

@@ -1,0 +1,296 @@
+"""Request guards (DESIGN.md "Security"), as one pure ASGI middleware in front of the app.
+
+Order of checks, for HTTP and for the websocket handshake:
+
+1. DNS-rebinding guard (loopback binds only): the `Host` name must be
+   `localhost`, `127.0.0.1` or `[::1]`, any port. Otherwise 403.
+2. Origin (mutating methods and `/ws`): a present `Origin` must name the
+   request's own `Host` (scheme's default port normalised), else 403. This
+   holds through an SSH tunnel on any local port, and stops another site's page
+   from changing hooks or pausing training, even with a body-less POST.
+3. Token (when one is in force; `/api/health` is exempt): `Authorization:
+   Bearer T`, `?token=T` or the cookie, compared in constant time, else 401.
+   `GET /?token=T` answers 303 to `/` and sets the token as an HttpOnly,
+   SameSite=Strict cookie, so the token leaves the address bar.
+4. Read-only: every mutating method answers 403 before its body is looked at.
+5. A per-client budget of mutating requests (429 past it).
+6. Bodies of mutating requests: 413 past `max_body` bytes; a non-empty body
+   must be JSON (`application/json` or `+json`, else 415) and parse (else 422,
+   `loc: ["body"]`).
+
+No CORS headers are ever sent. Every HTTP response carries `nosniff`,
+`no-referrer` and `X-Frame-Options: DENY`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_EXTRA_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+@dataclass
+class Guard:
+    """What the middleware enforces.
+
+    Attributes:
+        token: the access token, or None (loopback binds without `--token`).
+        loopback: the server is bound to a loopback address (turns on the Host check).
+        read_only: refuse every mutating request with 403.
+        max_body: the largest request body, in bytes.
+        rate: mutating requests per second per client address, sustained...
+        burst: ...and in a burst.
+    """
+
+    token: str | None = None
+    loopback: bool = True
+    read_only: bool = False
+    max_body: int = 1 << 20
+    rate: float = 100.0
+    burst: float = 200.0
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header value: "[::1]:8000" -> "[::1]", "localhost:80" -> "localhost"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[: end + 1] if end >= 0 else host
+    return host.rsplit(":", 1)[0] if ":" in host else host
+
+
+def _netloc(scheme: str, netloc: str) -> str:
+    netloc = netloc.lower()
+    default = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}.get(scheme)
+    return netloc[: -len(default)] if default and netloc.endswith(default) else netloc
+
+
+def origin_matches(origin: str, host: str | None, scheme: str) -> bool:
+    """Whether an Origin header names the request's own Host."""
+    if not host:
+        return False
+    try:
+        parts = urlsplit(origin.strip())
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False
+    own_scheme = "https" if scheme in ("https", "wss") else "http"
+    return _netloc(parts.scheme, parts.netloc) == _netloc(own_scheme, host)
+
+
+def cookie_name(host: str | None) -> str:
+    """Per-port cookie name: cookies ignore ports, two inspectors on one host must not clash."""
+    port = (host or "").rsplit(":", 1)[-1] if host and not host.endswith("]") and ":" in host else "80"
+    return f"gi_token_{port if port.isdigit() else '80'}"
+
+
+def _detail(status: int, detail: Any) -> bytes:
+    return json.dumps({"detail": detail}, separators=(",", ":")).encode()
+
+
+class SecurityMiddleware:
+    def __init__(self, app: ASGIApp, guard: Guard) -> None:
+        self.app = app
+        self.guard = guard
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, last time)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        host = headers.get("host")
+        method = scope.get("method", "GET") if kind == "http" else "GET"
+        mutating = kind == "http" and method not in _SAFE_METHODS
+        deny = self._check(scope, headers, host, mutating or kind == "websocket")
+        if deny is None and self.guard.token and scope["path"] != "/api/health":
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            if kind == "http" and scope["path"] == "/" and method == "GET" and "token" in query:
+                if self._valid(query["token"][0]):
+                    return await self._set_cookie(send, host)
+                deny = (401, "wrong token")
+            elif not self._authorized(headers, query, host):
+                deny = (401, "missing or wrong token: open the URL printed at start-up, or send "
+                             "'Authorization: Bearer TOKEN'")
+        if deny is None and mutating and self.guard.read_only:
+            deny = (403, "read-only: this server does not accept commands")
+        if deny is None and mutating and not self._take(scope):
+            deny = (429, "too many commands: slow down")
+        if deny is not None:
+            if kind == "websocket":
+                return await self._refuse_socket(scope, receive, send, *deny)
+            return await self._respond(send, *deny)
+        if kind == "websocket":
+            return await self.app(scope, receive, send)
+        if mutating:
+            body = await self._read_body(receive, headers, send)
+            if body is None:
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, _with_headers(send))
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def _check(self, scope: Scope, headers: dict[str, str], host: str | None,
+               check_origin: bool) -> tuple[int, str] | None:
+        if self.guard.loopback and (not host or host_name(host) not in LOOPBACK_NAMES):
+            return (403, "Host not allowed: on a loopback bind use localhost, 127.0.0.1 or [::1] "
+                         "(DNS-rebinding guard)")
+        origin = headers.get("origin")
+        if check_origin and origin is not None and not origin_matches(origin, host, scope.get("scheme", "http")):
+            return (403, "Origin does not match Host: commands are accepted from this server's own page only")
+        return None
+
+    def _valid(self, candidate: str) -> bool:
+        token = self.guard.token or ""
+        return hmac.compare_digest(candidate.encode("utf-8", "replace"), token.encode("utf-8"))
+
+    def _authorized(self, headers: dict[str, str], query: dict[str, list[str]], host: str | None) -> bool:
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer " and self._valid(auth[7:].strip()):
+            return True
+        if "token" in query and self._valid(query["token"][0]):
+            return True
+        wanted = cookie_name(host) + "="
+        for part in headers.get("cookie", "").split(";"):
+            part = part.strip()
+            if part.startswith(wanted) and self._valid(part[len(wanted):]):
+                return True
+        return False
+
+    def _take(self, scope: Scope) -> bool:
+        client = (scope.get("client") or ("?", 0))[0]
+        now = time.monotonic()
+        tokens, last = self._buckets.get(client, (self.guard.burst, now))
+        tokens = min(self.guard.burst, tokens + (now - last) * self.guard.rate)
+        ok = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if ok else tokens, now)
+        if len(self._buckets) > 10_000:  # many addresses: forget them all rather than grow
+            self._buckets.clear()
+        return ok
+
+    # -- bodies --------------------------------------------------------------------------------------
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str], send: Send) -> bytes | None:
+        limit = self.guard.max_body
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            await self._respond(send, 413, f"request body larger than {limit} bytes")
+            return None
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._respond(send, 413, f"request body larger than {limit} bytes")
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if not body:
+            return body
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if not (ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))):
+            await self._respond(send, 415, "the body must be JSON: send 'Content-Type: application/json'")
+            return None
+        try:
+            json.loads(body)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            msg = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            await self._respond(send, 422, [{"loc": ["body"], "msg": f"invalid JSON: {msg}"}])
+            return None
+        return body
+
+    # -- responses -----------------------------------------------------------------------------------
+
+    async def _respond(self, send: Send, status: int, detail: Any) -> None:
+        body = _detail(status, detail)
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_EXTRA_HEADERS]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _set_cookie(self, send: Send, host: str | None) -> None:
+        cookie = f"{cookie_name(host)}={self.guard.token}; HttpOnly; SameSite=Strict; Path=/"
+        await send({"type": "http.response.start", "status": 303, "headers": [
+            (b"location", b"/"), (b"set-cookie", cookie.encode("latin-1")), (b"content-length", b"0"),
+            (b"cache-control", b"no-store"), *_EXTRA_HEADERS]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
+        message = await receive()  # websocket.connect
+        if message["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in scope.get("extensions", {}):
+            body = _detail(status, detail)
+            await send({"type": "websocket.http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"), *_EXTRA_HEADERS]})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _with_headers(send: Send) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message)
+            message["headers"] = [*message.get("headers", []), *_EXTRA_HEADERS]
+        await send(message)
+
+    return wrapped
+
+
+_TOKEN_RE = re.compile(r"(token=)[^&\s\"']+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`token=...` in a URL or query string becomes `token=<redacted>`."""
+    return _TOKEN_RE.sub(r"\1<redacted>", text)
+
+
+class RedactTokenFilter(logging.Filter):
+    """A logging filter that strips `token=...` from a record's message and arguments
+    (uvicorn's access log line holds the full path with its query string)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "token=" in record.msg.lower():
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True

@@ -1,0 +1,74 @@
+"""Server settings: bind address, token rule, limits. Validated when built."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass, field
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def new_token() -> str:
+    """A fresh access token: 32 random bytes (256 bits), URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+def browse_host(host: str) -> str:
+    """The host part of a printable URL for a bind address."""
+    name = host.strip("[]")
+    if name in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"  # a wildcard bind: this machine's loopback works from here
+    return f"[{name}]" if ":" in name else name
+
+
+@dataclass
+class Settings:
+    """Everything `create_app` needs besides the source.
+
+    Attributes:
+        host: the bind address; anything but loopback requires a token.
+        port: the TCP port (0: any free port, known once bound).
+        token: the access token; generated when None and the bind is not loopback.
+        read_only: serve reads and the stream, answer every command with 403.
+        max_body: largest HTTP request body in bytes (413 past it).
+        max_frame: largest websocket text frame in bytes (the socket is closed with 1008 past it).
+        commands_per_second: per-client command budget, sustained (burst: twice that).
+        hello_history: snapshots sent in `hello`.
+    """
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    read_only: bool = False
+    max_body: int = 1 << 20
+    max_frame: int = 64 << 10
+    commands_per_second: float = 50.0
+    hello_history: int = 200
+    loopback: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loopback = is_loopback(self.host)
+        if self.token is not None and len(self.token) < 8:
+            raise ValueError("token: at least 8 characters (a generated one has 43)")
+        if self.token is None and not self.loopback:
+            self.token = new_token()
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be 0..65535, got {self.port}")
+
+    def url(self, port: int | None = None) -> str:
+        """The start-up URL: `http://HOST:PORT/`, with `?token=T` when a token is in force."""
+        base = f"http://{browse_host(self.host)}:{port if port is not None else self.port}/"
+        return f"{base}?token={self.token}" if self.token else base

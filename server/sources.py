@@ -1,0 +1,197 @@
+"""Sources: what the routes and the socket read from and send commands to.
+
+The same app serves three things through one interface:
+
+- `LiveSource` (live.py): an attached inspector, in demo mode (our own training
+  thread) or user mode (the user's script);
+- `ReplaySource` (here): a recorded run in a database, read-only.
+
+Routes never touch `inspector` or `Store` directly; they call a source, and a
+source reports failures as `ApiError` (status and `detail`), which the app turns
+into the HTTP response or the socket's `error` message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .protocol import error_detail
+from .storage import Store
+
+PRESET_FORMAT = "gradient-inspector/hooks"
+Publish = Callable[[str, dict[str, Any]], None]  # (kind, payload): thread-safe
+
+
+class ApiError(Exception):
+    """A failed request: `status` (4xx) and `detail` (a string, or the `[{loc, msg}]` list)."""
+
+    def __init__(self, status: int, detail: str | list[dict[str, Any]]) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def read_only_error() -> ApiError:
+    return ApiError(403, "read-only: this server does not accept commands")
+
+
+def hook_kinds() -> dict[str, Any]:
+    import inspector  # the kinds' schemas are static: replay needs no live inspector
+
+    return inspector.hook_kinds()
+
+
+class Source:
+    """The interface (and the read-only defaults). See the module docstring."""
+
+    mode = "replay"  # "demo" | "user" | "replay"
+    read_only = True
+    store: Store | None = None
+    run_id: int | None = None
+
+    # lifecycle: called by the app's lifespan, on its event loop
+    def start(self, publish: Publish) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    # reads
+    def session(self, run: int | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def param_names(self, run: int | None = None) -> list[str]:
+        return [p["name"] for p in self.session(run)["params"]]
+
+    def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
+                  points: int | None = None) -> list[dict[str, Any]]:
+        return self._store().snapshots(self._run(run), since=since, limit=limit, points=points)
+
+    def scalars(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
+                points: int | None = None) -> list[dict[str, Any]]:
+        return self._store().scalars(self._run(run), since=since, limit=limit, points=points)
+
+    def events(self, run: int | None = None, *, since: int | None = None,
+               limit: int | None = None) -> list[dict[str, Any]]:
+        return self._store().events(self._run(run), since=since, limit=limit)
+
+    def runs(self) -> list[dict[str, Any]]:
+        live = self.run_id if self.mode != "replay" else None
+        return self.store.runs(live_run=live) if self.store is not None else []
+
+    def hooks(self) -> list[dict[str, Any]]:
+        return self._store().hooks(self._run(None))[1]
+
+    def config_version(self) -> int:
+        return self._store().hooks(self._run(None))[0]
+
+    def export_hooks(self) -> dict[str, Any]:
+        keep = ("kind", "target", "params", "point", "enabled")
+        hooks = [{k: h[k] for k in keep if k in h} for h in self.hooks() if h.get("kind") != "python"]
+        return {"format": PRESET_FORMAT, "version": 1, "hooks": hooks}
+
+    def targets(self, glob: str, point: str | None) -> list[str]:
+        raise read_only_error()
+
+    def hello(self, history: int = 200, events: int = 100) -> dict[str, Any]:
+        """The websocket's first message (without `type`)."""
+        return {
+            "session": self.session(),
+            "history": self.snapshots(limit=history),
+            "events": self.events(limit=events),
+        }
+
+    # commands: every one is refused by a read-only source
+    def add_hook(self, kind: str, *, target: str, point: str | None, enabled: bool,
+                 params: dict[str, Any]) -> dict[str, Any]:
+        raise read_only_error()
+
+    def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
+        raise read_only_error()
+
+    def remove_hook(self, hook_id: str) -> None:
+        raise read_only_error()
+
+    def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        raise read_only_error()
+
+    def training_command(self, action: str) -> dict[str, Any]:
+        raise read_only_error()
+
+    def set_rate(self, steps_per_second: float | None) -> dict[str, Any]:
+        raise read_only_error()
+
+    def set_hist(self, client_id: str, names: list[str]) -> None:
+        pass  # histograms are computed in training; a replay has what was recorded
+
+    # helpers
+    def _store(self) -> Store:
+        if self.store is None:
+            raise ApiError(404, "no history: this server records no database")
+        return self.store
+
+    def _run(self, run: int | None) -> int:
+        if run is None:
+            if self.run_id is None:
+                raise ApiError(404, "no run")
+            return self.run_id
+        if self._store().run(run) is None:
+            raise ApiError(404, f"no run {run}")
+        return run
+
+    def stored_session(self, run: int, *, read_only: bool, live: bool) -> dict[str, Any]:
+        """A session built from the database (a replay, or an earlier run seen from a live server)."""
+        info = self._store().run(run)
+        if info is None:
+            raise ApiError(404, f"no run {run}")
+        version, hooks = self._store().hooks(run)
+        return {
+            "run_id": run,
+            "mode": self.mode,
+            "live": live,
+            "params": info["params"],
+            "modules": info["modules"],
+            "hook_kinds": hook_kinds(),
+            "hooks": hooks,
+            "config_version": version,
+            "training": {"state": "finished", "step": info["last_step"], "scenario": info["scenario"],
+                         "steps_per_second": None},
+            "read_only": read_only,
+            "scenario": info["meta"].get("scenario"),
+            "history": {"db": self._store().path, "paused": None},
+        }
+
+
+class ReplaySource(Source):
+    """A recorded run, served read-only. Every command answers 403."""
+
+    mode = "replay"
+    read_only = True
+
+    def __init__(self, store: Store, run_id: int | None = None) -> None:
+        self.store = store
+        run = run_id if run_id is not None else store.latest_run_id()
+        if run is None:
+            raise ApiError(404, f"{store.path} holds no run")
+        if store.run(run) is None:
+            raise ApiError(404, f"{store.path} has no run {run}")
+        self.run_id = run
+
+    def session(self, run: int | None = None) -> dict[str, Any]:
+        return self.stored_session(self._run(run), read_only=True, live=False)
+
+    def targets(self, glob: str, point: str | None) -> list[str]:
+        raise ApiError(403, "read-only: a replay has no live model to match targets against")
+
+    def stop(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def detail_of(exc: BaseException) -> list[dict[str, Any]]:
+    """The `[{loc, msg}]` of a core `HookError` (or of anything with `.loc`/`.msg`)."""
+    detail = getattr(exc, "detail", None)
+    if callable(detail):
+        return detail()
+    return error_detail(tuple(getattr(exc, "loc", ()) or ()), str(getattr(exc, "msg", exc)))

@@ -1,0 +1,331 @@
+"""SQLite history: runs, snapshots, scalars, events and hook changes.
+
+One file (WAL), many runs: each process start that records adds a run. Writes go
+through one background writer thread that owns the write connection:
+
+- snapshots and scalars are batched: a batch is committed at most
+  `flush_interval` (0.5 s) after its first row arrived, so history is at most
+  about 1 s behind training even when a commit is slow;
+- events and hook changes are committed as soon as the writer sees them.
+
+Thinning rule (long runs grow the file logarithmically, not linearly). With
+`L` the newest step of a run and `W` the full window (`full_window`, 1024 steps
+for snapshots; 16 * W for scalars), a row at step `s`, of age `a = L - s`, is kept
+when `a < W`, or when `s` is a multiple of `2**(k+1)` where
+`W * 2**k <= a < W * 2**(k+1)`. Every octave of age keeps about `W / 2` rows, so
+a run of `L` steps keeps about `W * (1 + log2(L / W) / 2)` snapshots. Snapshots
+that carry events (a non-finite gradient, a skipped step) are always kept.
+
+When a write fails (disk full, I/O error) training goes on: the writer keeps its
+pending rows in memory (bounded; the oldest snapshots go first), reports
+`history_paused` once, retries every flush interval, and reports
+`history_resumed` when a commit succeeds again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from .history import HistoryReader
+from .protocol import dumps
+
+DEFAULT_DB = "gradient-inspector.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started REAL NOT NULL,
+    scenario TEXT,
+    params TEXT NOT NULL,          -- JSON: [{name, shape, numel, module}, ...]
+    modules TEXT NOT NULL,         -- JSON: [name, ...]
+    meta TEXT NOT NULL DEFAULT '{}',
+    last_step INTEGER NOT NULL DEFAULT 0,
+    updated REAL
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
+    n_events INTEGER NOT NULL DEFAULT 0,
+    data TEXT NOT NULL,            -- the wire snapshot, strict JSON
+    PRIMARY KEY (run, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scalars (
+    run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
+    loss REAL, data TEXT NOT NULL,  -- data: {"loss", "scalars"} as sent
+    PRIMARY KEY (run, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    run INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT, time REAL, step INTEGER,
+    data TEXT NOT NULL,
+    PRIMARY KEY (run, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS hook_changes (
+    run INTEGER NOT NULL, config_version INTEGER NOT NULL, time REAL,
+    hooks TEXT NOT NULL,           -- JSON: the full hook list after the change
+    PRIMARY KEY (run, config_version)
+) WITHOUT ROWID;
+"""
+
+StatusCallback = Callable[[str, str], None]  # (kind: "history_paused"|"history_resumed", reason)
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened (missing file, not a gradient-inspector database)."""
+
+
+def connect(path: str, *, create: bool) -> sqlite3.Connection:
+    if not create and not os.path.exists(path):
+        raise StoreError(f"no such database: {path}")
+    try:
+        conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        if create:
+            conn.executescript(_SCHEMA)
+        else:
+            conn.execute("SELECT id FROM runs LIMIT 1")
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"cannot open {path} as a gradient-inspector database: {e}") from e
+    return conn
+
+
+class Store(HistoryReader):
+    """A database file: reads (`HistoryReader`) from any thread, writes through the writer.
+
+    Args:
+        path: the SQLite file; created when missing unless `read_only`.
+        read_only: open for reading only (replay, export): nothing is ever written.
+        flush_interval: the longest a snapshot waits in memory before its batch commits.
+        full_window: steps kept in full before thinning starts (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        flush_interval: float = 0.5,
+        full_window: int = 1024,
+        max_pending: int = 5000,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.read_only = read_only
+        self.flush_interval = flush_interval
+        self.full_window = full_window
+        self.max_pending = max_pending
+        conn = connect(self.path, create=not read_only)
+        if read_only:
+            conn.execute("PRAGMA query_only=ON")
+        super().__init__(conn)
+        # A hook for fault-injection tests: called before every commit; raising sqlite3.Error there
+        # is handled exactly like a failing disk.
+        self.fault: Callable[[], None] | None = None
+        self.paused_reason: str | None = None
+        self.dropped = 0  # snapshots dropped from memory while writes failed
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._on_status: StatusCallback | None = None
+        self._closed = False
+
+    # -- runs ----------------------------------------------------------------------------------------
+
+    def new_run(
+        self, *, params: list[dict[str, Any]], modules: list[str], scenario: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> int:
+        """Add a run (committed at once) and return its id."""
+        if self.read_only:
+            raise StoreError("this database is open read-only")
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO runs (started, scenario, params, modules, meta, updated) VALUES (?,?,?,?,?,?)",
+                (time.time(), scenario, dumps(params), dumps(modules), dumps(meta or {}), time.time()),
+            )
+            return int(cur.lastrowid or 0)
+
+    # -- writes (any thread; cheap: a queue put) -----------------------------------------------------
+
+    def start_writer(self, on_status: StatusCallback | None = None) -> None:
+        if self.read_only or self._writer is not None:
+            return
+        self._on_status = on_status
+        self._writer = threading.Thread(target=self._run_writer, name="gradient-inspector-store", daemon=True)
+        self._writer.start()
+
+    def add_snapshot(self, run: int, snap: dict[str, Any]) -> None:
+        self._queue.put(("snapshot", run, snap))
+
+    def add_scalars(self, run: int, payload: dict[str, Any]) -> None:
+        self._queue.put(("scalars", run, payload))
+
+    def add_event(self, run: int, event: dict[str, Any]) -> None:
+        self._queue.put(("event", run, event))
+
+    def add_hooks(self, run: int, config_version: int, hooks: list[dict[str, Any]]) -> None:
+        self._queue.put(("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()}))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Block until everything queued so far is committed (or the writer gave up this round)."""
+        if self._writer is None or not self._writer.is_alive():
+            return False
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        """Flush, stop the writer and close the connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None and self._writer.is_alive():
+            self._queue.put(("stop",))
+            self._writer.join(timeout=10.0)
+        with self._lock:
+            self._conn.close()
+
+    # -- the writer thread ---------------------------------------------------------------------------
+
+    def _run_writer(self) -> None:
+        conn = connect(self.path, create=True)
+        snaps: OrderedDict[tuple[int, int], tuple[str, float | None, int]] = OrderedDict()
+        scalars: OrderedDict[tuple[int, int], tuple[str, float | None, Any]] = OrderedDict()
+        urgent: list[tuple[str, int, dict[str, Any]]] = []  # events and hook changes, in order
+        oldest: float | None = None  # when the oldest pending row arrived
+        last_thin: dict[int, int] = {}
+        waiters: list[threading.Event] = []
+        stopping = False
+        while not stopping:
+            timeout = None if oldest is None else max(0.0, oldest + self.flush_interval - time.monotonic())
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                kind = item[0]
+                if kind == "stop":
+                    stopping = True
+                elif kind == "flush":
+                    waiters.append(item[1])
+                elif kind == "snapshot":
+                    _, run, snap = item
+                    step = int(snap.get("step", 0))
+                    snaps[(run, step)] = (dumps(snap), snap.get("time"), len(snap.get("events") or ()))
+                    oldest = oldest if oldest is not None else time.monotonic()
+                elif kind == "scalars":
+                    _, run, p = item
+                    step = int(p.get("step", 0))
+                    loss = p.get("loss")
+                    loss = loss if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+                    data = dumps({"loss": p.get("loss"), "scalars": p.get("scalars") or {}})
+                    scalars[(run, step)] = (data, time.time(), loss)
+                    oldest = oldest if oldest is not None else time.monotonic()
+                else:  # event, hooks: commit without waiting for the batch
+                    urgent.append(item)  # type: ignore[arg-type]
+                    oldest = time.monotonic() - self.flush_interval
+                try:
+                    item = self._queue.get_nowait()  # drain what is there: one commit for all of it
+                except queue.Empty:
+                    item = None
+            due = oldest is not None and time.monotonic() >= oldest + self.flush_interval
+            if due or stopping or waiters:
+                if self._commit(conn, snaps, scalars, urgent, last_thin):
+                    snaps.clear()
+                    scalars.clear()
+                    urgent.clear()
+                    oldest = None
+                else:
+                    oldest = time.monotonic()  # retry one interval later
+                    self._bound(snaps, scalars)
+                for w in waiters:
+                    w.set()
+                waiters.clear()
+        conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, snaps: OrderedDict, scalars: OrderedDict, urgent: list,
+                last_thin: dict[int, int]) -> bool:
+        try:
+            if self.fault is not None:
+                self.fault()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT OR REPLACE INTO snapshots (run, step, time, n_events, data) VALUES (?,?,?,?,?)",
+                [(r, s, t, n, d) for (r, s), (d, t, n) in snaps.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO scalars (run, step, time, loss, data) VALUES (?,?,?,?,?)",
+                [(r, s, t, loss, d) for (r, s), (d, t, loss) in scalars.items()],
+            )
+            for kind, run, p in urgent:
+                if kind == "event":
+                    conn.execute(
+                        "INSERT OR REPLACE INTO events (run, seq, kind, time, step, data) VALUES (?,?,?,?,?,?)",
+                        (run, int(p.get("seq", 0)), p.get("kind"), p.get("time"), p.get("step"), dumps(p)),
+                    )
+                else:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO hook_changes (run, config_version, time, hooks) VALUES (?,?,?,?)",
+                        (run, int(p["config_version"]), p["time"], dumps(p["hooks"])),
+                    )
+            newest: dict[int, int] = {}
+            for r, s in list(snaps) + list(scalars):
+                newest[r] = max(newest.get(r, 0), s)
+            for r, s in newest.items():
+                conn.execute(
+                    "UPDATE runs SET last_step = MAX(last_step, ?), updated = ? WHERE id = ?", (s, time.time(), r)
+                )
+                if s - last_thin.get(r, 0) >= 256:
+                    self._thin(conn, r, s)
+                    last_thin[r] = s
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError) as e:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if self.paused_reason is None:
+                self.paused_reason = f"cannot write {self.path}: {e}"
+                self._status("history_paused", self.paused_reason)
+            return False
+        if self.paused_reason is not None:
+            self.paused_reason = None
+            self._status("history_resumed", f"writing {self.path} again")
+        return True
+
+    def _thin(self, conn: sqlite3.Connection, run: int, latest: int) -> None:
+        for table, window, keep_events in (
+            ("snapshots", self.full_window, " AND n_events = 0"),
+            ("scalars", 16 * self.full_window, ""),
+        ):
+            k = 0
+            while window * 2**k <= latest:
+                lo, hi, stride = latest - window * 2 ** (k + 1), latest - window * 2**k, 2 ** (k + 1)
+                conn.execute(
+                    f"DELETE FROM {table} WHERE run = ? AND step > ? AND step <= ? AND step % ? != 0{keep_events}",
+                    (run, lo, hi, stride),
+                )
+                k += 1
+
+    def _bound(self, snaps: OrderedDict, scalars: OrderedDict) -> None:
+        # While writes fail, memory stays bounded: the oldest snapshots and scalars go first.
+        for pending in (snaps, scalars):
+            while len(pending) > self.max_pending:
+                pending.popitem(last=False)
+                self.dropped += 1
+
+    def _status(self, kind: str, reason: str) -> None:
+        if self._on_status is not None:
+            try:
+                self._on_status(kind, reason)
+            except Exception:  # noqa: BLE001 - a failing reporter must not kill the writer
+                pass
+
+
+def load_json(text: str | None, default: Any = None) -> Any:
+    return default if text is None else json.loads(text)
