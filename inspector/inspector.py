@@ -511,6 +511,7 @@ class Inspector:
             self._announce(ch)
         if changes:
             self._publish_hooks()
+            self._cond.notify_all()  # for whoever waits for an edit to be applied
 
     def _announce(self, ch: Change) -> None:
         def d(x: Any) -> Any:

@@ -20,7 +20,7 @@ from torch import Tensor
 __all__ = ["Cadence", "Pack"]
 
 _EMA = 0.2
-MAX_EVERY = 1000
+MAX_EVERY = 100  # even when the budget cannot be met, a snapshot every 100 steps
 
 
 class Cadence:
