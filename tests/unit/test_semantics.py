@@ -7,7 +7,6 @@ import threading
 
 import pytest
 import torch
-from torch import nn
 
 import inspector
 from tests.unit.conftest import GradCapture, batch, loss_of, reference_grads, seed_mlp, train_step
