@@ -35,7 +35,7 @@ class NaNBatch(Scenario):
     )
     try_this = (
         'Add nan_guard with action "skip" (or "zero") on * before step 30 and watch the bad step '
-        "appear as an event while the loss carries on falling; with the default \"report\" it only names the damage."
+        'appear as an event while the loss carries on falling; with the default "report" it only names the damage.'
     )
 
     bad_step = 30
@@ -54,7 +54,9 @@ class NaNBatch(Scenario):
 
     def build_model(self) -> nn.Module:
         h = self.hidden
-        return nn.Sequential(nn.Linear(self.in_features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
+        return nn.Sequential(
+            nn.Linear(self.in_features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1)
+        )
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum)

@@ -40,7 +40,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape  # (batch, time, d_model)
         q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        q, k, v = (
+            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
+        )  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -83,7 +85,13 @@ class GPT(nn.Module):
     """
 
     def __init__(
-        self, *, vocab_size: int = 256, block_size: int = 128, d_model: int = 256, n_layer: int = 4, n_head: int = 4
+        self,
+        *,
+        vocab_size: int = 256,
+        block_size: int = 128,
+        d_model: int = 256,
+        n_layer: int = 4,
+        n_head: int = 4,
     ) -> None:
         super().__init__()
         self.block_size = block_size
@@ -159,7 +167,9 @@ class TinyGPT(Scenario):
     def setup_data(self, gen: torch.Generator) -> None:
         self._data = load_corpus()
         if self._data.numel() <= self.block_size + 1:
-            raise ValueError(f"the corpus has {self._data.numel()} bytes, fewer than a window of {self.block_size + 1}")
+            raise ValueError(
+                f"the corpus has {self._data.numel()} bytes, fewer than a window of {self.block_size + 1}"
+            )
         self._window = torch.arange(self.block_size + 1)
 
     def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
