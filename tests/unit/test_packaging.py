@@ -31,9 +31,10 @@ def test_wheel_ships_frontend_and_data_found_from_a_fresh_venv(tmp_path):
     # --no-deps: the check is about our files, and a fresh venv must not pull a CUDA torch
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
     code = textwrap.dedent("""
-        import importlib.resources as r
-        index = r.files("frontend") / "index.html"
-        corpus = r.files("inspector") / "data" / "tiny_corpus.txt"
+        import importlib.resources as r, importlib.util, pathlib
+        index = r.files("frontend") / "index.html"  # how the server finds the page
+        # the corpus, located without importing inspector (torch is not in this venv)
+        corpus = pathlib.Path(importlib.util.find_spec("inspector").origin).parent / "data" / "tiny_corpus.txt"
         print(index.is_file(), corpus.is_file(), "site-packages" in str(index))
     """)
     out = subprocess.run([py, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
