@@ -14,7 +14,9 @@ for snapshots; 16 * W for scalars), a row at step `s`, of age `a = L - s`, is ke
 when `a < W`, or when `s` is a multiple of `2**(k+1)` where
 `W * 2**k <= a < W * 2**(k+1)`. Every octave of age keeps about `W / 2` rows, so
 a run of `L` steps keeps about `W * (1 + log2(L / W) / 2)` snapshots. Snapshots
-that carry events (a non-finite gradient, a skipped step) are always kept.
+that carry events (a non-finite gradient, a skipped step) are always kept. The
+writer applies the rule each time a run's newest step has moved 256 steps on,
+with `L` the newest step at that pass.
 
 When a write fails (disk full, I/O error) training goes on: the writer keeps its
 pending rows in memory (bounded; the oldest snapshots go first), reports

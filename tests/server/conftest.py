@@ -1,0 +1,243 @@
+"""Fixtures for the server tests: real uvicorn servers on free ports, real websocket clients.
+
+A server runs in a thread of the test process (`live`), waited on through uvicorn's
+`started` flag, or as a `gradient-inspector` subprocess (`cli_server`), waited on by
+polling /api/health against a deadline. Conditions are waited on, never slept for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import inspector
+import pytest
+from inspector import scenarios
+from websockets.sync.client import ClientConnection, connect
+
+from server.app import create_app
+from server.demo import Trainer
+from server.live import LiveSource
+from server.serving import ThreadedServer
+from server.settings import Settings
+from server.storage import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll `pred` until it returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
+    return json.loads(ws.recv(timeout=timeout))
+
+
+def recv_until(ws: ClientConnection, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0,
+               seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Read messages until one satisfies `pred` (every message read is appended to `seen`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no matching message within {timeout} s")
+        msg = recv_json(ws, left)
+        if seen is not None:
+            seen.append(msg)
+        if pred(msg):
+            return msg
+
+
+class Inbox:
+    """Messages of one socket, read in order; `next(pred)` takes the first unconsumed match,
+    so a message that arrives before the one a test waits for is not lost."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.pending: list[dict[str, Any]] = []
+        self.all: list[dict[str, Any]] = []
+
+    def next(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
+        for i, msg in enumerate(self.pending):
+            if pred(msg):
+                return self.pending.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no matching message within {timeout} s")
+            msg = recv_json(self.ws, left)
+            self.all.append(msg)
+            if pred(msg):
+                return msg
+            self.pending.append(msg)
+            if len(self.pending) > 10_000:
+                del self.pending[:5_000]
+
+    def reply(self, request_id: Any, timeout: float = 10.0) -> dict[str, Any]:
+        return self.next(lambda m: m["type"] in ("ack", "error") and m.get("request_id") == request_id, timeout)
+
+
+class Live:
+    """A demo scenario trained in a thread, served by a real uvicorn server on a free port."""
+
+    def __init__(self, tmp: Path, scenario: str, *, rate: float | None, db: bool, read_only: bool,
+                 host: str, token: str | None, every: int | None, **settings: Any) -> None:
+        self.sc = scenarios.make(scenario, seed=0)
+        self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every)
+        self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
+        self.db = tmp / f"history-{id(self)}.sqlite" if db else None
+        store = Store(self.db) if self.db else None
+        self.settings = Settings(host=host, port=0, token=token, read_only=read_only, **settings)
+        self.source = LiveSource(
+            self.insp, mode="demo", store=store, read_only=read_only, trainer=self.trainer, owns_inspector=True,
+            scenario={"name": self.sc.name, "description": self.sc.description, "try_this": self.sc.try_this},
+        )
+        self.server = ThreadedServer(create_app(self.source, self.settings), self.settings, quiet=True)
+        self.server.start()
+        self.port = self.server.port
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
+        self._clients: list[Any] = []
+
+    def http(self, **kwargs: Any) -> httpx.Client:
+        client = httpx.Client(base_url=self.base, trust_env=False, timeout=10.0, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def ws(self, path: str = "/ws", **kwargs: Any) -> ClientConnection:
+        kwargs.setdefault("max_size", None)
+        conn = connect(f"ws://127.0.0.1:{self.port}{path}", proxy=None, open_timeout=10, **kwargs)
+        self._clients.append(conn)
+        return conn
+
+    def wait_step(self, n: int, timeout: float = 20.0) -> int:
+        return wait_until(lambda: self.insp.step >= n and self.insp.step, timeout, f"step {n}")
+
+    def stop(self) -> None:
+        for client in self._clients:
+            try:
+                client.close()
+            except Exception:
+                pass
+        self.server.stop()
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """`live(scenario="mlp", rate=50.0, db=True, read_only=False, host="127.0.0.1", token=None, every=1)`."""
+    started: list[Live] = []
+
+    def make(scenario: str = "mlp", *, rate: float | None = 50.0, db: bool = True, read_only: bool = False,
+             host: str = "127.0.0.1", token: str | None = None, every: int | None = 1, **settings: Any) -> Live:
+        server = Live(tmp_path, scenario, rate=rate, db=db, read_only=read_only, host=host, token=token,
+                      every=every, **settings)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CliServer:
+    """`python -m server ARGS` as a subprocess, its output captured to a file."""
+
+    def __init__(self, args: list[str], tmp: Path, *, token: str | None = None, timeout: float = 60.0) -> None:
+        self.port = free_port()
+        self.log_path = tmp / f"server-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", *args, "--port", str(self.port)],
+            cwd=tmp, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=self.base, trust_env=False, timeout=10.0, headers=headers)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.client.get("/api/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"server not up within {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.client.close()
+        self._log.close()
+
+
+@pytest.fixture
+def cli_server(tmp_path: Path) -> Iterator[Callable[..., CliServer]]:
+    started: list[CliServer] = []
+
+    def make(args: list[str], **kwargs: Any) -> CliServer:
+        server = CliServer(args, tmp_path, **kwargs)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(name="wait_until")
+def wait_until_fixture() -> Callable[..., Any]:
+    return wait_until
+
+
+@pytest.fixture(name="recv_until")
+def recv_until_fixture() -> Callable[..., Any]:
+    return recv_until
+
+
+@pytest.fixture(name="inbox")
+def inbox_fixture() -> Callable[..., Inbox]:
+    return Inbox
+
+
+@pytest.fixture(name="recv_json")
+def recv_json_fixture() -> Callable[..., Any]:
+    return recv_json

@@ -1,0 +1,241 @@
+"""Every HTTP route against a real server: results, errors (never a 500), strict JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def strict(text: str):
+    """Parse JSON that must not hold NaN/Infinity literals."""
+    def bad(name):
+        raise AssertionError(f"non-strict JSON literal {name}")
+    return json.loads(text, parse_constant=bad)
+
+
+def test_health_session_targets_runs(live):
+    srv = live()
+    srv.wait_step(2)
+    c = srv.http()
+    assert c.get("/api/health").json() == {"status": "ok"}
+    session = strict(c.get("/api/session").text)
+    assert session["params"][0] == {**session["params"][0], "name": "0.weight", "shape": [10, 10], "numel": 100}
+    assert session["modules"][0] == ""
+    assert session["hook_kinds"]["clip_value"]["points"][0] == "pre_step"
+    assert session["training"]["state"] == "running" and session["training"]["steps_per_second"] == 50
+    assert session["run_id"] == 1 and session["read_only"] is False
+    assert c.get("/api/targets", params={"glob": "0.*"}).json() == {"matches": ["0.weight", "0.bias"]}
+    assert c.get("/api/targets", params={"glob": "*", "point": "module"}).json()["matches"][:2] == ["", "0"]
+    r = c.get("/api/targets", params={"glob": "*", "point": "sideways"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["point"]
+    runs = c.get("/api/runs").json()["runs"]
+    assert runs == [{**runs[0], "id": 1, "scenario": "mlp", "params": 4, "live": True}]
+
+
+def test_hook_crud_export_import(live, wait_until):
+    srv = live()
+    c = srv.http()
+    r = c.post("/api/hooks", json={"kind": "clip_value", "target": "0.*", "params": {"threshold": 0.5}})
+    assert r.status_code == 201, r.text
+    hook = r.json()
+    assert hook["kind"] == "clip_value" and hook["params"] == {"threshold": 0.5} and hook["point"] == "pre_step"
+    hid = hook["id"]
+    wait_until(lambda: c.get("/api/hooks").json()[0]["applied_step"] is not None, what="applied")
+    r = c.patch(f"/api/hooks/{hid}", json={"params": {"threshold": 0.25}, })
+    assert r.status_code == 200 and r.json()["params"] == {"threshold": 0.25}
+    assert c.patch(f"/api/hooks/{hid}", json={"enabled": False}).json()["enabled"] is False
+
+    preset = c.get("/api/hooks/export").json()
+    assert preset["hooks"] == [{"kind": "clip_value", "target": "0.*", "point": "pre_step",
+                                "params": {"threshold": 0.25}, "enabled": False}]
+    code = c.get("/api/hooks/export", params={"format": "python"})
+    assert code.headers["content-type"].startswith("text/x-python")
+    assert "insp.add_hook('clip_value', target='0.*', point='pre_step', enabled=False, threshold=0.25)" in code.text
+
+    # the Python export recreates the same hooks on a fresh inspector
+    import inspector
+    from inspector import scenarios
+
+    sc = scenarios.make("mlp")
+    with inspector.attach(sc.model, sc.optimizer) as insp:
+        exec(compile(code.text, "export.py", "exec"), {"insp": insp})
+        assert insp.export_hooks()["hooks"] == preset["hooks"]
+
+    before = srv.insp.config_version
+    r = c.post("/api/hooks/import", json={**preset, "hooks": [
+        {"kind": "scale", "target": "2.*", "params": {"factor": 0.5}},
+        {"kind": "nan_guard", "target": "*"},
+    ]})
+    assert r.status_code == 200, r.text
+    assert [h["kind"] for h in r.json()] == ["scale", "nan_guard"]
+    wait_until(lambda: srv.insp.config_version == before + 1, what="one change for the whole import")
+    for h in c.get("/api/hooks").json():
+        assert c.delete(f"/api/hooks/{h['id']}").status_code == 204
+    assert c.get("/api/hooks").json() == []
+    assert c.delete(f"/api/hooks/{hid}").status_code == 404
+
+
+BAD_POSTS = [
+    ({"kind": "nope"}, ["kind"]),
+    ({"kind": "clip_value", "params": {"threshold": -1}}, ["params", "threshold"]),
+    ({"kind": "clip_value", "params": {}}, ["params", "threshold"]),
+    ({"kind": "scale", "params": {"factor": True}}, ["params", "factor"]),
+    ({"kind": "clip_value", "target": "nothing.*", "params": {"threshold": 1}}, ["target"]),
+    ({"kind": "clip_value", "target": "x" * 300, "params": {"threshold": 1}}, ["target"]),
+    ({"kind": "clip_value", "params": {"threshold": 1}, "colour": "red"}, ["colour"]),
+    ({"kind": "clip_value", "params": {"threshold": 1}, "enabled": "yes"}, ["enabled"]),
+    ({"kind": "clip_value", "params": {"threshold": 1}, "point": "module"}, ["point"]),
+    ({"kind": "clip_value", "params": {"threshold": 1, "enabled": 1}}, ["params", "enabled"]),
+    ({"kind": 3}, ["kind"]),
+    ({}, ["kind"]),
+    ([], ["body"]),
+]
+
+
+def test_invalid_hook_bodies_are_422_naming_the_field(live):
+    srv = live()
+    c = srv.http()
+    version = srv.insp.config_version
+    for body, loc in BAD_POSTS:
+        r = c.post("/api/hooks", json=body)
+        assert r.status_code == 422, (body, r.text)
+        detail = strict(r.text)["detail"]
+        assert detail[0]["loc"][: len(loc)] == loc and detail[0]["msg"], (body, detail)
+        assert set(detail[0]) == {"loc", "msg"}
+    assert srv.insp.config_version == version and srv.insp.hooks() == []
+
+
+def test_more_invalid_inputs_and_step_keeps_going(live):
+    srv = live()
+    c = srv.http()
+    start = srv.wait_step(2)
+    version = srv.insp.config_version
+    json_headers = {"content-type": "application/json"}
+    cases = [
+        c.post("/api/hooks", content=b'{"kind": "scale", "params": {"factor": NaN}}', headers=json_headers),
+        c.post("/api/hooks", content=b'{"kind": "scale", "params": {"factor": Infinity}}', headers=json_headers),
+        c.post("/api/hooks", content=b"{broken", headers=json_headers),
+        c.post("/api/hooks", content=b"[" * 5000 + b"]" * 5000, headers=json_headers),
+        c.post("/api/hooks", content=b"\xff\xfe", headers=json_headers),
+        c.post("/api/hooks", headers=json_headers),
+        c.patch("/api/hooks/h1", json={"params": {"threshold": 1}}),
+        c.patch("/api/hooks/h1", json={"sideways": 1}),
+        c.post("/api/training/rate", json={"steps_per_second": -1}),
+        c.post("/api/training/rate", json={"steps_per_second": "fast"}),
+        c.post("/api/training/rate", json={}),
+        c.post("/api/training/sideways"),
+        c.get("/api/snapshots", params={"limit": 0}),
+        c.get("/api/snapshots", params={"since": "yesterday"}),
+        c.get("/api/snapshots", params={"run": 99}),
+        c.get("/api/events", params={"run": -3}),
+        c.get("/api/session", params={"run": 42}),
+        c.post("/api/hooks/import", json={"format": "gradient-inspector/hooks", "version": 1,
+                                          "hooks": [{"kind": "nope"}]}),
+        c.post("/api/hooks/import", json="a string"),
+        c.get("/api/hooks/export", params={"format": "yaml"}),
+        c.get("/api/nothing-here"),
+        c.put("/api/hooks"),
+    ]
+    expected = [422, 422, 422, 422, 422, 422, 404, 422, 422, 422, 422, 422, 422, 422, 404, 422, 404, 422, 422,
+                422, 404, 405]
+    assert [r.status_code for r in cases] == expected, [(r.status_code, r.text[:100]) for r in cases]
+    for r in cases:
+        detail = strict(r.text)["detail"]
+        assert detail
+        if r.status_code == 422:
+            assert detail[0]["loc"] and detail[0]["msg"]
+    assert strict(cases[0].text)["detail"][0]["loc"] == ["params", "factor"]
+    assert strict(cases[2].text)["detail"][0]["loc"] == ["body"]
+    srv.wait_step(start + 5)
+    assert srv.insp.config_version == version
+
+
+def test_training_control_and_rate(live, wait_until):
+    srv = live(rate=20.0)
+    c = srv.http()
+    srv.wait_step(1)
+    r = c.post("/api/training/pause")
+    assert r.status_code == 202 and r.json()["state"] == "paused"
+    held = wait_until(lambda: srv.insp.state["state"] == "paused" and srv.insp.step)
+    assert c.post("/api/training/step").status_code == 202
+    wait_until(lambda: srv.insp.step >= held + 1, what="a single step")
+    assert c.post("/api/training/resume").json()["state"] == "running"
+    r = c.post("/api/training/rate", json={"steps_per_second": 200})
+    assert r.json() == {"steps_per_second": 200}
+    assert c.get("/api/session").json()["training"]["steps_per_second"] == 200
+    assert c.post("/api/training/rate", json={"steps_per_second": None}).json() == {"steps_per_second": None}
+
+
+def test_snapshots_since_limit_points_and_late_loss(live, wait_until):
+    srv = live(rate=100.0)
+    c = srv.http()
+    srv.wait_step(40)
+    page = strict(c.get("/api/snapshots").text)
+    assert page["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    steps = [s["step"] for s in page["snapshots"]]
+    assert steps == list(range(1, steps[-1] + 1)), "every=1: a snapshot per step, oldest first"
+    assert all(s["loss"] is not None for s in page["snapshots"][:-2]), "late losses are merged"
+    since = [s["step"] for s in c.get("/api/snapshots", params={"since": 30}).json()["snapshots"]]
+    assert since[0] == 31
+    newest = [s["step"] for s in c.get("/api/snapshots", params={"limit": 5}).json()["snapshots"]]
+    assert len(newest) == 5 and newest == sorted(newest) and newest[0] >= steps[-1] - 4
+    spread = [s["step"] for s in c.get("/api/snapshots", params={"points": 4, "since": 0}).json()["snapshots"]]
+    assert len(spread) == 4 and spread[0] == 1 and spread == sorted(spread)
+    scalars = c.get("/api/scalars", params={"limit": 3}).json()["scalars"]
+    assert len(scalars) == 3 and all(isinstance(s["loss"], float) for s in scalars)
+    # the database part and the in-memory part join without a gap once the writer caught up
+    srv.source.store.flush()
+    steps = [s["step"] for s in c.get("/api/snapshots", params={"since": 0}).json()["snapshots"]]
+    assert steps == list(range(1, steps[-1] + 1))
+
+
+def test_events_since(live, wait_until):
+    srv = live()
+    c = srv.http()
+    srv.insp.add_event("history_paused", reason="test")
+    srv.insp.add_event("history_resumed", reason="test")
+    wait_until(lambda: len(c.get("/api/events").json()["events"]) >= 2, what="events")
+    events = c.get("/api/events").json()["events"]
+    assert [e["kind"] for e in events][-2:] == ["history_paused", "history_resumed"]
+    later = c.get("/api/events", params={"since": events[-2]["seq"]}).json()["events"]
+    assert [e["seq"] for e in later] == [events[-1]["seq"]]
+
+
+def test_without_a_database(live):
+    srv = live(db=False)
+    c = srv.http()
+    srv.wait_step(3)
+    assert c.get("/api/runs").json()["runs"][0]["live"] is True
+    assert len(c.get("/api/snapshots").json()["snapshots"]) >= 3
+    assert c.get("/api/session").json()["history"]["db"] is None
+
+
+def test_pages_docs_and_vendor_assets_are_served_locally(live):
+    srv = live()
+    c = srv.http()
+    docs = c.get("/docs")
+    assert docs.status_code == 200
+    assert "cdn" not in docs.text.lower() and "https://" not in docs.text
+    for path in ("/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css", "/vendor/plotly.min.js"):
+        r = c.get(path)
+        assert r.status_code == 200 and len(r.content) > 10_000, path
+    schema = c.get("/openapi.json").json()
+    for path in ("/api/hooks", "/api/hooks/{hook_id}", "/api/snapshots", "/api/training/{action}", "/api/runs"):
+        assert path in schema["paths"]
+    assert c.get("/docs-assets/..%2Fswagger-ui-5.35.0%2FLICENSE").status_code == 404
+    assert c.get("/static/../server/app.py").status_code == 404
+    index = c.get("/")
+    assert index.status_code in (200, 404)
+    if index.status_code == 200:
+        assert "<html" in index.text.lower()
+
+
+def test_no_cors_headers(live):
+    srv = live()
+    c = srv.http()
+    r = c.options("/api/hooks", headers={"origin": "http://evil.example", "access-control-request-method": "POST"})
+    assert not any(k.lower().startswith("access-control-") for k in r.headers)
+    r = c.get("/api/session", headers={"origin": "http://evil.example"})
+    assert not any(k.lower().startswith("access-control-") for k in r.headers)
+    assert r.headers["x-frame-options"] == "DENY"
