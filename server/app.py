@@ -113,7 +113,8 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         SecurityMiddleware,  # type: ignore[arg-type]
         guard=Guard(token=settings.token, loopback=settings.loopback, read_only=read_only,
-                    max_body=settings.max_body),
+                    max_body=settings.max_body, rate=settings.commands_per_second,
+                    burst=2 * settings.commands_per_second),
     )
     _add_error_handlers(app)
     app.include_router(api.router)

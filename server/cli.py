@@ -204,7 +204,11 @@ def run_demo(args: argparse.Namespace) -> int:
                         scenario=scenario, owns_inspector=True)
     lines = [f"scenario {sc.name}: {sc.description}"]
     lines.append(f"history in {os.path.abspath(args.db)}" if store is not None else "no history (--no-db)")
-    return _serve(create_app(source, settings), settings, lines)
+    try:
+        return _serve(create_app(source, settings), settings, lines)
+    except _Fail:
+        source.stop()  # never started: close the inspector and the database
+        raise
 
 
 def _open_store(path: str) -> Any:
@@ -231,8 +235,12 @@ def run_replay(args: argparse.Namespace) -> int:
     except ApiError as e:
         store.close()
         raise _Fail(str(e.detail)) from None
-    return _serve(create_app(source, settings), settings,
-                  [f"replaying run {source.run_id} of {os.path.abspath(args.file)} (read-only)"])
+    try:
+        return _serve(create_app(source, settings), settings,
+                      [f"replaying run {source.run_id} of {os.path.abspath(args.file)} (read-only)"])
+    except _Fail:
+        store.close()
+        raise
 
 
 def run_export(args: argparse.Namespace) -> int:

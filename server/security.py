@@ -66,8 +66,8 @@ class Guard:
     loopback: bool = True
     read_only: bool = False
     max_body: int = 1 << 20
-    rate: float = 100.0
-    burst: float = 200.0
+    rate: float = 50.0
+    burst: float = 100.0
 
 
 def host_name(host: str) -> str:

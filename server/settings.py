@@ -45,7 +45,8 @@ class Settings:
         read_only: serve reads and the stream, answer every command with 403.
         max_body: largest HTTP request body in bytes (413 past it).
         max_frame: largest websocket text frame in bytes (the socket is closed with 1008 past it).
-        commands_per_second: per-client command budget, sustained (burst: twice that).
+        commands_per_second: per-client command budget (HTTP: per address; websocket: per socket),
+            sustained; bursts of twice that.
         hello_history: snapshots sent in `hello`.
     """
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import inspector
 import pytest
-from inspector import scenarios
 from websockets.sync.client import ClientConnection, connect
 
+import inspector
+from inspector import scenarios
 from server.app import create_app
 from server.demo import Trainer
 from server.live import LiveSource
@@ -108,7 +108,8 @@ class Live:
             self.insp, mode="demo", store=store, read_only=read_only, trainer=self.trainer, owns_inspector=True,
             scenario={"name": self.sc.name, "description": self.sc.description, "try_this": self.sc.try_this},
         )
-        self.server = ThreadedServer(create_app(self.source, self.settings), self.settings, quiet=True)
+        self.app = create_app(self.source, self.settings)
+        self.server = ThreadedServer(self.app, self.settings, quiet=True)
         self.server.start()
         self.port = self.server.port
         self.base = f"http://127.0.0.1:{self.port}"
@@ -125,6 +126,10 @@ class Live:
         conn = connect(f"ws://127.0.0.1:{self.port}{path}", proxy=None, open_timeout=10, **kwargs)
         self._clients.append(conn)
         return conn
+
+    def source_clients(self) -> list[Any]:
+        """The hub's client queues (read from the test thread: a snapshot of the dict)."""
+        return list(self.app.state.hub.clients.values())
 
     def wait_step(self, n: int, timeout: float = 20.0) -> int:
         return wait_until(lambda: self.insp.step >= n and self.insp.step, timeout, f"step {n}")
@@ -194,7 +199,8 @@ class CliServer:
             time.sleep(0.05)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 
 def strict(text: str):
     """Parse JSON that must not hold NaN/Infinity literals."""
