@@ -1,0 +1,89 @@
+// HTTP access to the server (DESIGN.md, "Wire format"). Same-origin fetches carry
+// the session cookie; a token still in the address bar (when the page was not
+// reached through the server's `/?token=` redirect) is taken out of the URL at
+// once and kept in memory only, sent as a Bearer header and on the websocket URL.
+
+let token = null;
+
+/** Take `?token=` out of the address bar (without a reload); keep it in memory. */
+export function takeTokenFromUrl() {
+  const url = new URL(window.location.href);
+  const t = url.searchParams.get("token");
+  if (t === null) return;
+  token = t;
+  url.searchParams.delete("token");
+  window.history.replaceState(window.history.state, "", url.pathname + url.search + url.hash);
+}
+
+export function tokenParam() {
+  return token ? `token=${encodeURIComponent(token)}` : "";
+}
+
+function headers(extra = {}) {
+  const h = { Accept: "application/json", ...extra };
+  if (token) h.Authorization = `Bearer ${token}`;
+  return h;
+}
+
+function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== undefined && v !== null && v !== "") q.set(k, String(v));
+  }
+  const s = q.toString();
+  return s ? `?${s}` : "";
+}
+
+/**
+ * The outcome of a request: {ok, status, data}. `data` is the parsed JSON body
+ * (for errors, the server's `{"detail": ...}`); a network failure is status 0.
+ */
+async function request(method, path, { params, body, accept } = {}) {
+  const init = { method, headers: headers(accept ? { Accept: accept } : {}), credentials: "same-origin" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let res;
+  try {
+    res = await fetch(path + query(params), init);
+  } catch (err) {
+    return { ok: false, status: 0, data: { detail: `network error: ${err.message}` } };
+  }
+  let data = null;
+  const type = res.headers.get("content-type") || "";
+  if (res.status !== 204) {
+    data = type.includes("json") ? await res.json().catch(() => null) : await res.text();
+  }
+  return { ok: res.ok, status: res.status, data };
+}
+
+export const api = {
+  session: (run) => request("GET", "/api/session", { params: { run } }),
+  targets: (glob, point) => request("GET", "/api/targets", { params: { glob, point } }),
+  hooks: () => request("GET", "/api/hooks"),
+  addHook: (spec) => request("POST", "/api/hooks", { body: spec }),
+  updateHook: (id, patch) => request("PATCH", `/api/hooks/${encodeURIComponent(id)}`, { body: patch }),
+  removeHook: (id) => request("DELETE", `/api/hooks/${encodeURIComponent(id)}`),
+  exportHooks: () => request("GET", "/api/hooks/export"),
+  exportPython: () => request("GET", "/api/hooks/export", { params: { format: "python" }, accept: "text/plain" }),
+  importHooks: (preset) => request("POST", "/api/hooks/import", { body: preset }),
+  training: (action) => request("POST", `/api/training/${action}`),
+  rate: (stepsPerSecond) => request("POST", "/api/training/rate", { body: { steps_per_second: stepsPerSecond } }),
+  snapshots: ({ since, limit, points, run } = {}) =>
+    request("GET", "/api/snapshots", { params: { since, limit, points, run } }),
+  events: ({ since, run } = {}) => request("GET", "/api/events", { params: { since, run } }),
+  runs: () => request("GET", "/api/runs"),
+};
+
+/**
+ * A server `detail` as a list of {loc, msg}: a string detail becomes one entry
+ * with an empty loc.
+ */
+export function detailList(data) {
+  const d = data && data.detail !== undefined ? data.detail : data;
+  if (Array.isArray(d)) {
+    return d.map((e) => ({ loc: Array.isArray(e.loc) ? e.loc.map(String) : [], msg: String(e.msg ?? e) }));
+  }
+  return [{ loc: [], msg: typeof d === "string" ? d : JSON.stringify(d) }];
+}

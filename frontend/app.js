@@ -1,0 +1,516 @@
+// The dashboard: wires the websocket stream, the HTTP backfill, the store, the
+// charts, the hook panel and the controls. Messages only touch the store and
+// mark what changed; the charts are drawn once per animation frame.
+
+import { api, detailList, takeTokenFromUrl } from "./api.js";
+import { FlowChart, HeatmapChart, HistChart, LossChart, RatioChart } from "./charts.js";
+import { EventLog } from "./eventlog.js";
+import { HookPanel, PresetDialog } from "./hooks.js";
+import { Scheduler } from "./scheduler.js";
+import { SELECTORS, byTestId } from "./selectors.js";
+import { MAX_SNAPSHOTS, Store } from "./store.js";
+import { fmt, fmtDate, fmtPercent, h, nextRequestId, num, plottable } from "./util.js";
+import { Connection } from "./ws.js";
+
+const $ = (id) => byTestId(SELECTORS[id] || id);
+
+class Dashboard {
+  constructor() {
+    this.live = new Store(); // the run being trained, fed by the stream
+    this.view = this.live; // what the page shows: the live run or an earlier one
+    this.syncing = false; // a hello's backfill is in flight: stream messages wait
+    this.buffer = [];
+    this.histParam = null;
+    this.connState = null;
+
+    this.log = new EventLog($("eventLog"));
+    this.loss = new LossChart($("chartLoss"));
+    const pick = (name) => this.pickParam(name);
+    this.heatmap = new HeatmapChart($("chartHeatmap"), pick);
+    this.flow = new FlowChart($("chartFlow"), pick);
+    this.hist = new HistChart($("chartHist"));
+    this.ratio = new RatioChart($("chartRatio"), pick);
+    this.charts = [this.loss, this.heatmap, this.flow, this.hist, this.ratio];
+    this.scheduler = new Scheduler(
+      [
+        ["loss", this.loss],
+        ["heatmap", this.heatmap],
+        ["flow", this.flow],
+        ["ratio", this.ratio],
+        ["hist", this.hist],
+      ],
+      () => this.view,
+      () => this.everyFrame(),
+    );
+
+    this.dialog = new PresetDialog($("presetDialog"));
+    this.panel = new HookPanel({
+      store: this.live,
+      list: $("hookList"),
+      form: $("addHookForm"),
+      presets: document.querySelector('[data-role="presets"]'),
+      dialog: this.dialog,
+    });
+    this.bindControls();
+    this.conn = new Connection({
+      onMessage: (msg) => this.onMessage(msg),
+      onState: (state, info) => this.onConnState(state, info),
+    });
+  }
+
+  start() {
+    this.scheduler.resetAll();
+    this.conn.start();
+    // Training state changes made elsewhere (another tab, the script) have no
+    // message of their own: refresh it now and then.
+    setInterval(() => this.refreshTraining(), 5000);
+  }
+
+  // ----- websocket -----
+
+  onConnState(state, info) {
+    const el = $("connectionStatus");
+    const shown = state === "open" ? "live" : state;
+    el.dataset.state = shown;
+    if (state === "open") el.textContent = "● live";
+    else if (state === "connecting") el.textContent = info.attempt ? "reconnecting…" : "connecting…";
+    else if (state === "reconnecting") el.textContent = `○ offline · retry in ${Math.ceil(info.delayMs / 1000)} s`;
+    else el.textContent = "○ closed";
+    if (state === "open" && this.connState !== null && this.connState !== "open") {
+      this.localEvent("connection", "reconnected; backfilling missed history");
+    } else if (state === "reconnecting" && this.connState === "open") {
+      this.localEvent("connection", `connection lost (code ${info.code ?? "?"}); reconnecting with backoff`);
+    }
+    if (state !== "connecting") this.connState = state;
+  }
+
+  onMessage(msg) {
+    if (msg.type === "hello") {
+      this.onHello(msg);
+      return;
+    }
+    if (this.syncing && (msg.type === "snapshot" || msg.type === "scalars" || msg.type === "event" || msg.type === "hooks")) {
+      this.buffer.push(msg);
+      return;
+    }
+    this.apply(msg);
+  }
+
+  apply(msg) {
+    const live = this.live;
+    switch (msg.type) {
+      case "snapshot": {
+        const row = live.addSnapshot(msg.data);
+        for (const ev of msg.data.events || []) this.addEvent(ev);
+        if (!row || this.view !== live) break;
+        const lossY = row.lossAdded ? live.loss.y[live.loss.y.length - 1] : null;
+        const pruned = live.pruneMarkers();
+        const hist = Boolean(msg.data.hist && this.histParam && msg.data.hist[this.histParam]);
+        this.scheduler.mark((p, name) => {
+          if (name === "hist") return hist;
+          p.rows.push(row);
+          if (row.lossAdded) pushLoss(p, row.step, lossY);
+          if (pruned) p.markers = true;
+          return true;
+        });
+        this.statsDirty = true;
+        break;
+      }
+      case "scalars": {
+        const step = num(msg.step);
+        const loss = num(msg.loss);
+        live.step = Math.max(live.step, step ?? 0);
+        if (live.addLoss(step, loss) && this.view === live) {
+          const y = live.loss.y[live.loss.y.length - 1];
+          this.scheduler.mark((p, name) => name === "loss" && pushLoss(p, step, y));
+          this.scheduler.request(); // the step counter
+        } else {
+          this.scheduler.request(); // the step counter
+        }
+        break;
+      }
+      case "event":
+        this.addEvent(msg.data);
+        break;
+      case "hooks":
+        live.setHooks(msg.hooks || [], msg.config_version);
+        if (this.view === live) this.panel.render();
+        this.showConfigVersion();
+        break;
+      case "error":
+        this.localEvent("server_error", detailList(msg).map((d) => d.msg).join("; "));
+        break;
+      default:
+        break; // ack: mutations go over HTTP; the subscribe ack needs nothing
+    }
+  }
+
+  addEvent(ev) {
+    if (!this.live.addEvent(ev)) return;
+    if (this.view !== this.live) return;
+    this.log.addServerEvent(ev);
+    if (ev.kind === "hook_applied" || ev.kind === "nonfinite" || ev.kind === "step_skipped") {
+      this.scheduler.mark((p, name) => name === "loss" && (p.markers = true));
+      this.statsDirty = true;
+    }
+  }
+
+  localEvent(kind, text) {
+    const ev = { kind, text, time: Date.now() / 1000 };
+    this.live.events.push(ev);
+    if (this.view === this.live) this.log.addLocal(kind, text);
+  }
+
+  /**
+   * A (re)connection: the session, recent history and events. The same run
+   * again: fetch what was missed over HTTP and merge. A new run (the server
+   * restarted): start over from it.
+   */
+  async onHello(msg) {
+    const session = msg.session || {};
+    const live = this.live;
+    const sameRun = live.runId !== null && live.runId === session.run_id;
+    const since = sameRun && live.latest ? live.latest.step : null;
+    const sinceSeq = sameRun ? live.lastSeq : null;
+    this.syncing = true;
+    this.buffer = [];
+    if (!sameRun) {
+      const previous = live.runId;
+      live.setSession(session);
+      this.log.clear();
+      if (previous !== null) this.localEvent("run", `new run ${session.run_id} (the server restarted; run ${previous} is in the run picker)`);
+      else this.localEvent("connection", `connected to run ${session.run_id}`);
+    } else {
+      live.session = session;
+      live.setHooks(session.hooks || [], session.config_version);
+      live.training = { ...live.training, ...(session.training || {}) };
+      live.readOnly = Boolean(session.read_only);
+      live.step = Math.max(live.step, num(live.training.step) || 0);
+    }
+    const [snaps, evs] = await Promise.all([
+      api.snapshots({ since: since ?? undefined, limit: MAX_SNAPSHOTS }),
+      api.events({ since: sinceSeq !== null && sinceSeq >= 0 ? sinceSeq : undefined }),
+    ]);
+    const rows = [...(snaps.ok ? snaps.data.snapshots || [] : []), ...(msg.history || [])];
+    rows.sort((a, b) => num(a.step) - num(b.step));
+    for (const s of rows) live.addSnapshot(s);
+    const events = [...(evs.ok ? evs.data.events || [] : []), ...(msg.events || [])];
+    events.sort((a, b) => (a.seq ?? 0) - (b.seq ?? 0));
+    const fresh = events.slice(-400);
+    for (const ev of fresh) if (live.addEvent(ev) && this.view === live) this.log.addServerEvent(ev);
+    this.syncing = false;
+    const buffered = this.buffer;
+    this.buffer = [];
+    for (const m of buffered) this.apply(m);
+    if (!sameRun) {
+      this.panel.resetSession();
+      this.fillParamSelect();
+    } else {
+      this.panel.render();
+    }
+    this.subscribeHist();
+    if (this.view === live) this.resetCharts();
+    this.showSession();
+    this.loadRuns();
+    if (this.pendingRun !== undefined) {
+      const run = this.pendingRun;
+      this.pendingRun = undefined;
+      if (run !== null && String(run) !== String(live.runId)) this.openRun(run);
+    }
+  }
+
+  // ----- drawing -----
+
+  /** Cheap updates on every frame: counters, stats, hook effects. */
+  everyFrame() {
+    this.showStep();
+    if (!this.statsDirty) return;
+    this.statsDirty = false;
+    this.showStats();
+    const v = this.view;
+    this.panel.showEffects(v.latest ? v.latest.hook_effects : null);
+    if (!this.histParam) this.defaultHistParam();
+    this.showHistStatus();
+  }
+
+  resetCharts() {
+    this.view.pruneMarkers();
+    this.scheduler.resetAll();
+    this.statsDirty = true;
+  }
+
+  showStep() {
+    $("stepCounter").textContent = String(this.view.step);
+  }
+
+  showStats() {
+    const row = this.view.latest;
+    $("overhead").textContent = row ? fmtPercent(row.overhead) : "–";
+    const k = row ? num(row.sampled_every) : null;
+    $("cadence").textContent = k === null ? "–" : k === 1 ? "every step" : `every ${k} steps`;
+  }
+
+  showConfigVersion() {
+    const el = document.querySelector('[data-role="config-version"]');
+    el.textContent = `config v${this.view.configVersion}`;
+  }
+
+  showSession() {
+    const v = this.view;
+    const t = v.training || {};
+    document.body.dataset.run = String(this.live.runId);
+    document.body.dataset.view = String(v.runId);
+    const sc = v.session && typeof v.session.scenario === "object" ? v.session.scenario : null;
+    $("scenario").textContent = t.scenario ? `scenario: ${t.scenario}` : "your training";
+    $("scenario").title = sc && sc.description ? sc.description : "";
+    const tryThis = document.querySelector('[data-role="try-this"]');
+    tryThis.textContent = sc && sc.try_this ? `Try this: ${sc.try_this}` : "";
+    tryThis.hidden = !(sc && sc.try_this) || v !== this.live;
+    this.showTrainingState();
+    const rateWrap = document.querySelector('[data-role="rate-wrap"]');
+    const sps = num(t.steps_per_second);
+    rateWrap.hidden = sps === null;
+    const rate = $("rate");
+    if (sps !== null && document.activeElement !== rate) rate.value = String(sps);
+    this.showConfigVersion();
+    this.applyReadOnly();
+  }
+
+  showTrainingState() {
+    const el = $("trainingState");
+    const state = this.view === this.live ? this.live.training.state || "running" : "history";
+    el.textContent = state;
+    el.dataset.state = state;
+  }
+
+  applyReadOnly() {
+    const ro = this.view !== this.live || this.live.readOnly;
+    $("readOnlyBadge").hidden = !ro;
+    $("readOnlyBadge").textContent = this.view !== this.live ? "read-only: earlier run" : "read-only";
+    for (const id of ["pause", "resume", "step", "rate"]) $(id).disabled = ro;
+    this.panel.setReadOnly(ro);
+    document.body.classList.toggle("read-only", ro);
+  }
+
+  // ----- histogram parameter -----
+
+  fillParamSelect() {
+    const sel = $("histParam");
+    sel.replaceChildren(...this.view.params.map((p) => h("option", { value: p }, p)));
+    if (this.histParam && this.view.params.includes(this.histParam)) sel.value = this.histParam;
+    else {
+      this.histParam = null;
+      sel.value = "";
+    }
+  }
+
+  defaultHistParam() {
+    const row = this.view.latest;
+    if (!row || !this.view.params.length) return;
+    let best = 0;
+    let bestV = -Infinity;
+    row.grad_norm_raw.forEach((v, i) => {
+      const n = plottable(v);
+      if (n !== null && n > bestV) {
+        bestV = n;
+        best = i;
+      }
+    });
+    this.pickParam(this.view.params[best]);
+  }
+
+  pickParam(name) {
+    if (!name || !this.view.params.includes(name)) return;
+    this.histParam = name;
+    $("histParam").value = name;
+    this.hist.param = name;
+    this.scheduler.resetNow("hist");
+    this.subscribeHist();
+    this.showHistStatus();
+  }
+
+  subscribeHist() {
+    if (!this.histParam || this.view !== this.live) return;
+    this.conn.send({ type: "subscribe", request_id: nextRequestId(), hist: [this.histParam] });
+  }
+
+  showHistStatus() {
+    const el = $("histStatus");
+    const hg = this.histParam ? this.view.hist.get(this.histParam) : null;
+    if (!this.histParam) el.textContent = "pick a parameter: click the heatmap or the flow chart, or use the list";
+    else if (!hg) el.textContent = `waiting for a histogram of ${this.histParam} (taken every few sampled steps)`;
+    else el.textContent = `${this.histParam} · step ${hg.step}`;
+  }
+
+  // ----- controls -----
+
+  bindControls() {
+    $("pause").addEventListener("click", () => this.training("pause"));
+    $("resume").addEventListener("click", () => this.training("resume"));
+    $("step").addEventListener("click", () => this.training("step"));
+    $("rate").addEventListener("change", async () => {
+      const v = Number($("rate").value);
+      if (!Number.isFinite(v) || v <= 0) return;
+      const res = await api.rate(v);
+      if (!res.ok) this.localEvent("training", `rate: ${detailList(res.data).map((d) => d.msg).join("; ")}`);
+      else this.live.training.steps_per_second = num(res.data && res.data.steps_per_second) ?? v;
+    });
+    segmented($("lossScale"), (v) => {
+      this.loss.lossLog = v === "log";
+      this.scheduler.resetNow("loss");
+    });
+    segmented($("heatmapSource"), (v) => {
+      this.heatmap.source = v;
+      this.scheduler.resetNow("heatmap");
+    });
+    segmented($("flowMetric"), (v) => {
+      this.flow.metric = v;
+      this.scheduler.resetNow("flow");
+    });
+    segmented(byTestId("hist-scale"), (v) => {
+      this.hist.logY = v === "log";
+      this.scheduler.resetNow("hist");
+    });
+    $("histParam").addEventListener("change", () => this.pickParam($("histParam").value));
+    const picker = $("runPicker");
+    picker.addEventListener("focus", () => this.loadRuns());
+    picker.addEventListener("change", () => {
+      const id = picker.value;
+      if (String(id) === String(this.live.runId)) this.backToLive();
+      else this.openRun(id);
+    });
+    $("backToLive").addEventListener("click", () => this.backToLive());
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) this.scheduler.request();
+    });
+  }
+
+  async training(action) {
+    const before = this.live.step;
+    const res = await api.training(action);
+    if (!res.ok) {
+      this.localEvent("training", `${action}: ${detailList(res.data).map((d) => d.msg).join("; ")}`);
+      return;
+    }
+    if (res.data && res.data.state) this.live.training.state = res.data.state;
+    this.showTrainingState();
+    this.localEvent("training", `${action} requested (step ${res.data && res.data.step !== undefined ? res.data.step : before})`);
+  }
+
+  async refreshTraining() {
+    if (document.hidden || !this.live.runId) return;
+    const res = await api.session();
+    if (!res.ok || !res.data || res.data.run_id !== this.live.runId) return;
+    this.live.training = { ...this.live.training, ...(res.data.training || {}) };
+    this.live.step = Math.max(this.live.step, num(this.live.training.step) || 0);
+    this.showTrainingState();
+    this.showStep();
+  }
+
+  async loadRuns() {
+    const res = await api.runs();
+    if (!res.ok) return;
+    const picker = $("runPicker");
+    const runs = (res.data.runs || []).slice().sort((a, b) => num(b.id) - num(a.id));
+    picker.replaceChildren(
+      ...runs.map((r) =>
+        h(
+          "option",
+          { value: String(r.id) },
+          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${fmt(r.steps)} steps · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
+        ),
+      ),
+    );
+    picker.value = String(this.view.runId ?? this.live.runId);
+  }
+
+  /** Show an earlier run of the database, read-only, from its stored history. */
+  async openRun(id) {
+    const [sess, snaps, evs] = await Promise.all([
+      api.session(id),
+      api.snapshots({ run: id, points: MAX_SNAPSHOTS }),
+      api.events({ run: id }),
+    ]);
+    if (!sess.ok) {
+      this.localEvent("run", `run ${id}: ${detailList(sess.data).map((d) => d.msg).join("; ")}`);
+      $("runPicker").value = String(this.view.runId);
+      return;
+    }
+    const store = new Store();
+    store.setSession(sess.data);
+    store.readOnly = true;
+    for (const s of (snaps.ok && snaps.data.snapshots) || []) store.addSnapshot(s);
+    for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) store.addEvent(ev);
+    if (store.latest) store.step = store.latest.step;
+    this.view = store;
+    this.panel.store = store;
+    this.panel.resetSession();
+    this.renderLog();
+    this.fillParamSelect();
+    this.resetCharts();
+    this.showSession();
+    const banner = $("historyBanner");
+    banner.hidden = false;
+    banner.querySelector('[data-role="history-text"]').textContent =
+      `Run ${store.runId}${store.training.scenario ? ` (${store.training.scenario})` : ""}: stored history, ${store.snapshots.length} sampled steps up to step ${store.step}. Read-only.`;
+    $("runPicker").value = String(store.runId);
+    setRunInUrl(store.runId);
+  }
+
+  backToLive() {
+    this.view = this.live;
+    this.panel.store = this.live;
+    this.panel.resetSession();
+    this.renderLog();
+    this.fillParamSelect();
+    $("historyBanner").hidden = true;
+    this.resetCharts();
+    this.showSession();
+    this.subscribeHist();
+    $("runPicker").value = String(this.live.runId);
+    setRunInUrl(null);
+  }
+
+  renderLog() {
+    this.log.clear();
+    for (const ev of this.view.events) {
+      if (ev.text !== undefined) this.log.add(ev.kind, ev.text, ev.time, null);
+      else this.log.addServerEvent(ev);
+    }
+  }
+}
+
+function pushLoss(pending, step, loss) {
+  const x = pending.loss.x;
+  if (x.length && step <= x[x.length - 1]) return true;
+  x.push(step);
+  pending.loss.y.push(loss);
+  return true;
+}
+
+/** A segmented control: buttons with data-value, one pressed at a time. */
+function segmented(el, onChange) {
+  el.addEventListener("click", (ev) => {
+    const btn = ev.target.closest("button[data-value]");
+    if (!btn || btn.getAttribute("aria-pressed") === "true") return;
+    for (const b of el.querySelectorAll("button")) b.setAttribute("aria-pressed", b === btn ? "true" : "false");
+    onChange(btn.dataset.value);
+  });
+}
+
+function setRunInUrl(run) {
+  const url = new URL(window.location.href);
+  if (run === null) url.searchParams.delete("run");
+  else url.searchParams.set("run", String(run));
+  window.history.replaceState(window.history.state, "", url.pathname + url.search + url.hash);
+}
+
+export function render() {
+  takeTokenFromUrl();
+  const dash = new Dashboard();
+  const run = new URL(window.location.href).searchParams.get("run");
+  dash.pendingRun = run === null ? undefined : run;
+  dash.start();
+  window.__dashboard = dash; // for debugging from the console
+  return dash;
+}

@@ -1,0 +1,561 @@
+// The five charts. Each draws once with Plotly.newPlot / Plotly.react (reset)
+// and then streams: time series grow with Plotly.extendTraces over a bounded
+// window (maxPoints per trace), the per-parameter charts are redrawn from the
+// newest snapshot. The caller batches messages and calls update() at most once
+// per animation frame.
+
+import { COLORS, HEAT_SCALE, PLOT_CONFIG, axis, baseLayout, labelPixels } from "./theme.js";
+import { log10OrNull, plottable, positive, shortName } from "./util.js";
+
+const Plotly = window.Plotly;
+
+/** Bottom margin for the rotated parameter names under a bar chart. */
+function paramMargin(names) {
+  const longest = Math.max(4, ...names.map((n) => shortName(n).length));
+  return names.length > 12 ? Math.ceil(labelPixels(longest) * 0.8) + 6 : 34;
+}
+
+function paramAxis(names, extra = {}) {
+  return axis({
+    type: "category",
+    tickmode: "array",
+    tickvals: names,
+    ticktext: names.map((n) => shortName(n)),
+    tickangle: names.length > 12 ? -50 : 0,
+    tickfont: { size: 9, color: COLORS.muted },
+    showgrid: false,
+    ...extra,
+  });
+}
+
+/** Tick values and labels of a log10-valued axis or colour bar: 1e-3, 0.01, ... */
+function decadeTicks(lo, hi) {
+  const vals = [];
+  const text = [];
+  const a = Math.floor(lo);
+  const b = Math.ceil(hi);
+  const step = Math.max(1, Math.ceil((b - a) / 8));
+  for (let e = a; e <= b; e += step) {
+    vals.push(e);
+    text.push(e >= -2 && e <= 3 ? String(10 ** e) : `1e${e}`);
+  }
+  return { vals, text };
+}
+
+// ---------------------------------------------------------------------------
+// 1. Loss and global gradient norm, with markers at hook changes and NaN/Inf.
+
+const LOSS = 0;
+const NORM_RAW = 1;
+const NORM_FINAL = 2;
+const MARK_HOOK_LINE = 3;
+const MARK_HOOK_TIP = 4;
+const MARK_NF_LINE = 5;
+const MARK_NF_TIP = 6;
+
+export class LossChart {
+  constructor(el) {
+    this.el = el;
+    this.lossLog = false;
+  }
+
+  layout() {
+    return baseLayout({
+      margin: { l: 60, r: 64, t: 8, b: 40 },
+      xaxis: axis({ title: { text: "step" } }),
+      yaxis: axis({ title: { text: "loss" }, type: this.lossLog ? "log" : "linear", rangemode: "normal" }),
+      yaxis2: axis({
+        title: { text: "global grad norm (L2)" },
+        type: "log",
+        overlaying: "y",
+        side: "right",
+        showgrid: false,
+      }),
+      yaxis3: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
+      hovermode: "closest",
+    });
+  }
+
+  traces(store) {
+    const rows = store.window();
+    const x = rows.map((r) => r.step);
+    const marks = this.markerTraces(store.markers);
+    return [
+      {
+        name: "loss",
+        x: store.loss.x.slice(),
+        y: store.loss.y.slice(),
+        type: "scatter",
+        mode: "lines",
+        line: { color: COLORS.loss, width: 1.6 },
+        hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>",
+      },
+      {
+        name: "grad norm raw",
+        x: x.slice(),
+        y: rows.map((r) => positive(r.total_norm_raw)),
+        yaxis: "y2",
+        type: "scatter",
+        mode: "lines",
+        line: { color: COLORS.raw, width: 1.4 },
+        hovertemplate: "step %{x}<br>raw norm %{y:.4g}<extra></extra>",
+      },
+      {
+        name: "grad norm final",
+        x,
+        y: rows.map((r) => positive(r.total_norm)),
+        yaxis: "y2",
+        type: "scatter",
+        mode: "lines",
+        line: { color: COLORS.final, width: 1.4, dash: "dot" },
+        hovertemplate: "step %{x}<br>final norm %{y:.4g}<extra></extra>",
+      },
+      ...marks,
+    ];
+  }
+
+  markerTraces(markers) {
+    const mk = (kind, name, color, symbol) => {
+      const ms = markers.filter((m) => m.kind === kind);
+      const line = {
+        name,
+        legendgroup: kind,
+        showlegend: false,
+        x: ms.flatMap((m) => [m.x, m.x, null]),
+        y: ms.flatMap(() => [0, 0.96, null]),
+        yaxis: "y3",
+        type: "scatter",
+        mode: "lines",
+        line: { color, width: 1, dash: "dash" },
+        hoverinfo: "skip",
+      };
+      const tip = {
+        name,
+        legendgroup: kind,
+        x: ms.map((m) => m.x),
+        y: ms.map(() => 0.96),
+        hovertext: ms.map((m) => m.text),
+        yaxis: "y3",
+        type: "scatter",
+        mode: "markers",
+        marker: { color, size: 9, symbol },
+        hovertemplate: "%{hovertext}<extra></extra>",
+      };
+      return [line, tip];
+    };
+    return [
+      ...mk("hook", "hook change", COLORS.hook, "triangle-down"),
+      ...mk("nonfinite", "NaN/Inf", COLORS.nonfinite, "x"),
+    ];
+  }
+
+  reset(store) {
+    Plotly.react(this.el, this.traces(store), this.layout(), PLOT_CONFIG);
+  }
+
+  update(store, news) {
+    const idx = [];
+    const upd = { x: [], y: [] };
+    const maxp = { x: [], y: [] };
+    if (news.loss.x.length) {
+      idx.push(LOSS);
+      upd.x.push(news.loss.x);
+      upd.y.push(news.loss.y);
+      maxp.x.push(store.loss.x.length);
+      maxp.y.push(store.loss.x.length);
+    }
+    if (news.rows.length) {
+      const n = store.window().length;
+      const xs = news.rows.map((r) => r.step);
+      for (const [i, key] of [
+        [NORM_RAW, "total_norm_raw"],
+        [NORM_FINAL, "total_norm"],
+      ]) {
+        idx.push(i);
+        upd.x.push(xs);
+        upd.y.push(news.rows.map((r) => positive(r[key])));
+        maxp.x.push(n);
+        maxp.y.push(n);
+      }
+    }
+    if (idx.length) Plotly.extendTraces(this.el, upd, idx, maxp);
+    if (news.markers) {
+      const t = this.markerTraces(store.markers);
+      Plotly.restyle(
+        this.el,
+        { x: t.map((d) => d.x), y: t.map((d) => d.y), hovertext: t.map((d) => d.hovertext ?? null) },
+        [MARK_HOOK_LINE, MARK_HOOK_TIP, MARK_NF_LINE, MARK_NF_TIP],
+      );
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Heatmap: per-parameter gradient norm over steps, log colour scale.
+// z holds one row per snapshot and `transpose` turns rows into columns, so a
+// new step is one extendTraces of a row.
+
+const HEATMAP_COLUMNS = 300; // steps shown: every redraw paints columns x parameters cells
+
+export class HeatmapChart {
+  constructor(el, onPick) {
+    this.el = el;
+    this.source = "raw"; // or "final"
+    this.onPick = onPick;
+    this.bound = false;
+    this.range = null;
+  }
+
+  key() {
+    return this.source === "raw" ? "grad_norm_raw" : "grad_norm";
+  }
+
+  rowOf(r) {
+    return (r[this.key()] || []).map(log10OrNull);
+  }
+
+  zRange(rows) {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const r of rows) {
+      for (const v of r) {
+        if (v === null) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      }
+    }
+    if (!Number.isFinite(lo)) return [-4, 1];
+    if (hi - lo < 1) return [lo - 0.5, hi + 0.5];
+    return [lo, hi];
+  }
+
+  colorbar(lo, hi) {
+    const t = decadeTicks(lo, hi);
+    return {
+      title: { text: `${this.source} ‖g‖`, side: "right", font: { size: 10, color: COLORS.muted } },
+      tickvals: t.vals,
+      ticktext: t.text,
+      tickfont: { size: 9, color: COLORS.muted },
+      thickness: 10,
+      outlinewidth: 0,
+      len: 1,
+      x: 1.01,
+      xanchor: "left",
+      xpad: 0,
+    };
+  }
+
+  reset(store) {
+    const rows = store.window().slice(-HEATMAP_COLUMNS);
+    const z = rows.map((r) => this.rowOf(r));
+    const [lo, hi] = this.zRange(z);
+    this.range = [lo, hi];
+    const names = store.params;
+    const trace = {
+      type: "heatmap",
+      name: this.source,
+      x: rows.map((r) => r.step),
+      y: names,
+      z,
+      transpose: true,
+      zmin: lo,
+      zmax: hi,
+      colorscale: HEAT_SCALE,
+      colorbar: this.colorbar(lo, hi),
+      hoverongaps: false,
+      xgap: 0,
+      hovertemplate: "%{y}<br>step %{x}<br>log₁₀ ‖g‖ = %{z:.2f}<extra></extra>",
+    };
+    const longest = Math.max(4, ...names.map((n) => shortName(n, 26).length));
+    const layout = baseLayout({
+      margin: { l: labelPixels(longest), r: 72, t: 8, b: 40 },
+      xaxis: axis({ title: { text: "step" }, showgrid: false }),
+      yaxis: axis({
+        type: "category",
+        autorange: "reversed",
+        tickmode: "array",
+        tickvals: names,
+        ticktext: names.map((n) => shortName(n, 26)),
+        tickfont: { size: 9, color: COLORS.muted },
+        showgrid: false,
+      }),
+    });
+    Plotly.react(this.el, [trace], layout, PLOT_CONFIG);
+    this.bindClick();
+  }
+
+  bindClick() {
+    if (this.bound) return;
+    this.bound = true;
+    this.el.on("plotly_click", (ev) => {
+      const p = ev && ev.points && ev.points[0];
+      if (p && typeof p.y === "string") this.onPick(p.y);
+    });
+  }
+
+  update(store, news) {
+    if (!news.rows.length) return;
+    const rows = news.rows.slice(-HEATMAP_COLUMNS);
+    const z = rows.map((r) => this.rowOf(r));
+    const n = Math.min(HEATMAP_COLUMNS, store.window().length);
+    Plotly.extendTraces(this.el, { x: [rows.map((r) => r.step)], z: [z] }, [0], n);
+    // Widen the colour range when new values fall outside it (never narrows
+    // while streaming, so colours stay comparable; a reset recomputes it).
+    const [lo, hi] = this.zRange(z);
+    if (lo < this.range[0] || hi > this.range[1]) {
+      this.range = [Math.min(lo, this.range[0]), Math.max(hi, this.range[1])];
+      Plotly.restyle(this.el, {
+        zmin: this.range[0],
+        zmax: this.range[1],
+        colorbar: this.colorbar(this.range[0], this.range[1]),
+      });
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Gradient flow: per-parameter raw and final, norm or abs-max, log scale.
+
+export class FlowChart {
+  constructor(el, onPick) {
+    this.el = el;
+    this.metric = "norm"; // or "absmax"
+    this.onPick = onPick;
+    this.bound = false;
+    this.shownStep = null;
+  }
+
+  keys() {
+    return this.metric === "norm" ? ["grad_norm_raw", "grad_norm"] : ["grad_absmax_raw", "grad_absmax"];
+  }
+
+  render(store, force) {
+    const row = store.latest;
+    if (!force && row && row.step === this.shownStep) return;
+    this.shownStep = row ? row.step : null;
+    this.el.dataset.step = row ? String(row.step) : "";
+    this.el.dataset.metric = this.metric;
+    const names = store.params;
+    const [kr, kf] = this.keys();
+    const label = this.metric === "norm" ? "‖g‖₂" : "max |g|";
+    const yr = row ? names.map((_, i) => positive((row[kr] || [])[i])) : [];
+    const yf = row ? names.map((_, i) => positive((row[kf] || [])[i])) : [];
+    const traces = [
+      {
+        name: "raw",
+        type: "bar",
+        x: names,
+        y: yr,
+        marker: { color: COLORS.raw, opacity: 0.45 },
+        hovertemplate: `%{x}<br>raw ${label} %{y:.4g}<extra></extra>`,
+      },
+      {
+        name: "final",
+        type: "bar",
+        x: names,
+        y: yf,
+        width: 0.45,
+        marker: { color: COLORS.final },
+        hovertemplate: `%{x}<br>final ${label} %{y:.4g}<extra></extra>`,
+      },
+    ];
+    const layout = baseLayout({
+      showlegend: false, // the card header says which colour is which
+      barmode: "overlay",
+      bargap: 0.15,
+      margin: { l: 60, r: 12, t: 18, b: paramMargin(names) },
+      xaxis: paramAxis(names),
+      yaxis: axis({ type: "log", title: { text: `${label} per parameter` } }),
+      annotations: row
+        ? [
+            {
+              text: `step ${row.step}`,
+              xref: "paper",
+              yref: "paper",
+              x: 1,
+              y: 1,
+              xanchor: "right",
+              yanchor: "bottom",
+              showarrow: false,
+              font: { size: 10, color: COLORS.muted },
+            },
+          ]
+        : [],
+    });
+    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    if (!this.bound) {
+      this.bound = true;
+      this.el.on("plotly_click", (ev) => {
+        const p = ev && ev.points && ev.points[0];
+        if (p && typeof p.x === "string") this.onPick(p.x);
+      });
+    }
+  }
+
+  reset(store) {
+    this.render(store, true);
+  }
+
+  update(store, news) {
+    if (news.rows.length) this.render(store, false);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 4. Histogram of one parameter's gradient, raw and final overlaid.
+
+export class HistChart {
+  constructor(el) {
+    this.el = el;
+    this.param = null;
+    this.logY = false;
+    this.shown = null;
+  }
+
+  render(store, force) {
+    const hg = this.param ? store.hist.get(this.param) : null;
+    if (!force && hg === this.shown) return;
+    this.shown = hg;
+    const traces = [];
+    if (hg) {
+      const edges = (hg.edges || []).map(plottable);
+      const centers = [];
+      const widths = [];
+      for (let i = 0; i + 1 < edges.length; i++) {
+        centers.push((edges[i] + edges[i + 1]) / 2);
+        widths.push(edges[i + 1] - edges[i]);
+      }
+      const counts = (a) => (a || []).map((c) => (this.logY ? positive(c) : plottable(c)));
+      traces.push(
+        {
+          name: "raw",
+          type: "bar",
+          x: centers,
+          y: counts(hg.raw),
+          width: widths,
+          marker: { color: COLORS.raw, opacity: 0.55 },
+          hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
+        },
+        {
+          name: "final",
+          type: "bar",
+          x: centers,
+          y: counts(hg.final),
+          width: widths,
+          marker: { color: COLORS.final, opacity: 0.55 },
+          hovertemplate: "final %{x:.3g}: %{y}<extra></extra>",
+        },
+      );
+    }
+    const layout = baseLayout({
+      barmode: "overlay",
+      margin: { l: 56, r: 12, t: 8, b: 40 },
+      xaxis: axis({ title: { text: "gradient value" }, visible: Boolean(hg) }),
+      yaxis: axis({ title: { text: "count" }, type: this.logY ? "log" : "linear", visible: Boolean(hg) }),
+      annotations: hg
+        ? []
+        : [
+            {
+              text: this.param ? `waiting for a histogram of ${this.param}…` : "pick a parameter",
+              xref: "paper",
+              yref: "paper",
+              x: 0.5,
+              y: 0.5,
+              showarrow: false,
+              font: { size: 12, color: COLORS.muted },
+            },
+          ],
+    });
+    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+  }
+
+  reset(store) {
+    this.render(store, true);
+  }
+
+  update(store) {
+    this.render(store, false);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 5. Update-to-parameter ratio per parameter (|Δθ| / |θ| of the last update).
+
+const RATIO_BAND = [1e-4, 1e-2]; // the usual healthy range; 1e-3 is the rule of thumb
+
+export class RatioChart {
+  constructor(el, onPick) {
+    this.el = el;
+    this.onPick = onPick;
+    this.bound = false;
+    this.shownStep = null;
+  }
+
+  render(store, force) {
+    const row = store.latest;
+    if (!force && row && row.step === this.shownStep) return;
+    this.shownStep = row ? row.step : null;
+    const names = store.params;
+    const y = row ? names.map((_, i) => positive((row.update_ratio || [])[i])) : [];
+    const colors = y.map((v) =>
+      v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1] ? COLORS.ratioIn : COLORS.ratioOut,
+    );
+    const traces = [
+      {
+        name: "update / param",
+        type: "bar",
+        x: names,
+        y,
+        marker: { color: colors },
+        hovertemplate: "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",
+      },
+    ];
+    const layout = baseLayout({
+      showlegend: false,
+      margin: { l: 60, r: 12, t: 8, b: paramMargin(names) },
+      xaxis: paramAxis(names),
+      yaxis: axis({ type: "log", title: { text: "‖Δθ‖ / ‖θ‖" } }),
+      shapes: [
+        {
+          type: "rect",
+          xref: "paper",
+          yref: "y",
+          x0: 0,
+          x1: 1,
+          y0: RATIO_BAND[0],
+          y1: RATIO_BAND[1],
+          fillcolor: COLORS.band,
+          line: { width: 0 },
+          layer: "below",
+        },
+        {
+          type: "line",
+          xref: "paper",
+          yref: "y",
+          x0: 0,
+          x1: 1,
+          y0: 1e-3,
+          y1: 1e-3,
+          line: { color: COLORS.ratioIn, width: 1, dash: "dot" },
+        },
+      ],
+    });
+    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    if (!this.bound) {
+      this.bound = true;
+      this.el.on("plotly_click", (ev) => {
+        const p = ev && ev.points && ev.points[0];
+        if (p && typeof p.x === "string") this.onPick(p.x);
+      });
+    }
+  }
+
+  reset(store) {
+    this.render(store, true);
+  }
+
+  update(store, news) {
+    if (news.rows.length) this.render(store, false);
+  }
+}
+

@@ -1,0 +1,88 @@
+// One line of text for each event kind (DESIGN.md "Events"), used by the event
+// log and by the hover text of the loss chart's markers.
+
+import { num } from "./util.js";
+
+/** What a `hook_applied` event changed. */
+export function describeHookChange(ev) {
+  const spec = (Array.isArray(ev.after) ? null : ev.after) || ev.before || {};
+  const id = ev.hook_id ? ` ${ev.hook_id}` : "";
+  const head = `${spec.kind || "hook"}${id} on '${spec.target ?? "?"}'`;
+  switch (ev.action) {
+    case "add":
+      return `added ${head} ${paramText(spec.params)}`.trim();
+    case "remove":
+      return `removed ${head}`;
+    case "enable":
+      return `enabled ${head}`;
+    case "disable":
+      return `disabled ${head}`;
+    case "import": {
+      const n = Array.isArray(ev.after) ? ev.after.length : null;
+      return `imported a preset${n === null ? "" : ` (${n} hook${n === 1 ? "" : "s"})`}`;
+    }
+    case "update": {
+      const changes = diff(ev.before || {}, ev.after || {});
+      return `updated ${head}: ${changes || "no visible change"}`;
+    }
+    default:
+      return `${ev.action || "changed"} ${head}`;
+  }
+}
+
+export function describeNonfinite(ev) {
+  const counts = [ev.nan ? `${ev.nan} NaN` : "", ev.inf ? `${ev.inf} Inf` : ""].filter(Boolean).join(" + ");
+  const more = num(ev.n_params) > 1 ? ` and ${num(ev.n_params) - 1} more` : "";
+  const rank = ev.rank !== null && ev.rank !== undefined && ev.rank !== 0 ? ` on rank ${ev.rank}` : "";
+  const action = !ev.action_taken || ev.action_taken === "none" ? "no guard" : ev.action_taken;
+  return `${counts || "non-finite norm"} in ${ev.param}${more}${rank} · ${action}`;
+}
+
+/** Any event, in one line (without its step). */
+export function describeEvent(ev) {
+  switch (ev.kind) {
+    case "hook_applied":
+      return describeHookChange(ev);
+    case "nonfinite":
+      return describeNonfinite(ev);
+    case "hook_error":
+      return `${ev.hook_id} failed on ${ev.param}: ${ev.message} (hook disabled)`;
+    case "step_skipped":
+      return `step skipped (${ev.reason})`;
+    case "history_paused":
+      return `history recording paused: ${ev.reason}`;
+    case "history_resumed":
+      return `history recording resumed: ${ev.reason}`;
+    default: {
+      const text = ev.message ?? ev.reason ?? ev.text;
+      if (text !== undefined) return String(text);
+      const rest = Object.entries(ev).filter(([k]) => !["seq", "kind", "time", "step"].includes(k));
+      return rest.map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+    }
+  }
+}
+
+/** The step an event belongs to (a hook change: its applied_step). */
+export function eventStep(ev) {
+  return num(ev.kind === "hook_applied" ? ev.applied_step : ev.step);
+}
+
+function paramText(params) {
+  const entries = Object.entries(params || {});
+  return entries.length ? `(${entries.map(([k, v]) => `${k}=${v}`).join(", ")})` : "";
+}
+
+function diff(before, after) {
+  const out = [];
+  const bp = before.params || {};
+  const ap = after.params || {};
+  for (const k of new Set([...Object.keys(bp), ...Object.keys(ap)])) {
+    if (JSON.stringify(bp[k]) !== JSON.stringify(ap[k])) out.push(`${k} ${bp[k]} → ${ap[k]}`);
+  }
+  for (const k of ["target", "point", "enabled", "position"]) {
+    if (before[k] !== undefined && after[k] !== undefined && before[k] !== after[k]) {
+      out.push(`${k} ${before[k]} → ${after[k]}`);
+    }
+  }
+  return out.join(", ");
+}

@@ -1,0 +1,4 @@
+// Entry point (no inline script, so a strict Content-Security-Policy can apply).
+import { render } from "./app.js";
+
+render();

@@ -1,0 +1,127 @@
+// Redraw scheduling. Messages mark charts dirty; drawing happens in animation
+// frames, at most one chart per frame, each chart at most once per
+// max(MIN_INTERVAL_MS, COST_FACTOR x its last draw time), and after any draw
+// the next one waits GAP_FACTOR x its time, so drawing takes at most ~40% of
+// the main thread. On a fast machine every chart keeps up with a 10 steps/s
+// stream; on a slow one (a busy laptop, a CPU-only CI box) charts refresh less
+// often instead of starving clicks, typing and the websocket.
+
+import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./store.js";
+
+const MIN_INTERVAL_MS = 100;
+const COST_FACTOR = 4; // one chart spends at most ~1/4 of the time drawing
+const GAP_FACTOR = 1.5; // all charts together at most 1 / (1 + 1.5) = 40%
+
+function emptyPending() {
+  return { rows: [], loss: { x: [], y: [] }, markers: false, hist: false, reset: false, dirty: false };
+}
+
+class Slot {
+  constructor(name, chart) {
+    this.name = name;
+    this.chart = chart;
+    this.pending = emptyPending();
+    this.nextAt = 0;
+    this.lastCost = 0;
+  }
+}
+
+export class Scheduler {
+  /**
+   * @param {Array<[string, object]>} charts name and chart ({reset(store), update(store, pending)})
+   * @param {() => object} store the store being shown
+   * @param {() => void} everyFrame cheap work done on each frame (counters)
+   */
+  constructor(charts, store, everyFrame) {
+    this.slots = charts.map(([name, chart]) => new Slot(name, chart));
+    this.store = store;
+    this.everyFrame = everyFrame;
+    this.queued = false;
+    this.globalNextAt = 0;
+    this.stats = {}; // name -> {draws, ms}: visible at window.__dashboard for profiling
+  }
+
+  /**
+   * Apply fn to every chart's pending changes; fn(pending, name) returns true
+   * when that chart needs drawing. Then ask for a frame.
+   */
+  mark(fn) {
+    for (const s of this.slots) {
+      const p = s.pending;
+      if (!fn(p, s.name)) continue;
+      p.dirty = true;
+      // Bounded while no frames come (a hidden tab): fall back to a full redraw.
+      if (p.rows.length > MAX_SNAPSHOTS || p.loss.x.length > MAX_LOSS_POINTS) {
+        s.pending = emptyPending();
+        s.pending.reset = true;
+        s.pending.dirty = true;
+      }
+    }
+    this.request();
+  }
+
+  /** Redraw every chart from the store at the next frames (new run, new view). */
+  resetAll() {
+    for (const s of this.slots) {
+      s.pending = emptyPending();
+      s.pending.reset = true;
+      s.pending.dirty = true;
+      s.nextAt = 0;
+    }
+    this.request();
+  }
+
+  /** Redraw one chart from scratch now (a toggle the user just clicked). */
+  resetNow(name) {
+    const s = this.slots.find((x) => x.name === name);
+    s.pending = emptyPending();
+    this.draw(s, true, performance.now());
+  }
+
+  request() {
+    if (this.queued) return;
+    this.queued = true;
+    requestAnimationFrame((t) => this.frame(t));
+  }
+
+  frame() {
+    this.queued = false;
+    this.everyFrame();
+    const now = performance.now();
+    let waiting = false;
+    let next = null;
+    if (now < this.globalNextAt) {
+      if (this.slots.some((s) => s.pending.dirty)) this.request();
+      return;
+    }
+    for (const s of this.slots) {
+      if (!s.pending.dirty) continue;
+      if (now < s.nextAt) {
+        waiting = true;
+        continue;
+      }
+      if (next === null || s.nextAt < next.nextAt) next = s;
+    }
+    if (next !== null) {
+      const p = next.pending;
+      next.pending = emptyPending();
+      this.draw(next, p.reset, now, p);
+      waiting = waiting || this.slots.some((s) => s.pending.dirty);
+    }
+    if (waiting) this.request();
+  }
+
+  draw(slot, reset, now, pending) {
+    const store = this.store();
+    const t0 = performance.now();
+    if (reset) slot.chart.reset(store);
+    else slot.chart.update(store, pending);
+    const cost = performance.now() - t0;
+    slot.lastCost = cost;
+    slot.nextAt = now + Math.max(MIN_INTERVAL_MS, COST_FACTOR * cost);
+    this.globalNextAt = performance.now() + GAP_FACTOR * cost;
+    const st = (this.stats[slot.name] ||= { draws: 0, ms: 0 });
+    st.draws += 1;
+    st.ms += cost;
+  }
+}

@@ -1,0 +1,206 @@
+// The page's bounded model of one run: session, a window of recent snapshots
+// (only the fields the charts use), the loss series, markers, the latest
+// histograms and the event log. Memory is capped: nothing here grows with the
+// length of the run.
+
+import { describeEvent, describeHookChange, eventStep } from "./describe.js";
+import { num } from "./util.js";
+
+export const MAX_SNAPSHOTS = 600; // sampled steps kept for the time-series charts
+export const MAX_LOSS_POINTS = 3000; // loss points (one per step when scalars stream)
+export const MAX_EVENTS = 400; // event log entries
+const PER_PARAM = [
+  "grad_norm_raw",
+  "grad_norm",
+  "grad_absmax_raw",
+  "grad_absmax",
+  "update_ratio",
+  "param_norm",
+  "nan_count",
+  "inf_count",
+];
+
+export class Store {
+  constructor() {
+    this.clear();
+  }
+
+  clear() {
+    this.session = null;
+    this.runId = null;
+    this.params = [];
+    this.hookKinds = {};
+    this.hooks = new Map(); // id -> spec, in server order
+    this.configVersion = 0;
+    this.training = { state: "running", step: 0, scenario: null, steps_per_second: null };
+    this.readOnly = false;
+    this.snapshots = []; // compact rows, ascending step
+    this.loss = { x: [], y: [] };
+    this.markers = []; // {x, kind: "hook"|"nonfinite", text}
+    this.events = []; // newest last
+    this.seenSeq = new Set();
+    this.lastSeq = -1;
+    this.hist = new Map(); // param -> {step, edges, raw, final}
+    this.latest = null; // newest compact row
+    this.step = 0; // newest step known from any message
+  }
+
+  /** Start over for a session (a run); keeps nothing of the previous one. */
+  setSession(session) {
+    this.clear();
+    this.session = session;
+    this.runId = session.run_id;
+    this.params = (session.params || []).map((p) => (typeof p === "string" ? p : p.name));
+    this.hookKinds = session.hook_kinds || {};
+    this.setHooks(session.hooks || [], session.config_version || 0);
+    this.training = { ...this.training, ...(session.training || {}) };
+    this.readOnly = Boolean(session.read_only);
+    this.step = num(this.training.step) || 0;
+  }
+
+  // ----- hooks -----
+
+  /** The full list from a `hooks` message, GET /api/hooks or the session. */
+  setHooks(list, configVersion) {
+    const next = new Map();
+    for (const spec of list) next.set(spec.id, this.keepApplied(spec));
+    this.hooks = next;
+    if (configVersion !== undefined && configVersion !== null) this.configVersion = configVersion;
+  }
+
+  /** One hook as the server returned it from a mutation (pending until applied). */
+  upsertHook(spec) {
+    this.hooks.set(spec.id, this.keepApplied(spec));
+  }
+
+  removeHook(id) {
+    this.hooks.delete(id);
+  }
+
+  /**
+   * A mutation's reply says applied_step null; a `hooks` message about the same
+   * configuration may have come first. Same configuration, already applied:
+   * keep the applied step rather than going back to pending.
+   */
+  keepApplied(spec) {
+    const old = this.hooks.get(spec.id);
+    if (spec.applied_step === null && old && old.applied_step !== null && sameConfig(old, spec)) {
+      return { ...spec, applied_step: old.applied_step };
+    }
+    return spec;
+  }
+
+  // ----- snapshots -----
+
+  /** Compact a wire snapshot; returns the row, or null when it is not newer. */
+  addSnapshot(s) {
+    const step = num(s.step);
+    if (this.latest !== null && step <= this.latest.step) return null;
+    const row = { step, time: s.time, loss: num(s.loss), configVersion: s.config_version };
+    for (const k of PER_PARAM) row[k] = s[k] || [];
+    row.total_norm_raw = s.total_norm_raw;
+    row.total_norm = s.total_norm;
+    row.overhead = s.overhead;
+    row.sampled_every = s.sampled_every;
+    row.hook_effects = s.hook_effects || {};
+    this.snapshots.push(row);
+    if (this.snapshots.length > MAX_SNAPSHOTS * 1.25) {
+      this.snapshots.splice(0, this.snapshots.length - MAX_SNAPSHOTS);
+    }
+    this.latest = row;
+    this.step = Math.max(this.step, step);
+    if (s.hist) {
+      for (const [name, hgram] of Object.entries(s.hist)) {
+        this.hist.set(name, { step, ...hgram });
+      }
+    }
+    row.lossAdded = row.loss !== null && this.addLoss(step, row.loss);
+    return row;
+  }
+
+  /** The snapshots the charts show: the newest MAX_SNAPSHOTS. */
+  window() {
+    const n = this.snapshots.length;
+    return n > MAX_SNAPSHOTS ? this.snapshots.slice(n - MAX_SNAPSHOTS) : this.snapshots;
+  }
+
+  windowStart() {
+    const w = this.window();
+    const first = w.length ? w[0].step : Infinity;
+    const firstLoss = this.loss.x.length ? this.loss.x[0] : Infinity;
+    return Math.min(first, firstLoss);
+  }
+
+  /**
+   * A loss value for a step (from a snapshot or a late `scalars`); true when
+   * added. null (not recorded yet) adds nothing; a non-finite loss adds a gap.
+   */
+  addLoss(step, value) {
+    const x = this.loss.x;
+    if (value === null || value === undefined || (x.length && step <= x[x.length - 1])) return false;
+    x.push(step);
+    this.loss.y.push(Number.isFinite(value) ? value : null);
+    // Keep loss within the snapshot window too, so both share the x range.
+    const w = this.window();
+    const from = w.length > 1 ? w[0].step : -Infinity;
+    let cut = 0;
+    while (cut < x.length && (x.length - cut > MAX_LOSS_POINTS || x[cut] < from)) cut++;
+    if (cut > 0) {
+      x.splice(0, cut);
+      this.loss.y.splice(0, cut);
+    }
+    this.step = Math.max(this.step, step);
+    return true;
+  }
+
+  // ----- events and markers -----
+
+  /** An event; returns false for one already seen (backfill overlaps the stream). */
+  addEvent(ev) {
+    if (ev.seq !== undefined && ev.seq !== null) {
+      if (this.seenSeq.has(ev.seq)) return false;
+      this.seenSeq.add(ev.seq);
+      this.lastSeq = Math.max(this.lastSeq, ev.seq);
+    }
+    this.events.push(ev);
+    if (this.events.length > MAX_EVENTS) {
+      for (const old of this.events.splice(0, this.events.length - MAX_EVENTS)) this.seenSeq.delete(old.seq);
+    }
+    const marker = markerFor(ev);
+    if (marker) this.markers.push(marker);
+    return true;
+  }
+
+  /** Drop markers left of the window; true when any went. */
+  pruneMarkers() {
+    const from = this.windowStart();
+    if (!Number.isFinite(from)) return false;
+    const before = this.markers.length;
+    this.markers = this.markers.filter((m) => m.x >= from);
+    return this.markers.length !== before;
+  }
+
+  paramIndex(name) {
+    return this.params.indexOf(name);
+  }
+}
+
+function sameConfig(a, b) {
+  return (
+    a.enabled === b.enabled &&
+    a.target === b.target &&
+    a.point === b.point &&
+    JSON.stringify(a.params || {}) === JSON.stringify(b.params || {})
+  );
+}
+
+/** A vertical marker on the loss chart for hook changes and non-finite gradients. */
+function markerFor(ev) {
+  const x = eventStep(ev);
+  if (x === null) return null;
+  if (ev.kind === "hook_applied") return { x, kind: "hook", text: `step ${x}: ${describeHookChange(ev)}` };
+  if (ev.kind === "nonfinite" || ev.kind === "step_skipped") {
+    return { x, kind: "nonfinite", text: `step ${x}: ${describeEvent(ev)}` };
+  }
+  return null;
+}

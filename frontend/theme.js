@@ -1,0 +1,81 @@
+// Colours and the Plotly layout shared by every chart. One meaning, one colour:
+// raw (before pre_step edits) is blue, final (what the optimizer sees) orange.
+
+export const COLORS = {
+  raw: "#6ea8fe",
+  final: "#ffa657",
+  loss: "#7ee787",
+  hook: "#d2a8ff",
+  nonfinite: "#ff6b81",
+  ratioIn: "#56d4dd",
+  ratioOut: "#f0b849",
+  band: "rgba(86, 212, 221, 0.08)",
+  grid: "#232c39",
+  zero: "#3a4656",
+  text: "#c9d3df",
+  muted: "#8592a3",
+  plotBg: "#0e131a",
+};
+
+// A perceptually even scale that reads well on the dark background.
+export const HEAT_SCALE = [
+  [0.0, "#0d0887"],
+  [0.15, "#46039f"],
+  [0.3, "#7201a8"],
+  [0.45, "#9c179e"],
+  [0.6, "#bd3786"],
+  [0.72, "#d8576b"],
+  [0.84, "#ed7953"],
+  [0.93, "#fb9f3a"],
+  [1.0, "#f0f921"],
+];
+
+const FONT = { family: 'Inter, "Segoe UI", system-ui, -apple-system, sans-serif', size: 11, color: COLORS.text };
+
+export function axis(extra = {}) {
+  return {
+    gridcolor: COLORS.grid,
+    zerolinecolor: COLORS.zero,
+    linecolor: COLORS.zero,
+    tickfont: { size: 10, color: COLORS.muted },
+    title: { font: { size: 11, color: COLORS.muted }, standoff: 6 },
+    // Fixed margins: automargin makes every streamed redraw measure text and,
+    // when a label changes width, draw again.
+    automargin: false,
+    ...extra,
+  };
+}
+
+export function baseLayout(extra = {}) {
+  return {
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: COLORS.plotBg,
+    font: FONT,
+    margin: { l: 56, r: 16, t: 8, b: 40 },
+    hoverlabel: { bgcolor: "#1b2330", bordercolor: "#3a4656", font: { ...FONT, size: 12 } },
+    legend: {
+      orientation: "h",
+      x: 0.005,
+      y: 0.995,
+      xanchor: "left",
+      yanchor: "top",
+      bgcolor: "rgba(14,19,26,0.75)",
+      font: { size: 11, color: COLORS.text },
+    },
+    uirevision: "keep", // user zoom survives updates
+    ...extra,
+  };
+}
+
+/** Pixels a tick label of `chars` characters takes (10 px font). */
+export function labelPixels(chars) {
+  return Math.ceil(chars * 6.1) + 10;
+}
+
+export const PLOT_CONFIG = {
+  responsive: true,
+  displaylogo: false,
+  displayModeBar: "hover",
+  modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toImage"],
+  scrollZoom: false,
+};

@@ -1,0 +1,94 @@
+// The websocket to /ws, reconnected with exponential backoff (0.5 s doubling to
+// 10 s, with jitter) whenever it closes. The owner gets every message and every
+// state change; backfilling what was missed is the owner's job (on `hello`).
+
+import { tokenParam } from "./api.js";
+
+const BACKOFF_MIN_MS = 500;
+const BACKOFF_MAX_MS = 10_000;
+
+export class Connection {
+  /**
+   * @param {{onMessage: (msg) => void, onState: (state, info) => void}} handlers
+   *   state is "connecting" | "open" | "reconnecting" | "closed"; for
+   *   "reconnecting", info.delayMs says when the next try is.
+   */
+  constructor({ onMessage, onState }) {
+    this.onMessage = onMessage;
+    this.onState = onState;
+    this.socket = null;
+    this.attempt = 0;
+    this.timer = null;
+    this.stopped = false;
+  }
+
+  url() {
+    const proto = window.location.protocol === "https:" ? "wss:" : "ws:";
+    const t = tokenParam();
+    return `${proto}//${window.location.host}/ws${t ? `?${t}` : ""}`;
+  }
+
+  start() {
+    this.stopped = false;
+    this.connect();
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    if (this.socket) this.socket.close();
+    this.onState("closed", {});
+  }
+
+  get open() {
+    return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
+  }
+
+  /** Send a command; false when the socket is not open (the caller may retry later). */
+  send(obj) {
+    if (!this.open) return false;
+    this.socket.send(JSON.stringify(obj));
+    return true;
+  }
+
+  connect() {
+    clearTimeout(this.timer);
+    this.onState("connecting", { attempt: this.attempt });
+    let socket;
+    try {
+      socket = new WebSocket(this.url());
+    } catch (err) {
+      this.scheduleRetry();
+      return;
+    }
+    this.socket = socket;
+    socket.onopen = () => {
+      this.attempt = 0;
+      this.onState("open", {});
+    };
+    socket.onmessage = (ev) => {
+      let msg;
+      try {
+        msg = JSON.parse(ev.data);
+      } catch {
+        return; // the server only sends JSON; ignore anything else
+      }
+      this.onMessage(msg);
+    };
+    socket.onclose = (ev) => {
+      if (this.socket !== socket) return;
+      this.socket = null;
+      if (!this.stopped) this.scheduleRetry(ev.code);
+    };
+    // onerror is always followed by onclose, which does the work.
+    socket.onerror = () => {};
+  }
+
+  scheduleRetry(code) {
+    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** this.attempt);
+    const delayMs = Math.round(base * (0.75 + Math.random() * 0.5));
+    this.attempt += 1;
+    this.onState("reconnecting", { delayMs, code, attempt: this.attempt });
+    this.timer = setTimeout(() => this.connect(), delayMs);
+  }
+}
