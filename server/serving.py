@@ -6,6 +6,7 @@ with a clear message, and port 0 resolves to the real port for the URL.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import errno
 import socket
@@ -88,9 +89,21 @@ class ThreadedServer:
     def on_crash(self, fn: Any) -> None:
         self._on_crash.append(fn)
 
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve(sockets=[self.sock])
+        except BaseException:
+            for listener in getattr(self.server, "servers", []):  # uvicorn's asyncio servers: close them
+                listener.close()
+            raise
+
     def _run(self) -> None:
         try:
-            self.server.run(sockets=[self.sock])
+            if hasattr(asyncio, "Runner"):  # Python 3.11+
+                with asyncio.Runner(loop_factory=self.server.config.get_loop_factory()) as runner:
+                    runner.run(self._serve())
+            else:
+                self.server.run(sockets=[self.sock])
         except BaseException as e:  # noqa: BLE001 - reported, never raised into training
             self.error = e
         if self.error is None and not self.server.should_exit and self.server.started:
