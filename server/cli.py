@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hooks", metavar="PRESET.json",
                       help="start with these hooks (a preset, as GET /api/hooks/export writes it)")
     demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
+    demo.add_argument("--threads", type=int, default=None, metavar="N",
+                      help="torch CPU threads (default: 1 for mlp, exploding and nan, whose layers are too small "
+                           "to gain from more; torch's default for tiny_gpt)")
 
     replay = sub.add_parser(
         "replay", help="serve a recorded run, read-only", epilog=SECURITY,
@@ -185,6 +188,13 @@ def run_demo(args: argparse.Namespace) -> int:
                 preset = json.load(f)
         except (OSError, ValueError) as e:
             raise _Fail(f"--hooks {args.hooks}: {e}") from None
+    import torch
+
+    threads = args.threads if args.threads is not None else (None if args.scenario == "tiny_gpt" else 1)
+    if threads is not None:
+        if threads < 1:
+            raise _Fail(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
     sc = scenarios.make(args.scenario, seed=args.seed)
     insp = inspector.attach(sc.model, sc.optimizer, every=1)
     if preset is not None:
