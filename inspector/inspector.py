@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from . import distributed
 from .errors import AttachError, HookError, InspectorError
 from .handles import HookHandle
 from .hub import Hub
@@ -81,7 +82,8 @@ class Inspector:
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
     def __init__(self, model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None,
-                 *, scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10) -> None:
+                 *, scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10,
+                 per_rank_stats: bool = True, dist_timeout: float = 60.0) -> None:
         if isinstance(optimizer, list | tuple):
             raise AttachError(
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
@@ -127,7 +129,11 @@ class Inspector:
 
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._reg = Registry(self.params, self.modules, scaler=self._scaler is not None)
+        # under torch.distributed: a control plane shared by every rank (a collective call)
+        self._dist = distributed.ControlPlane(timeout=dist_timeout) if distributed.active() else None
+        self.rank = self._dist.rank if self._dist is not None else 0
+        self._reg = Registry(self.params, self.modules, scaler=self._scaler is not None,
+                             distributed=self._dist is not None)
         self._hub = Hub()
         self._cadence = Cadence(float(budget), every)
         self._plan = _Plan()
@@ -171,12 +177,22 @@ class Inspector:
         self._finished = False
         self._closed = False
         self._server: Any = None
+        # per-rank (local, pre-all-reduce) gradient norms under DDP
+        self._local_sq: list[Tensor | None] = [None] * len(self._tensors)
+        self._local_handles: list[Any] = []
+        self._local_bad = -1
+        self._local_host: list[float] | None = None
+        self._nf_pending: tuple[Any, ...] | None = None
 
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
         if self._root is not None:
             self._handles.append(self._root.register_forward_pre_hook(self._on_forward_pre))
+        if self._dist is not None and per_rank_stats:
+            for i, t in enumerate(self._tensors):
+                if t.requires_grad:
+                    self._local_handles.append(t.register_post_accumulate_grad_hook(self._local_hook(i)))
 
     # ================================================================= public API
     @property
@@ -412,13 +428,16 @@ class Inspector:
 
     # ----------------------------------------------------------------- serving
     def serve(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-              read_only: bool = False, db: str | None = None) -> str:
+              read_only: bool = False, db: str | None = None) -> str | None:
         """Serve the dashboard from a background thread of this process; returns its URL.
 
         Loads the ``server`` package shipped with ``inspector`` (even when the working
-        directory has a ``server.py`` of its own).
+        directory has a ``server.py`` of its own). Under ``torch.distributed`` only rank 0
+        serves; on the other ranks this returns None.
         """
         self._check_open()
+        if self.rank != 0:
+            return None  # under torch.distributed only rank 0 serves
         if self._server is not None:
             return str(self._server.url)
         embed = importlib.import_module(_load_server_package().__name__ + ".embed")
@@ -455,9 +474,11 @@ class Inspector:
             self._flush_late()
         except Exception:
             pass
-        for h in [*self._handles, *self._post_handles.values(), *self._module_handles.values()]:
+        for h in [*self._handles, *self._post_handles.values(), *self._module_handles.values(),
+                  *self._local_handles]:
             h.remove()
         self._handles.clear()
+        self._local_handles.clear()
         self._post_handles.clear()
         self._module_handles.clear()
         server, self._server = self._server, None
@@ -484,10 +505,21 @@ class Inspector:
     def _check_open(self) -> None:
         if self._closed:
             raise InspectorError("this Inspector is closed")
+        if self._dist is not None and self.rank != 0 and threading.get_ident() != self._train_tid:
+            raise InspectorError("under torch.distributed, edits from another thread go to rank 0 (which serves "
+                                 f"the dashboard); this is rank {self.rank}")
 
     def _submit(self, change: Change) -> None:
         """A validated change was queued: apply it now where DESIGN.md allows (lock held)."""
         on_train = threading.get_ident() == self._train_tid
+        if self._dist is not None and not self._dist.broken:
+            # one config for the job: edits from the training thread run on every rank (the
+            # script is the same everywhere); rank 0's other edits travel at the next boundary
+            if on_train and len(self._reg.pending) == 1:
+                self._drain_locked(torch_ok=True)
+            elif self._waiting:
+                self._cond.notify_all()
+            return
         if on_train or (self._finished and not self._closed):
             self._drain_locked(torch_ok=True)
         elif self._waiting:
@@ -607,7 +639,11 @@ class Inspector:
             with self._lock:
                 self._under_way = True
             self._flush_late()
-        if self._reg.pending or self._torch_dirty:
+        if self._dist is not None and not self._dist.broken:
+            if self._torch_dirty:  # pending edits wait for the boundary exchange
+                with self._lock:
+                    self._sync_torch_hooks()
+        elif self._reg.pending or self._torch_dirty:
             with self._lock:
                 self._drain_locked(torch_ok=True)
         self._t_ours += time.perf_counter() - t0
@@ -718,10 +754,19 @@ class Inspector:
         mod_names = [n for n in self._mod_bad if any(rt.spec.kind == "nan_guard" for rt in plan.module.get(n, ()))]
         if mod_names:
             parts.append(torch.stack([self._mod_bad[n].to(dev).float() for n in mod_names]))
+        local_idx = [i for i, v in enumerate(self._local_sq) if v is not None]
+        if local_idx:
+            parts.append(torch.stack([self._local_sq[i].to(dev) for i in local_idx]).sqrt())  # type: ignore[union-attr]
         # NaN/Inf detection on every step: the raw norms (and module flags) in one host read
         host = torch.cat(parts).tolist() if parts else []
         self._raw_host = dict(zip(idx, host[:len(idx)], strict=True))
-        bad_modules = [n for n, v in zip(mod_names, host[len(idx):], strict=True) if v]
+        bad_modules = [n for n, v in zip(mod_names, host[len(idx):len(idx) + len(mod_names)], strict=True) if v]
+        if local_idx:
+            local = [math.nan] * len(self.params)
+            for i, v in zip(local_idx, host[len(idx) + len(mod_names):], strict=True):
+                local[i] = v
+            self._local_host = local
+            self._local_bad = next((i for i in local_idx if not math.isfinite(local[i])), -1)
         bad = [i for i in idx if not math.isfinite(self._raw_host[i])]
         counts = {i: count_nonfinite(dense(self._tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
 
@@ -758,7 +803,10 @@ class Inspector:
             for p in self._tensors:
                 p.grad = None
             self._event("step_skipped", step=self._step + 1, reason="nan_guard")
-        self._report_nonfinite(bad, counts, actions, bad_modules)
+        if self._dist is not None and not self._dist.broken:
+            self._nf_pending = (bad, counts, actions, bad_modules)  # reported at the boundary, with the rank
+        else:
+            self._report_nonfinite(bad, counts, actions, bad_modules)
 
         if sampled:
             fin = [(i, p.grad) for i, p in enumerate(self._tensors) if p.grad is not None]
@@ -784,10 +832,12 @@ class Inspector:
                     action_taken=action, point=point)
 
     def _report_nonfinite(self, bad: list[int], counts: dict[int, tuple[int, int]], actions: dict[int, str],
-                          bad_modules: list[str]) -> None:
+                          bad_modules: list[str], rank: int | None = 0, all_ranks: list[int] | None = None,
+                          step: int | None = None) -> None:
         """One event per step naming the first non-finite parameter; a streak is repeated sparsely."""
+        step = self._step + 1 if step is None else step
         for m in bad_modules:
-            self._event("nonfinite", step=self._step + 1, param=None, module=m, rank=0, nan=None, inf=None,
+            self._event("nonfinite", step=step, param=None, module=m, rank=rank, nan=None, inf=None,
                         action_taken="report", point="module")
         if not bad:
             self._nf_last, self._nf_streak = None, 0
@@ -796,8 +846,9 @@ class Inspector:
         name = self.params[first]
         if name != self._nf_last or self._nf_streak % NONFINITE_REPEAT == 0:
             nan, inf = counts.get(first, (None, None))
-            self._event("nonfinite", step=self._step + 1, param=name, rank=0, nan=nan, inf=inf,
-                        action_taken=actions.get(first, "none"), point="pre_step",
+            extra = {"ranks": all_ranks} if all_ranks is not None else {}
+            self._event("nonfinite", step=step, param=name, rank=rank, nan=nan, inf=inf,
+                        action_taken=actions.get(first, "none"), point="pre_step", **extra,
                         params=[self.params[i] for i in bad[:16]], n_params=len(bad),
                         streak=self._nf_streak + 1)
         self._nf_last = name
@@ -812,36 +863,119 @@ class Inspector:
             step, sampled = self._step, self._sampled
             events, self._step_events = self._step_events, []
             rec, self._rec_cur = self._rec_cur, {}
+        now = time.perf_counter()
+        wall = None if self._last_boundary is None else now - self._last_boundary
+        self._cadence.observe(step, sampled, self._t_ours + (now - t0), wall)
+        t1 = time.perf_counter()
+        self._t_ours = 0.0
+        ranks, hold = None, False
+        if self._dist is not None and not self._dist.broken:
+            ranks, hold = self._dist_exchange(step, sampled, first=True)
+            with self._lock:  # events the exchange produced belong to this step
+                events, self._step_events = events + self._step_events, []
         snap = None
         if sampled:
             try:
-                snap = self._build_snapshot(step, rec, events)
+                snap = self._build_snapshot(step, rec, events, ranks)
             except Exception as e:  # never take training down for telemetry
                 self._event("hook_error", hook_id=None, param=None, message=f"telemetry failed: {e!r}", step=step)
         self._before_params = None
         self._pack = None
         self._mod_sq.clear()
         self._mod_bad.clear()
-        now = time.perf_counter()
-        ours = self._t_ours + (now - t0)
-        wall = None if self._last_boundary is None else now - self._last_boundary
-        self._cadence.observe(step, sampled, ours, wall)
-        self._t_ours = 0.0
+        self._local_sq = [None] * len(self._tensors)
         if snap is not None:
             self._hub.publish("snapshot", snap)
-        with self._cond:
-            self._drain_locked(torch_ok=True)
-            self._decide_next(step)
-            while self._paused and self._credit == 0 and not self._closed:
-                if not self._waiting:
-                    self._waiting = True
-                    self._cond.notify_all()  # for whoever waits for the pause to take hold
+        self._t_ours += time.perf_counter() - t1  # counted with the next step
+        if self._dist is not None and not self._dist.broken:
+            self._dist_hold(step, hold)
+        else:
+            with self._cond:
                 self._drain_locked(torch_ok=True)
-                self._cond.wait()
-            if self._credit > 0:
-                self._credit -= 1
-            self._waiting = False
+                self._decide_next(step)
+                while self._paused and self._credit == 0 and not self._closed:
+                    if not self._waiting:
+                        self._waiting = True
+                        self._cond.notify_all()  # for whoever waits for the pause to take hold
+                    self._drain_locked(torch_ok=True)
+                    self._cond.wait()
+                if self._credit > 0:
+                    self._credit -= 1
+                self._waiting = False
         self._last_boundary = time.perf_counter()
+
+    # ----------------------------------------------------------------- torch.distributed
+    def _local_hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(param: Tensor) -> None:  # runs on this rank's local gradient, before DDP's all-reduce
+            g = param.grad
+            if g is not None:
+                with torch.no_grad():
+                    self._local_sq[i] = dense(g).detach().float().pow(2).sum()  # accumulated in place: last wins
+        return hook
+
+    def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:
+        """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold)."""
+        plane = self._dist
+        assert plane is not None
+        rank0 = plane.rank == 0
+        with self._cond:
+            hold = rank0 and self._paused and self._credit == 0 and not self._closed
+            if rank0 and self._paused and self._credit > 0:
+                self._credit -= 1  # a single step: run one more, hold at its boundary
+            payload = rank0 and bool(self._reg.pending)
+            next_sampled = self._cadence.is_sampled(step + 1)
+        with_norms = first and sampled and bool(self._local_handles)
+        norms = None
+        if with_norms:
+            norms = self._local_host if self._local_host is not None else [math.nan] * len(self.params)
+        try:
+            rows = plane.exchange(hold, payload, next_sampled, self._local_bad if first else -1, norms)
+            changes = None
+            if bool(rows[0, 1]):
+                with self._lock:
+                    mine = list(self._reg.pending) if rank0 else None
+                changes = plane.broadcast(mine)
+        except Exception as e:
+            plane.broken = f"{type(e).__name__}: {e}"
+            self._event("distributed_error", step=step, rank=plane.rank,
+                        message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
+                                "hook edits and pauses with the others")
+            return None, False
+        with self._cond:
+            if changes is not None:
+                if not rank0:
+                    self._reg.adopt(changes)
+                self._drain_locked(torch_ok=True)
+            self._sampled = bool(rows[0, 2])
+            if self._sampled:
+                self._sampled_count += 1
+        if first:
+            bad_ranks = [r for r in range(plane.world) if rows[r, 3] >= 0]
+            if self._nf_pending is not None or bad_ranks:
+                bad, counts, actions, bad_modules = self._nf_pending or ([], {}, {}, [])
+                if not bad and bad_ranks:  # non-finite locally, finite after the all-reduce: still worth a word
+                    bad = [int(rows[bad_ranks[0], 3])]
+                self._report_nonfinite(bad, counts, actions, bad_modules, rank=bad_ranks[0] if bad_ranks else None,
+                                       all_ranks=bad_ranks, step=step)
+            self._nf_pending = None
+            self._local_bad, self._local_host = -1, None
+        ranks = distributed.ControlPlane.spread(rows, 4, len(self.params)) if with_norms else None
+        return ranks, bool(rows[0, 0])
+
+    def _dist_hold(self, step: int, hold: bool) -> None:
+        """Every rank waits here together while rank 0 is paused (heartbeat exchanges)."""
+        plane = self._dist
+        assert plane is not None
+        while hold and not plane.broken and not self._closed:
+            if plane.rank == 0:
+                with self._cond:
+                    if not self._waiting:
+                        self._waiting = True
+                        self._cond.notify_all()
+                    self._cond.wait_for(lambda: bool(self._reg.pending) or not self._paused or self._credit > 0
+                                        or self._closed, timeout=distributed.HEARTBEAT)
+            _, hold = self._dist_exchange(step, False, first=False)
+        self._waiting = False
 
     def _decide_next(self, step: int) -> None:
         self._sampled = self._cadence.is_sampled(step + 1)
@@ -856,7 +990,8 @@ class Inspector:
         self._hist_force = False
         return due
 
-    def _build_snapshot(self, step: int, rec: dict[str, list[Any]], events: list[dict[str, Any]]) -> Snapshot:
+    def _build_snapshot(self, step: int, rec: dict[str, list[Any]], events: list[dict[str, Any]],
+                        ranks: dict[str, Any] | None = None) -> Snapshot:
         pack = self._pack or Pack()
         meta = self._pre_meta if self._pack is not None else {}
         n = len(self.params)
@@ -949,7 +1084,7 @@ class Inspector:
             grad_absmax=scatter(fin_idx, data.get("final_absmax")),
             nan_count=nan_count, inf_count=inf_count, param_norm=list(data["param_norm"]),
             update_ratio=update_ratio, total_norm_raw=total(grad_norm_raw), total_norm=total(grad_norm),
-            hook_effects=effects, hist=hist, modules=modules, ranks=None, sampled_every=self._cadence.k,
+            hook_effects=effects, hist=hist, modules=modules, ranks=ranks, sampled_every=self._cadence.k,
             overhead=self._cadence.overhead, events=events)
 
     def _flush_late(self) -> None:
@@ -975,7 +1110,8 @@ class Inspector:
 
 
 def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None, *,
-           scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10) -> Inspector:
+           scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10,
+           per_rank_stats: bool = True, dist_timeout: float = 60.0) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
     Args:
@@ -988,11 +1124,20 @@ def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optim
             sampled every k-th step to stay under it (hooks and NaN/Inf checks run every step).
         every: sample every N-th step instead of budgeting (``every=1``: every step).
         hist_every: histograms every this many sampled steps.
+        per_rank_stats: under DDP, measure each rank's local (pre-all-reduce) gradient norms with
+            a post-accumulate hook on every parameter: the snapshot's ``ranks`` spread, and the
+            rank named in NaN/Inf events. Off saves that hook's cost (see bench/ddp_overhead.py).
+        dist_timeout: under ``torch.distributed``, seconds a rank waits in the inspector's
+            control collective before it gives up coordinating (a peer raised or exited).
+
+    Under ``torch.distributed`` (an initialised process group of 2 or more) call ``attach`` on
+    every rank, at the same point: it creates a gloo control group (a collective call).
 
     Returns:
         The :class:`Inspector`; also a context manager that closes it.
     """
-    return Inspector(model, optimizer, scaler=scaler, budget=budget, every=every, hist_every=hist_every)
+    return Inspector(model, optimizer, scaler=scaler, budget=budget, every=every, hist_every=hist_every,
+                     per_rank_stats=per_rank_stats, dist_timeout=dist_timeout)
 
 
 def _load_server_package() -> Any:

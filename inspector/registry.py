@@ -175,6 +175,15 @@ class Registry:
         self._next_id = next_id
         return self._commit("import", None, list(self.requested), new, new)
 
+    def adopt(self, changes: list[Change]) -> None:
+        """Queue changes made on another rank (rank 0): the config they carry replaces ours."""
+        for ch in changes:
+            self.pending.append(ch)
+        if changes:
+            self.requested = list(changes[-1].config)
+            ids = [int(s.id[1:]) for ch in changes for s in ch.config if s.id[1:].isdigit()]
+            self._next_id = max([self._next_id, *(i + 1 for i in ids)])
+
     # ---------------------------------------------------------------- applying
     def apply_next(self, applied_step: int) -> Change | None:
         """Put the oldest pending change in force; ``applied_step`` is the first step it affects."""
