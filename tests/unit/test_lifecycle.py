@@ -40,7 +40,7 @@ def test_all_matches_exports():
         assert hasattr(inspector, name), name
     public = {n for n in dir(inspector) if not n.startswith("_")}
     modules = {"errors", "handles", "hub", "inspector", "kinds", "ops", "records", "registry", "stats",
-               "targets", "telemetry", "scenarios"}
+               "targets", "telemetry", "scenarios", "distributed"}
     assert public - modules - set(inspector.__all__) == set()
 
 
