@@ -129,3 +129,27 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
     assert nonfinite and nonfinite[0]["rank"] == 1 and nonfinite[0]["step"] == 12
     assert nonfinite[0]["param"] == "0.weight" and nonfinite[0]["action_taken"] == "skip"
     assert any(e["kind"] == "step_skipped" and e["step"] == 12 for e in events)
+
+
+def test_a_vanishing_rank_does_not_hang_the_others(tmp_path):
+    """Rank 1 exits inside optimizer.step(): rank 0 waits at most dist_timeout in our collective,
+    reports distributed_error, and goes on until DDP's own all-reduce fails."""
+    master = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "--steps", "100", "--rate", "200", "--out", str(tmp_path),
+                               "--die-at", "20", "--dist-timeout", "5"],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[1].returncode == 3
+    assert procs[0].returncode == 0 and "PEER LOST" in outs[0], outs[0]
+    report = json.loads((tmp_path / "events0.json").read_text())
+    errors = [e for e in report["events"] if e["kind"] == "distributed_error"]
+    assert len(errors) == 1 and errors[0]["step"] == 20, report
+    assert len(log(tmp_path, 0)) == 20  # rank 0 completed step 20 on its own, then DDP failed

@@ -13,6 +13,7 @@ import argparse
 import copy
 import hashlib
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rate", type=float, default=40.0)
     ap.add_argument("--nan-step", type=int, default=-1, help="rank 1 feeds a NaN batch at this step")
+    ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits inside optimizer.step() of this step")
+    ap.add_argument("--dist-timeout", type=float, default=60.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -57,7 +60,13 @@ def main() -> None:
         return hook
 
     opt.register_step_pre_hook(grab("averaged"))  # before ours: the all-reduced, unedited gradients
-    insp = inspector.attach(model, opt, every=1)
+    if rank == 1 and args.die_at > 0:
+        def die(o, a, k):
+            if len(captured.get("steps", [])) + 1 == args.die_at:
+                os._exit(3)  # a rank that vanishes mid-step, after DDP's all-reduce
+            captured.setdefault("steps", []).append(None)
+        opt.register_step_pre_hook(die)
+    insp = inspector.attach(model, opt, every=1, dist_timeout=args.dist_timeout)
     opt.register_step_pre_hook(grab("final"))  # after ours: what the optimizer uses
     insp.add_hook("nan_guard", target="*", action="skip")  # on every rank, from the training thread
     url = insp.serve(port=args.port, db=False)
@@ -71,7 +80,13 @@ def main() -> None:
         if rank == 1 and insp.step + 1 == args.nan_step:
             x[0, 0] = float("nan")
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), x[:, :1]).backward()
+        try:
+            nn.functional.mse_loss(model(x), x[:, :1]).backward()
+        except RuntimeError as e:  # DDP's own all-reduce fails once a peer is gone
+            (args.out / f"events{rank}.json").write_text(json.dumps({"ddp_error": str(e)[:200],
+                                                                     "events": insp.events()}))
+            print("PEER LOST", flush=True)
+            os._exit(0)
         opt.step()
         step = insp.step
         clip_err = None
