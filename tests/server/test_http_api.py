@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def strict(text: str):
     """Parse JSON that must not hold NaN/Infinity literals."""
@@ -60,6 +62,7 @@ def test_hook_crud_export_import(live, wait_until):
         exec(compile(code.text, "export.py", "exec"), {"insp": insp})
         assert insp.export_hooks()["hooks"] == preset["hooks"]
 
+    wait_until(lambda: srv.insp.config_version == 3, what="add, update and disable applied")
     before = srv.insp.config_version
     r = c.post("/api/hooks/import", json={**preset, "hooks": [
         {"kind": "scale", "target": "2.*", "params": {"factor": 0.5}},
@@ -237,3 +240,23 @@ def test_no_cors_headers(live):
     r = c.get("/api/session", headers={"origin": "http://evil.example"})
     assert not any(k.lower().startswith("access-control-") for k in r.headers)
     assert r.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.slow
+def test_no_route_answers_500_to_odd_requests(live):
+    srv = live(commands_per_second=10_000)
+    c = srv.http()
+    paths = [p.replace("{hook_id}", "h1").replace("{action}", "pause")
+             for p in c.get("/openapi.json").json()["paths"]]
+    bodies = [None, {}, [], "text", {"hooks": "x"}, {"hooks": [1, {"kind": None}]}, [{"kind": ["a"]}],
+              {"format": 1, "version": "x", "hooks": [{"kind": "freeze", "params": []}]}]
+    statuses = set()
+    for path in paths:
+        for method in ("GET", "POST", "PATCH", "DELETE", "PUT"):
+            for body in bodies:
+                r = c.request(method, path, json=body) if body is not None else c.request(method, path)
+                assert r.status_code < 500, (method, path, body, r.status_code, r.text)
+                strict(r.text or "null")
+                statuses.add(r.status_code)
+    assert {200, 404, 405, 422} <= statuses
+    assert srv.http().get("/api/health").status_code == 200

@@ -57,6 +57,14 @@ def test_kill_9_then_replay_holds_history_and_hook_changes(cli_server, tmp_path)
     assert rc.post("/api/hooks", json={"kind": "freeze"}).status_code == 403
     runs = rc.get("/api/runs").json()["runs"]
     assert [r["id"] for r in runs] == [1], "replay adds no run"
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{replay.port}/ws", proxy=None, max_size=None) as ws:
+        hello = json.loads(ws.recv(timeout=10))
+        assert hello["type"] == "hello" and hello["session"]["mode"] == "replay"
+        assert hello["history"][-1]["step"] == steps[-1]
+        ws.send(json.dumps({"type": "pause", "request_id": 1}))
+        assert json.loads(ws.recv(timeout=10))["status"] == 403
     replay.stop()
 
     # export reads the same file, also while nothing serves it
