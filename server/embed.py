@@ -10,6 +10,7 @@ handle's `.error` and reported with a `server_error` event.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import Any
@@ -95,4 +96,9 @@ def start(
 
     server.on_crash(report)
     server.start()
-    return EmbeddedServer(server, source)
+    handle = EmbeddedServer(server, source)
+    if store is not None:
+        # A script that ends without insp.close() or insp.wait() still gets its last
+        # half-second of history written (the writer is a daemon thread).
+        atexit.register(store.flush, 2.0)
+    return handle
