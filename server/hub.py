@@ -142,7 +142,7 @@ class ClientQueue:
     async def run(self) -> None:
         """Send until cancelled (by `kick`, or by the endpoint when the socket goes away)."""
         loop = asyncio.get_running_loop()
-        while True:
+        while self.close_code is None:
             if not (self.controls or self.snapshot or self.scalars):
                 self._wake.clear()
                 await self._wake.wait()

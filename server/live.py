@@ -199,6 +199,8 @@ class LiveSource(Source):
             return super().events(run, since=since, limit=limit)
         ring = list(self.insp.events(since))
         out = ring
+        if limit and len(ring) >= limit:
+            return ring[-limit:]
         if self.store is not None:
             first = ring[0]["seq"] if ring else None
             stored = self.store.events(self.run_id, since=since)

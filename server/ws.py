@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from .settings import Settings
 from .sources import ApiError, Source
 
 POLICY_VIOLATION = 1008
+log = logging.getLogger("gradient_inspector.server")
 
 
 class _Budget:
@@ -68,6 +70,8 @@ class Connection:
             seqs = [e.get("seq", -1) for e in hello["events"]]
             client.forget_before(max(steps, default=-1), max(seqs, default=-1))
             await self.ws.send_text(dumps({"type": "hello", **hello}))
+            if client.close_code is not None:  # kicked while hello was being built
+                return
             client.task = asyncio.create_task(client.run())
             receiver = asyncio.create_task(self.receive())
             done, pending = await asyncio.wait({client.task, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,6 +136,9 @@ class Connection:
             result = await self.run_command(cmd)
         except ApiError as e:
             return self.error(rid, e.status, e.detail)
+        except Exception as e:  # a bug (ours or the core's): say so, keep the socket open
+            log.exception("gradient-inspector server: command %r failed", cmd.type)
+            return self.error(rid, 500, f"internal error: {type(e).__name__}: {e}")
         self.reply("ack", rid, result=result)
 
     async def run_command(self, cmd: Any) -> Any:
