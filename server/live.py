@@ -167,11 +167,24 @@ class LiveSource(Source):
             return snap
         return {**snap, "loss": late.get("loss"), "scalars": {**(snap.get("scalars") or {}), **(late.get("scalars") or {})}}
 
+    def _ring(self, since: int | None, limit: int | None) -> list[dict[str, Any]]:
+        # The core converts each ring snapshot to a dict on every call: for the newest N, ask only
+        # for the steps that can hold them (N times the sampling interval), when that is enough.
+        if limit:
+            latest = self.insp.latest()
+            if latest is not None:
+                tight = int(latest["step"]) - limit * max(1, int(latest.get("sampled_every") or 1))
+                if since is None or tight > since:
+                    rows = self.insp.snapshots(tight)
+                    if len(rows) >= limit:
+                        return rows
+        return self.insp.snapshots(since)
+
     def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
                   points: int | None = None) -> list[dict[str, Any]]:
         if not self._is_current(run):
             return super().snapshots(run, since=since, limit=limit, points=points)
-        ring = {s["step"]: s for s in self.insp.snapshots(since)}
+        ring = {s["step"]: s for s in self._ring(since, None if points else limit)}
         first = min(ring) if ring else None
         stored = [] if self.store is None else self.store.steps("snapshots", self.run_id, since, before=first)
         chosen = select(stored + sorted(ring), limit, points)
