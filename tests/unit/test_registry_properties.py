@@ -186,7 +186,7 @@ def test_random_edits_from_two_threads(steps):
                 nonlocal expected_version
                 for item, who, _ in items:
                     box = {}
-                    t = threading.Thread(target=lambda: box.update(r=run_op(insp, ref, item)), name=who)
+                    t = threading.Thread(target=lambda b=box, i=item: b.update(r=run_op(insp, ref, i)), name=who)
                     t.start()
                     t.join()
                     assert "r" in box, f"edit {item} raised in its thread"
