@@ -117,9 +117,9 @@ def wide_mlp() -> tuple[nn.Module, torch.optim.Optimizer, StepFn]:
 
 
 WORKLOADS = [
-    Workload("mlp", scenario_workload("mlp"), warmup=200, blocks=16, steps=100, quick=(20, 4, 25)),
-    Workload("wide", wide_mlp, warmup=20, blocks=12, steps=10, quick=(2, 3, 3)),
-    Workload("tiny_gpt", scenario_workload("tiny_gpt"), warmup=4, blocks=6, steps=4, quick=(1, 2, 1)),
+    Workload("mlp", scenario_workload("mlp"), warmup=200, blocks=16, steps=100, quick=(10, 3, 20)),
+    Workload("wide", wide_mlp, warmup=20, blocks=12, steps=10, quick=(1, 2, 2)),
+    Workload("tiny_gpt", scenario_workload("tiny_gpt"), warmup=4, blocks=6, steps=4, quick=(0, 2, 1)),
 ]
 
 
