@@ -66,10 +66,12 @@ export const api = {
   updateHook: (id, patch) => request("PATCH", `/api/hooks/${encodeURIComponent(id)}`, { body: patch }),
   removeHook: (id) => request("DELETE", `/api/hooks/${encodeURIComponent(id)}`),
   exportHooks: () => request("GET", "/api/hooks/export"),
-  exportPython: () => request("GET", "/api/hooks/export", { params: { format: "python" }, accept: "text/plain" }),
+  exportPython: () =>
+    request("GET", "/api/hooks/export", { params: { format: "python" }, accept: "text/plain" }),
   importHooks: (preset) => request("POST", "/api/hooks/import", { body: preset }),
   training: (action) => request("POST", `/api/training/${action}`),
-  rate: (stepsPerSecond) => request("POST", "/api/training/rate", { body: { steps_per_second: stepsPerSecond } }),
+  rate: (stepsPerSecond) =>
+    request("POST", "/api/training/rate", { body: { steps_per_second: stepsPerSecond } }),
   snapshots: ({ since, limit, points, run } = {}) =>
     request("GET", "/api/snapshots", { params: { since, limit, points, run } }),
   events: ({ since, run } = {}) => request("GET", "/api/events", { params: { since, run } }),

@@ -74,8 +74,10 @@ class Dashboard {
     el.dataset.state = shown;
     if (state === "open") el.textContent = "● live";
     else if (state === "connecting") el.textContent = info.attempt ? "reconnecting…" : "connecting…";
-    else if (state === "reconnecting") el.textContent = `○ offline · retry in ${Math.ceil(info.delayMs / 1000)} s`;
+    else if (state === "reconnecting")
+      el.textContent = `○ offline · retry in ${Math.ceil(info.delayMs / 1000)} s`;
     else el.textContent = "○ closed";
+    if (state === "reconnecting" && info.code === 1008) this.checkAuth();
     if (state === "open" && this.connState !== null && this.connState !== "open") {
       this.localEvent("connection", "reconnected; backfilling missed history");
     } else if (state === "reconnecting" && this.connState === "open") {
@@ -84,12 +86,27 @@ class Dashboard {
     if (state !== "connecting") this.connState = state;
   }
 
+  /** A refused socket: say so when it is the token (the retries go on). */
+  async checkAuth() {
+    const res = await api.session();
+    if (res.status !== 401 && res.status !== 403) return;
+    const el = $("connectionStatus");
+    el.dataset.state = "unauthorized";
+    el.textContent = res.status === 401 ? "○ token needed: open the URL printed at start-up" : "○ refused";
+    el.title = detailList(res.data)
+      .map((d) => d.msg)
+      .join("; ");
+  }
+
   onMessage(msg) {
     if (msg.type === "hello") {
       this.onHello(msg);
       return;
     }
-    if (this.syncing && (msg.type === "snapshot" || msg.type === "scalars" || msg.type === "event" || msg.type === "hooks")) {
+    if (
+      this.syncing &&
+      (msg.type === "snapshot" || msg.type === "scalars" || msg.type === "event" || msg.type === "hooks")
+    ) {
       this.buffer.push(msg);
       return;
     }
@@ -138,7 +155,12 @@ class Dashboard {
         this.showConfigVersion();
         break;
       case "error":
-        this.localEvent("server_error", detailList(msg).map((d) => d.msg).join("; "));
+        this.localEvent(
+          "server_error",
+          detailList(msg)
+            .map((d) => d.msg)
+            .join("; "),
+        );
         break;
       default:
         break; // ack: mutations go over HTTP; the subscribe ack needs nothing
@@ -169,7 +191,10 @@ class Dashboard {
   async onHello(msg) {
     const session = msg.session || {};
     const live = this.live;
-    const sameRun = live.runId !== null && live.runId === session.run_id;
+    // Same run id and no step lost: a reconnection to the same process. (Without
+    // a database every process is run 0: a step count that went back is a restart.)
+    const serverStep = num(session.training && session.training.step) ?? 0;
+    const sameRun = live.runId !== null && live.runId === session.run_id && serverStep >= live.step;
     const since = sameRun && live.latest ? live.latest.step : null;
     const sinceSeq = sameRun ? live.lastSeq : null;
     this.syncing = true;
@@ -178,7 +203,11 @@ class Dashboard {
       const previous = live.runId;
       live.setSession(session);
       this.log.clear();
-      if (previous !== null) this.localEvent("run", `new run ${session.run_id} (the server restarted; run ${previous} is in the run picker)`);
+      if (previous !== null)
+        this.localEvent(
+          "run",
+          `new run ${session.run_id} (the server restarted; run ${previous} is in the run picker)`,
+        );
       else this.localEvent("connection", `connected to run ${session.run_id}`);
     } else {
       live.session = session;
@@ -337,8 +366,10 @@ class Dashboard {
   showHistStatus() {
     const el = $("histStatus");
     const hg = this.histParam ? this.view.hist.get(this.histParam) : null;
-    if (!this.histParam) el.textContent = "pick a parameter: click the heatmap or the flow chart, or use the list";
-    else if (!hg) el.textContent = `waiting for a histogram of ${this.histParam} (taken every few sampled steps)`;
+    if (!this.histParam)
+      el.textContent = "pick a parameter: click the heatmap or the flow chart, or use the list";
+    else if (!hg)
+      el.textContent = `waiting for a histogram of ${this.histParam} (taken every few sampled steps)`;
     else el.textContent = `${this.histParam} · step ${hg.step}`;
   }
 
@@ -352,7 +383,13 @@ class Dashboard {
       const v = Number($("rate").value);
       if (!Number.isFinite(v) || v <= 0) return;
       const res = await api.rate(v);
-      if (!res.ok) this.localEvent("training", `rate: ${detailList(res.data).map((d) => d.msg).join("; ")}`);
+      if (!res.ok)
+        this.localEvent(
+          "training",
+          `rate: ${detailList(res.data)
+            .map((d) => d.msg)
+            .join("; ")}`,
+        );
       else this.live.training.steps_per_second = num(res.data && res.data.steps_per_second) ?? v;
     });
     segmented($("lossScale"), (v) => {
@@ -389,35 +426,47 @@ class Dashboard {
     const before = this.live.step;
     const res = await api.training(action);
     if (!res.ok) {
-      this.localEvent("training", `${action}: ${detailList(res.data).map((d) => d.msg).join("; ")}`);
+      this.localEvent(
+        "training",
+        `${action}: ${detailList(res.data)
+          .map((d) => d.msg)
+          .join("; ")}`,
+      );
       return;
     }
     if (res.data && res.data.state) this.live.training.state = res.data.state;
     this.showTrainingState();
-    this.localEvent("training", `${action} requested (step ${res.data && res.data.step !== undefined ? res.data.step : before})`);
+    this.localEvent(
+      "training",
+      `${action} requested (step ${res.data && res.data.step !== undefined ? res.data.step : before})`,
+    );
   }
 
   async refreshTraining() {
-    if (document.hidden || !this.live.runId) return;
+    if (document.hidden || this.live.runId === null) return;
     const res = await api.session();
     if (!res.ok || !res.data || res.data.run_id !== this.live.runId) return;
     this.live.training = { ...this.live.training, ...(res.data.training || {}) };
+    this.live.readOnly = Boolean(res.data.read_only);
     this.live.step = Math.max(this.live.step, num(this.live.training.step) || 0);
-    this.showTrainingState();
+    if (this.view === this.live) this.showSession();
     this.showStep();
+    this.refreshes = (this.refreshes || 0) + 1;
+    if (this.refreshes % 3 === 0) this.loadRuns(); // step counts of the runs
   }
 
   async loadRuns() {
+    const picker = $("runPicker");
+    if (document.activeElement === picker && picker.options.length) return; // being chosen from
     const res = await api.runs();
     if (!res.ok) return;
-    const picker = $("runPicker");
     const runs = (res.data.runs || []).slice().sort((a, b) => num(b.id) - num(a.id));
     picker.replaceChildren(
       ...runs.map((r) =>
         h(
           "option",
           { value: String(r.id) },
-          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${fmt(r.steps)} steps · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
+          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${fmt(r.steps)} step${num(r.steps) === 1 ? "" : "s"} · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
         ),
       ),
     );
@@ -432,7 +481,12 @@ class Dashboard {
       api.events({ run: id }),
     ]);
     if (!sess.ok) {
-      this.localEvent("run", `run ${id}: ${detailList(sess.data).map((d) => d.msg).join("; ")}`);
+      this.localEvent(
+        "run",
+        `run ${id}: ${detailList(sess.data)
+          .map((d) => d.msg)
+          .join("; ")}`,
+      );
       $("runPicker").value = String(this.view.runId);
       return;
     }
@@ -493,7 +547,8 @@ function segmented(el, onChange) {
   el.addEventListener("click", (ev) => {
     const btn = ev.target.closest("button[data-value]");
     if (!btn || btn.getAttribute("aria-pressed") === "true") return;
-    for (const b of el.querySelectorAll("button")) b.setAttribute("aria-pressed", b === btn ? "true" : "false");
+    for (const b of el.querySelectorAll("button"))
+      b.setAttribute("aria-pressed", b === btn ? "true" : "false");
     onChange(btn.dataset.value);
   });
 }

@@ -4,7 +4,16 @@
 // newest snapshot. The caller batches messages and calls update() at most once
 // per animation frame.
 
-import { COLORS, HEAT_SCALE, PLOT_CONFIG, axis, baseLayout, labelPixels } from "./theme.js";
+import {
+  COLORS,
+  HEAT_SCALE,
+  PLOT_CONFIG,
+  axis,
+  barLogRange,
+  baseLayout,
+  labelPixels,
+  logTicks,
+} from "./theme.js";
 import { log10OrNull, plottable, positive, shortName } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -12,15 +21,25 @@ const Plotly = window.Plotly;
 /** Bottom margin for the rotated parameter names under a bar chart. */
 function paramMargin(names) {
   const longest = Math.max(4, ...names.map((n) => shortName(n).length));
-  return names.length > 12 ? Math.ceil(labelPixels(longest) * 0.8) + 6 : 34;
+  return names.length > 12 ? Math.ceil(longest * 5.6 * 0.77) + 18 : 34;
 }
 
-function paramAxis(names, extra = {}) {
+/**
+ * Every k-th name as a tick, so labels `perLabel` px apart fit in `pixels`
+ * (hover always names the parameter).
+ */
+function sparseTicks(names, pixels, perLabel, maxLen) {
+  const k = Math.max(1, Math.ceil((names.length * perLabel) / Math.max(pixels, 50)));
+  const vals = names.filter((_, i) => i % k === 0);
+  return { tickvals: vals, ticktext: vals.map((n) => shortName(n, maxLen)) };
+}
+
+function paramAxis(names, el, extra = {}) {
+  const width = (el.clientWidth || 600) - 80;
   return axis({
     type: "category",
     tickmode: "array",
-    tickvals: names,
-    ticktext: names.map((n) => shortName(n)),
+    ...sparseTicks(names, width, 11, 22),
     tickangle: names.length > 12 ? -50 : 0,
     tickfont: { size: 9, color: COLORS.muted },
     showgrid: false,
@@ -59,13 +78,25 @@ export class LossChart {
     this.lossLog = false;
   }
 
-  layout() {
+  normTicks(store) {
+    const v = [];
+    for (const r of store.window()) v.push(positive(r.total_norm_raw), positive(r.total_norm));
+    return logTicks(v);
+  }
+
+  layout(store) {
+    this.ticks = this.normTicks(store);
     return baseLayout({
       margin: { l: 60, r: 64, t: 8, b: 40 },
       xaxis: axis({ title: { text: "step" } }),
-      yaxis: axis({ title: { text: "loss" }, type: this.lossLog ? "log" : "linear", rangemode: "normal" }),
+      yaxis: axis({
+        title: { text: "loss" },
+        type: this.lossLog ? "log" : "linear",
+        ...(this.lossLog ? logTicks(store.loss.y) : {}),
+      }),
       yaxis2: axis({
         title: { text: "global grad norm (L2)" },
+        ...this.ticks,
         type: "log",
         overlaying: "y",
         side: "right",
@@ -73,6 +104,7 @@ export class LossChart {
       }),
       yaxis3: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
       hovermode: "closest",
+      showlegend: false, // the card header has the legend
     });
   }
 
@@ -97,7 +129,10 @@ export class LossChart {
         yaxis: "y2",
         type: "scatter",
         mode: "lines",
-        line: { color: COLORS.raw, width: 1.4 },
+        // Wide and faint under the final line: where a hook changes nothing the
+        // two coincide and read as an orange line with a blue halo.
+        line: { color: COLORS.raw, width: 3.5 },
+        opacity: 0.55,
         hovertemplate: "step %{x}<br>raw norm %{y:.4g}<extra></extra>",
       },
       {
@@ -107,7 +142,7 @@ export class LossChart {
         yaxis: "y2",
         type: "scatter",
         mode: "lines",
-        line: { color: COLORS.final, width: 1.4, dash: "dot" },
+        line: { color: COLORS.final, width: 1.5 },
         hovertemplate: "step %{x}<br>final norm %{y:.4g}<extra></extra>",
       },
       ...marks,
@@ -150,7 +185,7 @@ export class LossChart {
   }
 
   reset(store) {
-    Plotly.react(this.el, this.traces(store), this.layout(), PLOT_CONFIG);
+    Plotly.react(this.el, this.traces(store), this.layout(store), PLOT_CONFIG);
   }
 
   update(store, news) {
@@ -179,6 +214,17 @@ export class LossChart {
       }
     }
     if (idx.length) Plotly.extendTraces(this.el, upd, idx, maxp);
+    if (news.rows.length) {
+      const ticks = this.normTicks(store);
+      if (ticks.dtick !== this.ticks.dtick) {
+        this.ticks = ticks;
+        Plotly.relayout(this.el, {
+          "yaxis2.tickformat": ticks.tickformat,
+          "yaxis2.exponentformat": ticks.exponentformat,
+          "yaxis2.dtick": ticks.dtick, // null: back to automatic ticks
+        });
+      }
+    }
     if (news.markers) {
       const t = this.markerTraces(store.markers);
       Plotly.restyle(
@@ -267,15 +313,18 @@ export class HeatmapChart {
       hovertemplate: "%{y}<br>step %{x}<br>log₁₀ ‖g‖ = %{z:.2f}<extra></extra>",
     };
     const longest = Math.max(4, ...names.map((n) => shortName(n, 26).length));
+    // Rows of at least 8 px, at most 640 px in all; labels thinned to fit.
+    const height = Math.max(260, Math.min(640, 48 + names.length * 10));
+    if (this.el.style.height !== `${height}px`) this.el.style.height = `${height}px`;
     const layout = baseLayout({
+      height,
       margin: { l: labelPixels(longest), r: 72, t: 8, b: 40 },
       xaxis: axis({ title: { text: "step" }, showgrid: false }),
       yaxis: axis({
         type: "category",
         autorange: "reversed",
         tickmode: "array",
-        tickvals: names,
-        ticktext: names.map((n) => shortName(n, 26)),
+        ...sparseTicks(names, height - 48, 11, 26),
         tickfont: { size: 9, color: COLORS.muted },
         showgrid: false,
       }),
@@ -364,8 +413,13 @@ export class FlowChart {
       barmode: "overlay",
       bargap: 0.15,
       margin: { l: 60, r: 12, t: 18, b: paramMargin(names) },
-      xaxis: paramAxis(names),
-      yaxis: axis({ type: "log", title: { text: `${label} per parameter` } }),
+      xaxis: paramAxis(names, this.el),
+      yaxis: axis({
+        type: "log",
+        title: { text: `${label} per parameter` },
+        range: barLogRange([...yr, ...yf]),
+        ...logTicks([...yr, ...yf]),
+      }),
       annotations: row
         ? [
             {
@@ -408,7 +462,7 @@ export class HistChart {
   constructor(el) {
     this.el = el;
     this.param = null;
-    this.logY = false;
+    this.logY = true; // gradients pile up near 0: a log count axis shows the tails
     this.shown = null;
   }
 
@@ -426,32 +480,39 @@ export class HistChart {
         widths.push(edges[i + 1] - edges[i]);
       }
       const counts = (a) => (a || []).map((c) => (this.logY ? positive(c) : plottable(c)));
+      // final as bars, raw as a step outline over them: equal when no hook acts.
       traces.push(
-        {
-          name: "raw",
-          type: "bar",
-          x: centers,
-          y: counts(hg.raw),
-          width: widths,
-          marker: { color: COLORS.raw, opacity: 0.55 },
-          hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
-        },
         {
           name: "final",
           type: "bar",
           x: centers,
           y: counts(hg.final),
           width: widths,
-          marker: { color: COLORS.final, opacity: 0.55 },
+          marker: { color: COLORS.final, opacity: 0.7, line: { width: 0 } },
           hovertemplate: "final %{x:.3g}: %{y}<extra></extra>",
+        },
+        {
+          name: "raw",
+          type: "scatter",
+          mode: "lines",
+          x: centers,
+          y: counts(hg.raw),
+          line: { color: COLORS.raw, width: 1.5, shape: "hvh" },
+          hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
         },
       );
     }
     const layout = baseLayout({
       barmode: "overlay",
+      showlegend: false,
       margin: { l: 56, r: 12, t: 8, b: 40 },
       xaxis: axis({ title: { text: "gradient value" }, visible: Boolean(hg) }),
-      yaxis: axis({ title: { text: "count" }, type: this.logY ? "log" : "linear", visible: Boolean(hg) }),
+      yaxis: axis({
+        title: { text: "count" },
+        type: this.logY ? "log" : "linear",
+        visible: Boolean(hg),
+        ...(this.logY && hg ? logTicks([...(hg.raw || []), ...(hg.final || [])].map(positive)) : {}),
+      }),
       annotations: hg
         ? []
         : [
@@ -513,8 +574,13 @@ export class RatioChart {
     const layout = baseLayout({
       showlegend: false,
       margin: { l: 60, r: 12, t: 8, b: paramMargin(names) },
-      xaxis: paramAxis(names),
-      yaxis: axis({ type: "log", title: { text: "‖Δθ‖ / ‖θ‖" } }),
+      xaxis: paramAxis(names, this.el),
+      yaxis: axis({
+        type: "log",
+        title: { text: "‖Δθ‖ / ‖θ‖" },
+        range: barLogRange([...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3]),
+        ...logTicks([...y, RATIO_BAND[0], RATIO_BAND[1]]),
+      }),
       shapes: [
         {
           type: "rect",
@@ -558,4 +624,3 @@ export class RatioChart {
     if (news.rows.length) this.render(store, false);
   }
 }
-

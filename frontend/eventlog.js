@@ -49,7 +49,12 @@ export class EventLog {
       { class: `event ${tone}`, dataset: { testid: SELECTORS.eventItem, kind } },
       h("span", { class: "event-time" }, fmtTime(time)),
       h("span", { class: `event-badge ${tone}` }, label),
-      h("span", { class: "event-text" }, step !== null && step !== undefined ? h("span", { class: "event-step" }, `step ${step}`) : null, text),
+      h(
+        "span",
+        { class: "event-text" },
+        step !== null && step !== undefined ? h("span", { class: "event-step" }, `step ${step}`) : null,
+        text,
+      ),
     );
     this.el.prepend(item);
     while (this.el.childElementCount > MAX_ITEMS) this.el.lastElementChild.remove();

@@ -133,7 +133,16 @@ class HookRow {
     this.el = h(
       "li",
       { class: "hook-row", dataset: { testid: SELECTORS.hookRow } },
-      h("div", { class: "hook-head" }, this.kindEl, this.pointEl, this.status, h("span", { class: "grow" }), this.toggle, this.removeBtn),
+      h(
+        "div",
+        { class: "hook-head" },
+        this.kindEl,
+        this.pointEl,
+        this.status,
+        h("span", { class: "grow" }),
+        this.toggle,
+        this.removeBtn,
+      ),
       this.paramBox,
       h("div", { class: "hook-foot" }, this.effect),
       this.error,
@@ -216,9 +225,11 @@ class HookRow {
     }
     const parts = [];
     if (effect.changed !== undefined && effect.changed !== null) parts.push(`changed ${fmt(effect.changed)}`);
-    if (effect.norm_ratio !== undefined && effect.norm_ratio !== null) parts.push(`‖g‖ × ${fmt(effect.norm_ratio)}`);
+    if (effect.norm_ratio !== undefined && effect.norm_ratio !== null)
+      parts.push(`‖g‖ × ${fmt(effect.norm_ratio)}`);
     for (const [k, v] of Object.entries(effect)) {
-      if (k !== "changed" && k !== "norm_ratio" && (typeof v === "number" || typeof v === "string")) parts.push(`${k} ${fmt(v)}`);
+      if (k !== "changed" && k !== "norm_ratio" && (typeof v === "number" || typeof v === "string"))
+        parts.push(`${k} ${fmt(v)}`);
     }
     this.effect.textContent = parts.length ? `last step: ${parts.join(" · ")}` : "";
   }
@@ -287,7 +298,11 @@ class AddHookForm {
     this.panel = panel;
     this.kinds = {};
     this.fields = new Map();
-    this.kind = h("select", { dataset: { testid: SELECTORS.addHookKind }, name: "kind", onchange: () => this.onKind() });
+    this.kind = h("select", {
+      dataset: { testid: SELECTORS.addHookKind },
+      name: "kind",
+      onchange: () => this.onKind(),
+    });
     this.target = h("input", {
       type: "text",
       class: "mono",
@@ -300,12 +315,25 @@ class AddHookForm {
       oninput: () => this.lookupTargets(),
     });
     this.target.value = "*";
-    this.point = h("select", { dataset: { testid: SELECTORS.addHookPoint }, name: "point", onchange: () => this.lookupTargets() });
-    this.enabled = h("input", { type: "checkbox", class: "switch", checked: true, dataset: { testid: SELECTORS.addHookEnabled } });
+    this.point = h("select", {
+      dataset: { testid: SELECTORS.addHookPoint },
+      name: "point",
+      onchange: () => this.lookupTargets(),
+    });
+    this.enabled = h("input", {
+      type: "checkbox",
+      class: "switch",
+      checked: true,
+      dataset: { testid: SELECTORS.addHookEnabled },
+    });
     this.matches = h("div", { class: "matches", dataset: { testid: SELECTORS.addHookMatches } });
     this.paramBox = h("div", { class: "hook-params" });
     this.error = h("div", { class: "row-error", role: "alert", dataset: { testid: "add-hook-error" } });
-    this.submit = h("button", { type: "submit", class: "btn primary", dataset: { testid: SELECTORS.addHookSubmit } }, "Add hook");
+    this.submit = h(
+      "button",
+      { type: "submit", class: "btn primary", dataset: { testid: SELECTORS.addHookSubmit } },
+      "Add hook",
+    );
     const kf = labelledField("kind", this.kind);
     const tf = labelledField("target", this.target);
     tf.wrap.classList.add("wide");
@@ -317,7 +345,13 @@ class AddHookForm {
     el.replaceChildren(
       h("div", { class: "form-grid" }, kf.wrap, pf.wrap, tf.wrap),
       this.paramBox,
-      h("div", { class: "form-actions" }, h("label", { class: "inline" }, this.enabled, " enabled"), h("span", { class: "grow" }), this.submit),
+      h(
+        "div",
+        { class: "form-actions" },
+        h("label", { class: "inline" }, this.enabled, " enabled"),
+        h("span", { class: "grow" }),
+        this.submit,
+      ),
       this.error,
     );
     el.addEventListener("submit", (ev) => {
@@ -329,7 +363,9 @@ class AddHookForm {
 
   setKinds(kinds) {
     this.kinds = kinds || {};
-    const names = Object.keys(this.kinds).filter((k) => !ADDABLE_EXCLUDED.has(k) && !this.kinds[k].python_only);
+    const names = Object.keys(this.kinds).filter(
+      (k) => !ADDABLE_EXCLUDED.has(k) && !this.kinds[k].python_only,
+    );
     const current = this.kind.value;
     this.kind.replaceChildren(...names.map((k) => h("option", { value: k }, k)));
     if (names.includes(current)) this.kind.value = current;
@@ -359,7 +395,8 @@ class AddHookForm {
       this.fields.set(`params.${name}`, f);
       this.paramBox.append(f.wrap);
     }
-    if (!schemaFields(schema).length) this.paramBox.append(h("span", { class: "muted small" }, "no parameters"));
+    if (!schemaFields(schema).length)
+      this.paramBox.append(h("span", { class: "muted small" }, "no parameters"));
     this.clearErrors();
     if (this.panel.readOnly) this.setDisabled(true);
     this.lookupTargets();
@@ -375,7 +412,9 @@ class AddHookForm {
     if (glob !== this.target.value) return; // a newer lookup is on its way
     if (!res.ok) {
       this.matches.className = "matches none";
-      this.matches.textContent = detailList(res.data).map((d) => d.msg).join("; ");
+      this.matches.textContent = detailList(res.data)
+        .map((d) => d.msg)
+        .join("; ");
       return;
     }
     const m = res.data.matches || [];
@@ -437,11 +476,26 @@ class Presets {
       dataset: { testid: SELECTORS.presetImport },
       onchange: () => this.importFile(),
     });
-    this.exportBtn = h("button", { class: "btn", dataset: { testid: SELECTORS.presetExport }, onclick: () => this.exportJson() }, "Export JSON");
-    this.pythonBtn = h("button", { class: "btn", dataset: { testid: SELECTORS.presetPython }, onclick: () => this.exportPython() }, "Copy as Python");
-    this.importBtn = h("button", { class: "btn", dataset: { testid: "preset-import-button" }, onclick: () => this.file.click() }, "Import…");
+    this.exportBtn = h(
+      "button",
+      { class: "btn", dataset: { testid: SELECTORS.presetExport }, onclick: () => this.exportJson() },
+      "Export JSON",
+    );
+    this.pythonBtn = h(
+      "button",
+      { class: "btn", dataset: { testid: SELECTORS.presetPython }, onclick: () => this.exportPython() },
+      "Copy as Python",
+    );
+    this.importBtn = h(
+      "button",
+      { class: "btn", dataset: { testid: "preset-import-button" }, onclick: () => this.file.click() },
+      "Import…",
+    );
     this.message = h("div", { class: "row-error", role: "alert", dataset: { testid: "preset-error" } });
-    el.replaceChildren(h("div", { class: "preset-buttons" }, this.exportBtn, this.pythonBtn, this.importBtn, this.file), this.message);
+    el.replaceChildren(
+      h("div", { class: "preset-buttons" }, this.exportBtn, this.pythonBtn, this.importBtn, this.file),
+      this.message,
+    );
   }
 
   setDisabled(on) {
@@ -510,13 +564,24 @@ export class PresetDialog {
   constructor(el) {
     this.el = el;
     this.title = h("h3");
-    this.text = h("textarea", { readonly: true, spellcheck: false, dataset: { testid: SELECTORS.presetText } });
+    this.text = h("textarea", {
+      readonly: true,
+      spellcheck: false,
+      dataset: { testid: SELECTORS.presetText },
+    });
     this.copyBtn = h("button", { class: "btn", onclick: () => this.copy() }, "Copy");
     this.download = h("a", { class: "btn", download: "preset.json" }, "Download");
     el.replaceChildren(
       this.title,
       this.text,
-      h("div", { class: "form-actions" }, this.copyBtn, this.download, h("span", { class: "grow" }), h("button", { class: "btn primary", onclick: () => el.close() }, "Close")),
+      h(
+        "div",
+        { class: "form-actions" },
+        this.copyBtn,
+        this.download,
+        h("span", { class: "grow" }),
+        h("button", { class: "btn primary", onclick: () => el.close() }, "Close"),
+      ),
     );
     this.url = null;
   }

@@ -198,9 +198,15 @@ function sameConfig(a, b) {
 function markerFor(ev) {
   const x = eventStep(ev);
   if (x === null) return null;
-  if (ev.kind === "hook_applied") return { x, kind: "hook", text: `step ${x}: ${describeHookChange(ev)}` };
+  if (ev.kind === "hook_applied")
+    return { x, kind: "hook", text: plotlyText(`step ${x}: ${describeHookChange(ev)}`) };
   if (ev.kind === "nonfinite" || ev.kind === "step_skipped") {
-    return { x, kind: "nonfinite", text: `step ${x}: ${describeEvent(ev)}` };
+    return { x, kind: "nonfinite", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
   }
   return null;
+}
+
+/** Plotly reads a few HTML tags in hover text: user text (targets, names) is escaped. */
+function plotlyText(s) {
+  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }

@@ -30,7 +30,11 @@ export const HEAT_SCALE = [
   [1.0, "#f0f921"],
 ];
 
-const FONT = { family: 'Inter, "Segoe UI", system-ui, -apple-system, sans-serif', size: 11, color: COLORS.text };
+const FONT = {
+  family: 'Inter, "Segoe UI", system-ui, -apple-system, sans-serif',
+  size: 11,
+  color: COLORS.text,
+};
 
 export function axis(extra = {}) {
   return {
@@ -65,6 +69,44 @@ export function baseLayout(extra = {}) {
     uirevision: "keep", // user zoom survives updates
     ...extra,
   };
+}
+
+/**
+ * Tick labels for a log axis over these values: plain numbers (0.2, 0.5, 1, 2)
+ * within about a decade and a half, where Plotly would otherwise label the 2s and 5s
+ * with a bare digit; powers of ten across wider spans.
+ */
+export function logTicks(values) {
+  const [lo, hi] = positiveRange(values);
+  const span = Number.isFinite(lo) ? Math.log10(hi / lo) : 0;
+  if (span > 1.6) return { tickformat: "", exponentformat: "power", dtick: 1 };
+  // 1-2-5 ticks; under half a decade Plotly's own (linear-looking) ticks read fine.
+  return { tickformat: "~g", exponentformat: "none", dtick: span > 0.5 ? "D2" : null };
+}
+
+/** [min, max] of the positive finite values ([Infinity, -Infinity] for none). */
+export function positiveRange(values) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (v === null || !(v > 0) || !Number.isFinite(v)) continue;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return [lo, hi];
+}
+
+/**
+ * A log-axis range for bars: bars grow from the bottom of the axis, so the
+ * bottom sits at least `decades` below the top, or the shortest bar would look
+ * like nothing next to one barely taller.
+ */
+export function barLogRange(values, decades = 1.5) {
+  const [lo, hi] = positiveRange(values);
+  if (!Number.isFinite(lo)) return undefined;
+  const top = Math.log10(hi) + 0.08;
+  const bottom = Math.min(Math.log10(lo) - 0.15, top - decades);
+  return [bottom, top];
 }
 
 /** Pixels a tick label of `chars` characters takes (10 px font). */

@@ -304,3 +304,32 @@ def test_after_a_server_restart_the_page_reconnects_shows_the_new_run_and_opens_
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_token_url_leaves_the_address_bar_and_read_only_disables_every_control(
+    tmp_path: Path, new_page: Any
+) -> None:
+    token = "e2e-secret-token-0123456789abcdef"
+    server = DemoServer(tmp_path, db=tmp_path / "history.sqlite", extra=["--token", token, "--read-only"])
+    try:
+        page, log = new_page()
+        page.goto(f"{server.url}?token={token}")
+        # The server's redirect swapped the token for a cookie: the address bar is clean.
+        expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+        assert "token" not in page.url
+        page.wait_for_function(
+            "() => { const gd = document.querySelector('[data-testid=\"chart-flow\"]');"
+            " return gd.data && gd.data[0].y.length > 0; }"
+        )
+        expect(page.get_by_test_id("read-only-badge")).to_be_visible()
+        controls = page.locator(
+            "[data-testid=pause], [data-testid=resume], [data-testid=step], [data-testid=rate],"
+            " [data-testid=add-hook-form] input, [data-testid=add-hook-form] select,"
+            " [data-testid=add-hook-form] button, [data-testid=preset-import-button]"
+        )
+        assert controls.count() >= 8
+        for i in range(controls.count()):
+            expect(controls.nth(i)).to_be_disabled()
+        assert log.errors == []
+    finally:
+        server.stop()

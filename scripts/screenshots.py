@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Screenshots of the dashboard, one per demo scenario, into docs/.
+
+    .venv/bin/python scripts/screenshots.py [--scenario NAME ...] [--out docs]
+
+For each scenario it starts `gradient-inspector demo` on a free loopback port (no history
+database), opens the dashboard in Debian's Chromium (Python Playwright), drives training
+through the HTTP API the way the scenario's "try this" suggests (a hook added part-way, so
+its marker and effect show), pauses, waits until the page has drawn the last step, and
+saves `docs/dashboard-<scenario>.png`. Training is driven step by step near each hook, so
+the pictures are the same from run to run up to timing noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+# What each picture shows: hooks added at given steps (the scenario's "try this"), the step
+# to stop at, and the parameter whose histogram is shown.
+PLANS: dict[str, dict[str, Any]] = {
+    "mlp": {
+        "actions": [(40, "add", {"kind": "noise", "target": "*", "params": {"std": 3.0}}), (80, "disable", None)],
+        "stop": 130,
+        "hist": "0.weight",
+        "flow": "norm",
+    },
+    "exploding": {
+        "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
+        "stop": 140,
+        "hist": "8.weight",
+        "flow": "norm",
+    },
+    "nan": {
+        "actions": [(10, "add", {"kind": "nan_guard", "target": "*", "params": {"action": "skip"}})],
+        "stop": 90,
+        "hist": None,
+        "flow": "absmax",
+    },
+    "tiny_gpt": {
+        "actions": [(15, "add", {"kind": "freeze", "target": "blocks.0.*", "params": {}})],
+        "stop": 45,
+        "hist": "blocks.1.attn.qkv.weight",
+        "flow": "norm",
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chromium() -> str:
+    for candidate in (os.environ.get("GI_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    sys.exit("no Chromium: run `bash scripts/setup.sh --browser` (installs Debian's chromium)")
+
+
+class Api:
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read()
+            return json.loads(text) if text else None
+
+    def step(self) -> int:
+        return int(self.call("GET", "/api/session")["training"]["step"])
+
+    def run_to(self, target: int, rate: float = 20.0, timeout: float = 600.0) -> None:
+        """Train up to exactly `target` steps, then stay paused."""
+        deadline = time.monotonic() + timeout
+        if self.step() < target - 2:
+            self.call("POST", "/api/training/rate", {"steps_per_second": rate})
+            self.call("POST", "/api/training/resume")
+            while self.step() < target - 2:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"training did not reach step {target}")
+                time.sleep(0.05)
+        self.call("POST", "/api/training/pause")
+        last = -1
+        while True:  # the step under way finishes, then training holds
+            now = self.step()
+            if now == last:
+                break
+            last = now
+            time.sleep(0.3)
+        while self.step() < target:
+            before = self.step()
+            self.call("POST", "/api/training/step")
+            while self.step() == before:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"single step at {before} did not complete")
+                time.sleep(0.02)
+
+
+def start_server(scenario: str, port: int, log: Any) -> subprocess.Popen[bytes]:
+    script = Path(sys.executable).with_name("gradient-inspector")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "server"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(
+        [*cmd, "demo", "--scenario", scenario, "--port", str(port), "--no-db", "--steps-per-second", "10"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+    )
+
+
+def wait_healthy(api: Api, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if api.call("GET", "/api/health")["status"] == "ok":
+                return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("server did not come up")
+        time.sleep(0.1)
+
+
+def shoot(browser: Any, scenario: str, out: Path) -> Path:
+    plan = PLANS[scenario]
+    port = free_port()
+    api = Api(f"http://127.0.0.1:{port}")
+    with tempfile.TemporaryFile() as log:
+        proc = start_server(scenario, port, log)
+        try:
+            wait_healthy(api, proc)
+            api.call("POST", "/api/training/pause")
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(api.base + "/")
+            page.get_by_test_id("connection-status").filter(has_text="live").wait_for()
+            if plan["hist"]:
+                page.get_by_test_id("hist-param").select_option(plan["hist"])
+            page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+            for at, action, spec in plan["actions"]:
+                api.run_to(at)
+                if action == "add":
+                    hook = api.call("POST", "/api/hooks", spec)
+                    added = hook["id"]
+                elif action == "disable":
+                    api.call("PATCH", f"/api/hooks/{added}", {"enabled": False})
+            api.run_to(plan["stop"])
+            last = api.step()
+            page.wait_for_function(
+                """(last) => {
+                  const flow = document.querySelector('[data-testid="chart-flow"]');
+                  const counter = document.querySelector('[data-testid="step-counter"]');
+                  return Number(flow.dataset.step) === last && Number(counter.textContent) === last
+                    && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
+                }""",
+                arg=last,
+                timeout=60_000,
+            )
+            # Let the throttled charts finish their last redraws.
+            page.wait_for_function(
+                """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
+                timeout=30_000,
+            )
+            page.mouse.move(0, 0)
+            page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
+            path = out / f"dashboard-{scenario}.png"
+            page.screenshot(path=str(path), full_page=True)
+            page.close()
+            if errors:
+                print(f"{scenario}: console errors: {errors}", file=sys.stderr)
+            return path
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", action="append", choices=sorted(PLANS), help="default: every scenario")
+    ap.add_argument("--out", type=Path, default=REPO / "docs")
+    args = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            for name in args.scenario or list(PLANS):
+                t0 = time.monotonic()
+                path = shoot(browser, name, args.out)
+                print(f"{name}: {path.relative_to(REPO) if path.is_relative_to(REPO) else path} "
+                      f"({time.monotonic() - t0:.0f} s)")
+        finally:
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
