@@ -96,12 +96,12 @@ class Inbox:
 class Live:
     """A demo scenario trained in a thread, served by a real uvicorn server on a free port."""
 
-    def __init__(self, tmp: Path, scenario: str, *, rate: float | None, db: bool, read_only: bool,
+    def __init__(self, tmp: Path, scenario: str, *, rate: float | None, db: bool | Path, read_only: bool,
                  host: str, token: str | None, every: int | None, **settings: Any) -> None:
         self.sc = scenarios.make(scenario, seed=0)
         self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every)
         self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
-        self.db = tmp / f"history-{id(self)}.sqlite" if db else None
+        self.db = (db if isinstance(db, Path) else tmp / f"history-{id(self)}.sqlite") if db else None
         store = Store(self.db) if self.db else None
         self.settings = Settings(host=host, port=0, token=token, read_only=read_only, **settings)
         self.source = LiveSource(
@@ -148,7 +148,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
     """`live(scenario="mlp", rate=50.0, db=True, read_only=False, host="127.0.0.1", token=None, every=1)`."""
     started: list[Live] = []
 
-    def make(scenario: str = "mlp", *, rate: float | None = 50.0, db: bool = True, read_only: bool = False,
+    def make(scenario: str = "mlp", *, rate: float | None = 50.0, db: bool | Path = True, read_only: bool = False,
              host: str = "127.0.0.1", token: str | None = None, every: int | None = 1, **settings: Any) -> Live:
         server = Live(tmp_path, scenario, rate=rate, db=db, read_only=read_only, host=host, token=token,
                       every=every, **settings)
