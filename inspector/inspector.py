@@ -47,7 +47,7 @@ from .hub import Hub
 from .ops import NanFinding, Runtime, Target, apply_post_accumulate, apply_pre_step, count_nonfinite
 from .records import HookSpec, Snapshot, jsonsafe
 from .registry import PRESET_FORMAT, Change, Registry
-from .stats import dense, foreach_norm, histograms, std_mean
+from .stats import absmax, dense, foreach_norm, histograms, mean_std
 from .targets import match, strip_prefixes, wrapper_prefixes
 from .telemetry import Cadence, Pack
 
@@ -160,7 +160,8 @@ class Inspector:
         self._pack: Pack | None = None
         self._raw_host: dict[int, float] = {}
         self._pre_meta: dict[str, Any] = {}
-        self._before_params: list[Tensor] | None = None
+        self._param_buf: list[Tensor] | None = None  # parameters before the update (sampled steps)
+        self._before_ready = False
         self._mod_sq: dict[tuple[str, str], Tensor] = {}
         self._mod_bad: dict[str, Tensor] = {}
         # records: key -> [sum, count]
@@ -211,6 +212,12 @@ class Inspector:
         with self._lock:
             s = "finished" if (self._finished or self._closed) else ("paused" if self._paused else "running")
             return {"state": s, "step": self._step}
+
+    @property
+    def cost(self) -> dict[str, Any]:
+        """The inspector's own measured cost: ``{"overhead": fraction of the wall-clock step,
+        "sampled_every": k, "step_s", "sampled_s", "unsampled_s"}`` (recent averages, seconds)."""
+        return {"overhead": self._cadence.overhead, "sampled_every": self._cadence.k, **self._cadence.costs}
 
     def param_info(self) -> list[dict[str, Any]]:
         """``[{"name", "shape", "numel", "module"}]`` in ``params`` order."""
@@ -488,7 +495,7 @@ class Inspector:
         self._plan = _Plan()
         self._runtimes.clear()
         self._reg.fns.clear()
-        self._before_params = None
+        self._param_buf = None
         self._mod_sq.clear()
         self._mod_bad.clear()
 
@@ -651,9 +658,12 @@ class Inspector:
     def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
-        if self._sampled and self._before_params is None:  # for the update-to-parameter ratio
+        if self._sampled and not self._before_ready:  # for the update-to-parameter ratio
             with torch.no_grad():
-                self._before_params = [p.detach().clone() for p in self._tensors]
+                if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults
+                    self._param_buf = [torch.empty_like(p) for p in self._tensors]
+                torch._foreach_copy_(self._param_buf, [p.detach() for p in self._tensors])
+            self._before_ready = True
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         self._t_ours += time.perf_counter() - t0
         if closure is None:
@@ -751,14 +761,15 @@ class Inspector:
         norms = foreach_norm(grads)
         dev = grads[0].device if grads else torch.device("cpu")
         parts = [torch.stack([n.to(dev) for n in norms])] if norms else []
-        mod_names = [n for n in self._mod_bad if any(rt.spec.kind == "nan_guard" for rt in plan.module.get(n, ()))]
+        mod_names = ([n for n in self._mod_bad if any(rt.spec.kind == "nan_guard" for rt in plan.module.get(n, ()))]
+                     if self._mod_bad else [])
         if mod_names:
             parts.append(torch.stack([self._mod_bad[n].to(dev).float() for n in mod_names]))
-        local_idx = [i for i, v in enumerate(self._local_sq) if v is not None]
+        local_idx = [i for i, v in enumerate(self._local_sq) if v is not None] if self._local_handles else []
         if local_idx:
             parts.append(torch.stack([self._local_sq[i].to(dev) for i in local_idx]).sqrt())  # type: ignore[union-attr]
         # NaN/Inf detection on every step: the raw norms (and module flags) in one host read
-        host = torch.cat(parts).tolist() if parts else []
+        host = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist() if parts else []
         self._raw_host = dict(zip(idx, host[:len(idx)], strict=True))
         bad_modules = [n for n, v in zip(mod_names, host[len(idx):len(idx) + len(mod_names)], strict=True) if v]
         if local_idx:
@@ -767,12 +778,14 @@ class Inspector:
                 local[i] = v
             self._local_host = local
             self._local_bad = next((i for i in local_idx if not math.isfinite(local[i])), -1)
-        bad = [i for i in idx if not math.isfinite(self._raw_host[i])]
+        total = sum(host[:len(idx)])  # finite exactly when every norm is
+        bad = [i for i in idx if not math.isfinite(self._raw_host[i])] if not math.isfinite(total) else []
         counts = {i: count_nonfinite(dense(self._tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
 
         raw_keep: dict[int, Tensor] = {}
         if sampled:
-            pack.add("raw_absmax", foreach_norm(grads, math.inf))
+            raw_absmax = absmax(grads)
+            pack.add("raw_absmax", raw_absmax)
             if self._hist_due():
                 for n in self.hist_params:
                     i = self.params.index(n)
@@ -811,10 +824,15 @@ class Inspector:
         if sampled:
             fin = [(i, p.grad) for i, p in enumerate(self._tensors) if p.grad is not None]
             fgrads = [dense(g) for _, g in fin]
-            pack.add("final_norm", foreach_norm(fgrads))
-            pack.add("final_absmax", foreach_norm(fgrads, math.inf))
-            dense_fin = [(i, g) for i, g in fin if g.layout == torch.strided]
-            stds, means = std_mean([g for _, g in dense_fin])
+            if plan.pre or skip:
+                fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
+            else:  # no pre_step hook ran: the final gradients are the raw ones
+                fnorms, fabsmax = norms, raw_absmax
+            pack.add("final_norm", fnorms)
+            pack.add("final_absmax", fabsmax)
+            strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
+            dense_fin = [fin[k] for k in strided]
+            means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
             pack.add("std", stds)
             pack.add("mean", means)
             hist_idx = []
@@ -879,7 +897,7 @@ class Inspector:
                 snap = self._build_snapshot(step, rec, events, ranks)
             except Exception as e:  # never take training down for telemetry
                 self._event("hook_error", hook_id=None, param=None, message=f"telemetry failed: {e!r}", step=step)
-        self._before_params = None
+        self._before_ready = False
         self._pack = None
         self._mod_sq.clear()
         self._mod_bad.clear()
@@ -998,11 +1016,11 @@ class Inspector:
         with torch.no_grad():
             pnorm = foreach_norm([p.detach() for p in self._tensors])
             pack.add("param_norm", pnorm)
-            if self._before_params is not None:
-                before = self._before_params
-                diffs = torch._foreach_sub([p.detach() for p in self._tensors], before)
-                pack.add("update_norm", foreach_norm(diffs))
-                pack.add("before_norm", foreach_norm(before))
+            if self._before_ready and self._param_buf is not None:
+                buf = self._param_buf
+                pack.add("before_norm", foreach_norm(buf))
+                torch._foreach_sub_(buf, [p.detach() for p in self._tensors])  # now before - after, in place
+                pack.add("update_norm", foreach_norm(buf))
         eff_ids = []
         for rt in self._runtimes.values():
             if rt.measured:

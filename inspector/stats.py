@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["foreach_norm", "std_mean", "histograms", "dense"]
+__all__ = ["foreach_norm", "absmax", "mean_std", "histograms", "dense"]
 
 _HAS_NORM_DTYPE: bool | None = None
 
@@ -43,20 +43,47 @@ def stack_on(tensors: list[Tensor], device: torch.device) -> Tensor:
     return torch.stack([t.to(device, non_blocking=True) for t in tensors])
 
 
-def std_mean(grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-    """Per-tensor (unbiased) std and mean as float32 0-dim tensors. std is NaN for one element
-    (the caller reports it as null); computed without torch's degrees-of-freedom warning."""
-    stds, means = [], []
-    for g in grads:
-        x = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
-        if x.numel() > 1:
-            s, m = torch.std_mean(x)
+def absmax(tensors: list[Tensor]) -> list[Tensor]:
+    """Per-tensor largest absolute value as float32 0-dim tensors.
+
+    On CUDA one fused ``torch._foreach_norm(..., inf)``; on the CPU that kernel is several
+    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor.
+    """
+    if not tensors:
+        return []
+    if tensors[0].device.type == "cuda":
+        return foreach_norm(tensors, math.inf)
+    out = []
+    for t in tensors:
+        if t.numel() == 0:
+            out.append(torch.zeros((), device=t.device))
+            continue
+        lo, hi = torch.aminmax(t)
+        out.append(torch.maximum(hi.float(), -lo.float()))
+    return out
+
+
+def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """Per-tensor mean and unbiased std (float32 0-dim tensors), from one sum per tensor and the
+    2-norms already computed: ``var = (||g||^2 - n * mean^2) / (n - 1)``, combined in float64.
+
+    One pass instead of ``torch.std_mean``'s two (and several times faster on the CPU). The
+    identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
+    NaN for one element (the caller reports null).
+    """
+    means, stds = [], []
+    for t, norm in zip(tensors, norms, strict=True):
+        n = t.numel()
+        total = t.sum(dtype=torch.float64) if n else torch.zeros((), dtype=torch.float64, device=t.device)
+        mean = total / max(n, 1)
+        if n > 1:
+            var = (norm.to(torch.float64) ** 2 - n * mean * mean) / (n - 1)
+            std = var.clamp_min(0).sqrt()
         else:
-            m = x.mean()
-            s = torch.full_like(m, math.nan)
-        stds.append(s.float())
-        means.append(m.float())
-    return stds, means
+            std = torch.full((), math.nan, dtype=torch.float64, device=t.device)
+        means.append(mean.float())
+        stds.append(std.float())
+    return means, stds
 
 
 def histograms(raw: Tensor, final: Tensor | None, bins: int = 64) -> Tensor:

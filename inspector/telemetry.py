@@ -46,6 +46,9 @@ class Cadence:
         since the previous boundary (None for the first step or after a pause)."""
         self._ours = self._ema(self._ours, ours)
         if wall is not None and wall > 0:
+            if self._wall is not None:
+                # a gap in the loop (evaluation, a checkpoint) is not a slow step: cap its weight
+                wall = min(wall, 3.0 * self._wall)
             self._wall = self._ema(self._wall, wall)
         if sampled:
             self._sampled_cost = self._ema(self._sampled_cost, ours)
@@ -66,6 +69,12 @@ class Cadence:
         if room <= 0:
             return MAX_EVERY
         return max(1, min(MAX_EVERY, math.ceil(extra / room)))
+
+    @property
+    def costs(self) -> dict[str, float | None]:
+        """Recent averages in seconds: the wall-clock step, the inspector's time on a sampled and on
+        an unsampled step."""
+        return {"step_s": self._wall, "sampled_s": self._sampled_cost, "unsampled_s": self._base_cost}
 
     @property
     def overhead(self) -> float | None:
