@@ -202,10 +202,8 @@ def wandb_offline(enabled: bool) -> Iterator[bool]:
 
 def inspector_cost(insp: inspector.Inspector) -> tuple[float | None, float | None, int | None]:
     """(published overhead, inspector seconds per step, sampling interval) from the core's accounting."""
-    snap = insp.latest() or {}
-    overhead, every = snap.get("overhead"), snap.get("sampled_every")
-    # The core's Cadence keeps an EMA of the step's wall clock; overhead is relative to it.
-    wall = getattr(getattr(insp, "_cadence", None), "_wall", None)
+    cost = insp.cost  # overhead is relative to the core's own average of the wall-clock step
+    overhead, every, wall = cost["overhead"], cost["sampled_every"], cost["step_s"]
     ours = overhead * wall if overhead is not None and wall else None
     return overhead, ours, every
 
