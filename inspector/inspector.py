@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import threading
 import time
@@ -208,10 +209,14 @@ class Inspector:
 
     @property
     def state(self) -> dict[str, Any]:
-        """``{"state": "running" | "paused" | "finished", "step": N}``."""
+        """``{"state": "running" | "paused" | "finished", "step": N, "held": bool}``.
+
+        ``held`` is true once a pause has taken hold: the training thread waits at the boundary
+        of step N (``state`` says "paused" as soon as it is asked for, while a step may still run).
+        """
         with self._lock:
             s = "finished" if (self._finished or self._closed) else ("paused" if self._paused else "running")
-            return {"state": s, "step": self._step}
+            return {"state": s, "step": self._step, "held": self._waiting}
 
     @property
     def cost(self) -> dict[str, Any]:
@@ -435,12 +440,21 @@ class Inspector:
 
     # ----------------------------------------------------------------- serving
     def serve(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-              read_only: bool = False, db: str | None = None) -> str | None:
+              read_only: bool = False, db: str | os.PathLike[str] | bool | None = None) -> str | None:
         """Serve the dashboard from a background thread of this process; returns its URL.
 
         Loads the ``server`` package shipped with ``inspector`` (even when the working
         directory has a ``server.py`` of its own). Under ``torch.distributed`` only rank 0
         serves; on the other ranks this returns None.
+
+        Args:
+            host: bind address; anything but loopback requires a token (generated when None and
+                printed once in the returned URL).
+            port: TCP port; 0 picks a free one.
+            token: the access token.
+            read_only: serve the dashboard and the stream, refuse every command (403).
+            db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
+                file, False for no history on disk.
         """
         self._check_open()
         if self.rank != 0:
@@ -546,13 +560,15 @@ class Inspector:
             self._rebuild_plan()
             if torch_ok:
                 self._sync_torch_hooks()
-        for ch in changes:
-            self._announce(ch)
         if changes:
-            self._publish_hooks()
+            version = self._reg.version - len(changes)
+            for ch in changes:  # every applied change is announced, with its own config_version
+                version += 1
+                self._announce(ch, version)
+                self._publish_hooks(version)
             self._cond.notify_all()  # for whoever waits for an edit to be applied
 
-    def _announce(self, ch: Change) -> None:
+    def _announce(self, ch: Change, version: int) -> None:
         def d(x: Any) -> Any:
             if isinstance(x, HookSpec):
                 return x.to_dict()
@@ -566,10 +582,11 @@ class Inspector:
             ids = {s.id for s in after}
             after = [s for s in self._reg.applied if s.id in ids]
         self._event("hook_applied", hook_id=ch.hook_id, action=ch.action, before=d(ch.before), after=d(after),
-                    applied_step=self._step + 1, config_version=self._reg.version)
+                    applied_step=self._step + 1, config_version=version)
 
-    def _publish_hooks(self) -> None:
-        self._hub.publish("hooks", {"config_version": self._reg.version, "hooks": self.hooks()})
+    def _publish_hooks(self, version: int | None = None) -> None:
+        self._hub.publish("hooks", {"config_version": self._reg.version if version is None else version,
+                                    "hooks": self.hooks()})
 
     def _rebuild_plan(self) -> None:
         runtimes: dict[str, Runtime] = {}
@@ -781,6 +798,10 @@ class Inspector:
         total = sum(host[:len(idx)])  # finite exactly when every norm is
         bad = [i for i in idx if not math.isfinite(self._raw_host[i])] if not math.isfinite(total) else []
         counts = {i: count_nonfinite(dense(self._tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
+        for i in [i for i in bad if counts[i] == (0, 0)]:  # finite values whose float32 norm overflowed
+            self._raw_host[i] = float(torch.linalg.vector_norm(dense(self._tensors[i].grad).double()))  # type: ignore[arg-type]
+            bad.remove(i)
+            del counts[i]
 
         raw_keep: dict[int, Tensor] = {}
         if sampled:

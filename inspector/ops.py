@@ -150,9 +150,11 @@ def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[Na
             norms = foreach_norm(grads)
             # host read of one float per target: the only way to name the parameter
             host = torch.stack([n.to(grads[0].device) for n in norms]).tolist()
-            bad = [i for i, v in enumerate(host) if not math.isfinite(v)]
+            found = [(i, count_nonfinite(grads[i])) for i, v in enumerate(host) if not math.isfinite(v)]
+            found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
+            bad = [i for i, _ in found]
             if bad:
-                result = [NanFinding(tg[i].index, tg[i].name, *count_nonfinite(grads[i])) for i in bad]
+                result = [NanFinding(tg[i].index, tg[i].name, *c) for i, c in found]
                 if p["action"] == "zero":
                     for i in bad:
                         grads[i].zero_()

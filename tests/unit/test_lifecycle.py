@@ -278,7 +278,7 @@ def test_pause_and_step_once_hold_the_training_thread(mlp):
     t = threading.Thread(target=train, daemon=True)
     t.start()
     assert held_at(1)
-    assert insp.state == {"state": "paused", "step": 1}
+    assert insp.state == {"state": "paused", "step": 1, "held": True}
     insp.add_hook("scale", target="*", point="post_accumulate", factor=1.0)  # applied by the waiting thread
     with insp._cond:
         assert insp._cond.wait_for(lambda: insp.config_version == 1, timeout=10)
