@@ -159,9 +159,11 @@ def test_training_control_and_rate(live, wait_until):
     srv.wait_step(1)
     r = c.post("/api/training/pause")
     assert r.status_code == 202 and r.json()["state"] == "paused"
-    held = wait_until(lambda: srv.insp.state["state"] == "paused" and srv.insp.step)
+    held = wait_until(lambda: srv.insp.state["held"] and srv.insp.step, what="the pause to take hold")
+    assert c.get("/api/session").json()["training"]["step"] == held
     assert c.post("/api/training/step").status_code == 202
-    wait_until(lambda: srv.insp.step >= held + 1, what="a single step")
+    wait_until(lambda: srv.insp.state["held"] and srv.insp.step == held + 1, what="exactly one step")
+    assert srv.insp.step == held + 1
     assert c.post("/api/training/resume").json()["state"] == "running"
     r = c.post("/api/training/rate", json={"steps_per_second": 200})
     assert r.json() == {"steps_per_second": 200}
