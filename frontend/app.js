@@ -9,7 +9,7 @@ import { HookPanel, PresetDialog } from "./hooks.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { MAX_SNAPSHOTS, Store } from "./store.js";
-import { fmt, fmtDate, fmtPercent, h, nextRequestId, num, plottable } from "./util.js";
+import { debounce, fmtDate, fmtPercent, h, nextRequestId, num, plottable } from "./util.js";
 import { Connection } from "./ws.js";
 
 const $ = (id) => byTestId(SELECTORS[id] || id);
@@ -30,7 +30,6 @@ class Dashboard {
     this.flow = new FlowChart($("chartFlow"), pick);
     this.hist = new HistChart($("chartHist"));
     this.ratio = new RatioChart($("chartRatio"), pick);
-    this.charts = [this.loss, this.heatmap, this.flow, this.hist, this.ratio];
     this.scheduler = new Scheduler(
       [
         ["loss", this.loss],
@@ -77,7 +76,8 @@ class Dashboard {
     else if (state === "reconnecting")
       el.textContent = `○ offline · retry in ${Math.ceil(info.delayMs / 1000)} s`;
     else el.textContent = "○ closed";
-    if (state === "reconnecting" && info.code === 1008) this.checkAuth();
+    // A refused handshake reads as a plain close: ask over HTTP whether it is the token.
+    if (state === "reconnecting" && (info.code === 1008 || info.attempt >= 2)) this.checkAuth();
     if (state === "open" && this.connState !== null && this.connState !== "open") {
       this.localEvent("connection", "reconnected; backfilling missed history");
     } else if (state === "reconnecting" && this.connState === "open") {
@@ -140,10 +140,8 @@ class Dashboard {
         if (live.addLoss(step, loss) && this.view === live) {
           const y = live.loss.y[live.loss.y.length - 1];
           this.scheduler.mark((p, name) => name === "loss" && pushLoss(p, step, y));
-          this.scheduler.request(); // the step counter
-        } else {
-          this.scheduler.request(); // the step counter
         }
+        this.scheduler.request(); // the step counter
         break;
       }
       case "event":
@@ -179,7 +177,7 @@ class Dashboard {
 
   localEvent(kind, text) {
     const ev = { kind, text, time: Date.now() / 1000 };
-    this.live.events.push(ev);
+    this.live.addEvent(ev); // kept (bounded) so the log can be redrawn after viewing another run
     if (this.view === this.live) this.log.addLocal(kind, text);
   }
 
@@ -410,7 +408,7 @@ class Dashboard {
     });
     $("histParam").addEventListener("change", () => this.pickParam($("histParam").value));
     const picker = $("runPicker");
-    picker.addEventListener("focus", () => this.loadRuns());
+    picker.addEventListener("focus", () => this.loadRuns(true));
     picker.addEventListener("change", () => {
       const id = picker.value;
       if (String(id) === String(this.live.runId)) this.backToLive();
@@ -420,6 +418,11 @@ class Dashboard {
     document.addEventListener("visibilitychange", () => {
       if (!document.hidden) this.scheduler.request();
     });
+    // Tick density and the heatmap's height depend on the size: redraw once resizing stops.
+    window.addEventListener(
+      "resize",
+      debounce(() => this.scheduler.resetAll(), 300),
+    );
   }
 
   async training(action) {
@@ -455,9 +458,9 @@ class Dashboard {
     if (this.refreshes % 3 === 0) this.loadRuns(); // step counts of the runs
   }
 
-  async loadRuns() {
+  async loadRuns(force = false) {
     const picker = $("runPicker");
-    if (document.activeElement === picker && picker.options.length) return; // being chosen from
+    if (!force && document.activeElement === picker && picker.options.length) return; // being chosen from
     const res = await api.runs();
     if (!res.ok) return;
     const runs = (res.data.runs || []).slice().sort((a, b) => num(b.id) - num(a.id));
@@ -466,7 +469,7 @@ class Dashboard {
         h(
           "option",
           { value: String(r.id) },
-          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${fmt(r.steps)} step${num(r.steps) === 1 ? "" : "s"} · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
+          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${num(r.steps) ?? 0} step${num(r.steps) === 1 ? "" : "s"} · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
         ),
       ),
     );

@@ -56,7 +56,11 @@ export class EventLog {
         text,
       ),
     );
-    this.el.prepend(item);
+    // Newest first by time: backfilled history lands below what is already shown.
+    item.dataset.time = String(time ?? 0);
+    let before = this.el.firstElementChild;
+    while (before && Number(before.dataset.time) > (time ?? 0)) before = before.nextElementSibling;
+    this.el.insertBefore(item, before);
     while (this.el.childElementCount > MAX_ITEMS) this.el.lastElementChild.remove();
   }
 }
