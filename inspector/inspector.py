@@ -89,10 +89,13 @@ class Inspector:
             raise AttachError(
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
                 "say) attach one Inspector per optimizer, each with the model part that optimizer steps")
+        inner = getattr(optimizer, "optimizer", None)
+        if optimizer is not None and isinstance(inner, torch.optim.Optimizer):
+            # a framework's wrapper (HF Accelerate's AcceleratedOptimizer, Lightning's
+            # LightningOptimizer) steps the real optimizer: our step hooks go on that one
+            optimizer = inner
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            inner = getattr(optimizer, "optimizer", None)  # HF Accelerate / Lightning wrappers
-            hint = " (it wraps one: pass .optimizer)" if isinstance(inner, torch.optim.Optimizer) else ""
-            raise AttachError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}{hint}")
+            raise AttachError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
             raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
@@ -425,6 +428,26 @@ class Inspector:
             self._cond.notify_all()
         return self.state
 
+    def begin_step(self) -> None:
+        """Mark a step as under way, as the root module's forward pre-hook does.
+
+        Only needed in loops that never call the attached root module itself (they call a
+        submodule): records made after this attach to the coming step, and edits that register
+        torch hooks are applied now, before the backward.
+        """
+        self._on_forward_pre(self._root, ())  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        """Training is over (state ``finished``); edits from other threads apply at once from now.
+
+        ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
+        """
+        with self._cond:
+            self._finished = True
+            self._train_tid = threading.get_ident()
+            self._drain_locked(torch_ok=True)
+        self._flush_late()
+
     def mark_step(self) -> None:
         """The step boundary for loops without a torch optimizer.
 
@@ -675,6 +698,12 @@ class Inspector:
     def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
+        if not self._under_way and self._root is not None:
+            # no forward of the root module marked this step (a loop that calls a submodule, or
+            # Lightning's training_step): records made since the last boundary were late ones
+            with self._lock:
+                self._under_way = True
+            self._flush_late()
         if self._sampled and not self._before_ready:  # for the update-to-parameter ratio
             with torch.no_grad():
                 if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults

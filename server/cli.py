@@ -57,8 +57,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"bind address (default {DEFAULT_HOST}; anything else requires a token)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
-    p.add_argument("--token", default=None,
-                   help="access token (default: none on loopback, generated for any other --host)")
+    p.add_argument("--token", default=os.environ.get("GRADIENT_INSPECTOR_TOKEN") or None,
+                   help="access token (default: $GRADIENT_INSPECTOR_TOKEN if set; else none on loopback, "
+                        "generated for any other --host)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -118,7 +118,8 @@ class Session:
         elif self.wait and wait:
             insp.wait()  # returns on Ctrl-C, closed
             self.inspector = None
-        # else: keep serving from the background thread; the caller may call insp.wait() or close()
+        else:  # keep serving from the background thread; the caller may call insp.wait() or close()
+            insp.finish()
 
     def close(self) -> None:
         insp, self.inspector, self.url = self.inspector, None, None
@@ -134,4 +135,4 @@ def begin_step(insp: Inspector, root: nn.Module) -> None:
     (``self.net(x)``), so the callback calls that hook itself at the start of each batch;
     calling it again when ``training_step`` does call ``self(x)`` is harmless.
     """
-    insp._on_forward_pre(root, ())
+    insp.begin_step()

@@ -40,7 +40,7 @@ def test_all_matches_exports():
         assert hasattr(inspector, name), name
     public = {n for n in dir(inspector) if not n.startswith("_")}
     modules = {"errors", "handles", "hub", "inspector", "kinds", "ops", "records", "registry", "stats",
-               "targets", "telemetry", "scenarios", "distributed"}
+               "targets", "telemetry", "scenarios", "distributed", "integrations"}
     assert public - modules - set(inspector.__all__) == set()
 
 
@@ -306,3 +306,37 @@ def test_subscriber_errors_are_counted_not_raised(mlp):
             assert insp._hub.flush()
         assert insp._hub.callback_errors >= 3
     assert good.count("snapshot") == 3
+
+
+def test_records_reach_their_step_when_the_root_forward_is_never_called(mlp):
+    """A loop that calls a submodule (Lightning's training_step often does): late records still land."""
+    wrapper = nn.Module()
+    wrapper.net = mlp
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with inspector.attach(wrapper, opt, every=1) as insp:
+        for s in range(3):
+            opt.zero_grad()
+            loss = loss_of(wrapper.net, *batch(seed=s))
+            loss.backward()
+            opt.step()
+            insp.record(loss=float(s))
+        insp.finish()
+        assert insp.state["state"] == "finished"
+        assert [s["loss"] for s in insp.snapshots()] == [0.0, 1.0, 2.0]
+
+
+def test_framework_optimizer_wrappers_are_unwrapped(mlp):
+    class Wrapper:  # the shape of HF Accelerate's AcceleratedOptimizer
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def step(self):
+            self.optimizer.step()
+
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with inspector.attach(mlp, Wrapper(opt), every=1) as insp:
+        w = Wrapper(opt)
+        opt.zero_grad()
+        loss_of(mlp, *batch()).backward()
+        w.step()
+        assert insp.step == 1
