@@ -9,7 +9,7 @@ import { HookPanel, PresetDialog } from "./hooks.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { MAX_SNAPSHOTS, Store } from "./store.js";
-import { debounce, fmtDate, fmtPercent, h, nextRequestId, num, plottable } from "./util.js";
+import { debounce, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
 import { Connection } from "./ws.js";
 
 const $ = (id) => byTestId(SELECTORS[id] || id);
@@ -469,7 +469,9 @@ class Dashboard {
         h(
           "option",
           { value: String(r.id) },
-          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${num(r.steps) ?? 0} step${num(r.steps) === 1 ? "" : "s"} · ${fmtDate(r.started)}${r.live ? " (live)" : ""}`,
+          `#${r.id}${r.scenario ? ` ${r.scenario}` : ""} · ${
+            r.live ? "live" : `${num(r.steps) ?? 0} step${num(r.steps) === 1 ? "" : "s"}`
+          } · ${fmtShortDate(r.started)}`,
         ),
       ),
     );

@@ -47,6 +47,12 @@ function paramAxis(names, el, extra = {}) {
   });
 }
 
+/** Range and tick labels of a log axis for bars of these values. */
+function logAxisFor(values) {
+  const range = barLogRange(values);
+  return range ? { range, ...logTicks([10 ** range[0], 10 ** range[1]]) } : {};
+}
+
 /** Tick values and labels of a log10-valued axis or colour bar: 1e-3, 0.01, ... */
 function decadeTicks(lo, hi) {
   const vals = [];
@@ -417,8 +423,7 @@ export class FlowChart {
       yaxis: axis({
         type: "log",
         title: { text: `${label} per parameter` },
-        range: barLogRange([...yr, ...yf]),
-        ...logTicks([...yr, ...yf]),
+        ...logAxisFor([...yr, ...yf]),
       }),
       annotations: row
         ? [
@@ -578,8 +583,7 @@ export class RatioChart {
       yaxis: axis({
         type: "log",
         title: { text: "‖Δθ‖ / ‖θ‖" },
-        range: barLogRange([...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3]),
-        ...logTicks([...y, RATIO_BAND[0], RATIO_BAND[1]]),
+        ...logAxisFor([...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3]),
       }),
       shapes: [
         {

@@ -62,6 +62,15 @@ export function fmtTime(t) {
   return new Date(n * 1000).toLocaleTimeString([], { hour12: false });
 }
 
+/** "11-30 06:58": a run's start, short enough for the run picker. */
+export function fmtShortDate(t) {
+  const n = plottable(t);
+  if (n === null) return "";
+  const d = new Date(n * 1000);
+  const p2 = (x) => String(x).padStart(2, "0");
+  return `${p2(d.getMonth() + 1)}-${p2(d.getDate())} ${p2(d.getHours())}:${p2(d.getMinutes())}`;
+}
+
 export function fmtDate(t) {
   const n = plottable(t);
   if (n === null) return "";

@@ -186,6 +186,7 @@ def shoot(browser: Any, scenario: str, out: Path) -> Path:
                 arg=last,
                 timeout=60_000,
             )
+            page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
             # Let the throttled charts finish their last redraws.
             page.wait_for_function(
                 """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
