@@ -315,7 +315,7 @@ class Dashboard {
     $("readOnlyBadge").hidden = !ro;
     $("readOnlyBadge").textContent = this.view !== this.live ? "read-only: earlier run" : "read-only";
     for (const id of ["pause", "resume", "step", "rate"]) $(id).disabled = ro;
-    this.panel.setReadOnly(ro);
+    this.panel.setReadOnly(ro, this.view !== this.live);
     document.body.classList.toggle("read-only", ro);
   }
 

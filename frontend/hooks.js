@@ -39,10 +39,11 @@ export class HookPanel {
     this.render();
   }
 
-  setReadOnly(on) {
+  /** `historical`: an earlier run is shown, whose hooks the export routes do not serve. */
+  setReadOnly(on, historical = false) {
     this.readOnly = on;
     this.form.setDisabled(on);
-    this.presets.setDisabled(on);
+    this.presets.setDisabled(on, historical);
     for (const row of this.rows.values()) row.setDisabled(on);
   }
 
@@ -498,10 +499,12 @@ class Presets {
     );
   }
 
-  setDisabled(on) {
-    // Exports read; only import changes anything.
+  setDisabled(on, historical = false) {
+    // Exports read (the live hooks); only import changes anything.
     this.importBtn.disabled = on;
     this.file.disabled = on;
+    this.exportBtn.disabled = historical;
+    this.pythonBtn.disabled = historical;
   }
 
   async exportJson() {

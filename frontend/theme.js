@@ -79,7 +79,8 @@ export function baseLayout(extra = {}) {
 export function logTicks(values) {
   const [lo, hi] = positiveRange(values);
   const span = Number.isFinite(lo) ? Math.log10(hi / lo) : 0;
-  if (span > 1.6) return { tickformat: "", exponentformat: "power", dtick: 1 };
+  // Powers of ten: every decade up to six of them, beyond that Plotly's choice.
+  if (span > 1.6) return { tickformat: "", exponentformat: "power", dtick: span > 6 ? null : 1 };
   // 1-2-5 ticks; under half a decade Plotly's own (linear-looking) ticks read fine.
   return { tickformat: "~g", exponentformat: "none", dtick: span > 0.5 ? "D2" : null };
 }

@@ -70,6 +70,18 @@ def open_dashboard(page: Any, server: DemoServer) -> None:
     )
 
 
+def pick_by_click(page: Any, chart: str, params: list[str], index: int) -> None:
+    """Click parameter `index` in the flow chart (its bar) or the heatmap (its row)."""
+    page.get_by_test_id(chart).scroll_into_view_if_needed()
+    plot = page.locator(f"[data-testid={chart}] .nsewdrag").first.bounding_box()
+    n = len(params)
+    if chart == "chart-flow":  # categories left to right
+        x, y = plot["x"] + (index + 0.5) / n * plot["width"], plot["y"] + plot["height"] - 4
+    else:  # rows top to bottom, newest steps on the right
+        x, y = plot["x"] + plot["width"] * 0.95, plot["y"] + (index + 0.5) / n * plot["height"]
+    page.mouse.click(x, y)
+
+
 def numbers(values: list[Any]) -> list[float]:
     return [float(v) for v in values if v is not None]
 
@@ -103,6 +115,11 @@ def test_page_loads_without_console_errors_and_the_charts_get_points(demo: DemoS
                          && document.querySelector('[data-testid="hist-status"]').textContent.startsWith(name); }""",
         arg=params[0],
     )
+    # ... a click on a bar of the flow chart, or on a row of the heatmap, picks it too.
+    pick_by_click(page, "chart-flow", params, len(params) - 1)
+    expect(page.get_by_test_id("hist-param")).to_have_value(params[-1])
+    pick_by_click(page, "chart-heatmap", params, 1)
+    expect(page.get_by_test_id("hist-param")).to_have_value(params[1])
     expect(page.get_by_test_id("step-counter")).to_have_text(re.compile(r"^\d+$"))
     expect(page.get_by_test_id("overhead")).not_to_have_text("–")
     expect(page.get_by_test_id("cadence")).to_contain_text("every")
