@@ -108,8 +108,10 @@ class DemoServer:
             self._log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module. Not per session: while playwright's sync API is active it
+    keeps an event loop running on this thread, and later modules' asyncio.run() would fail."""
     path = chromium_path()
     if path is None:
         msg = "no Chromium: run `bash scripts/setup.sh --browser` (installs Debian's chromium)"
