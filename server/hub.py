@@ -77,6 +77,7 @@ class ClientQueue:
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_snapshot = 0.0
+        self._last_snapshot: float | None = None  # loop time of the last snapshot sent
         self._sending_since: float | None = None
 
     # -- producer side (event loop, synchronous) -----------------------------------------------------
@@ -110,6 +111,14 @@ class ClientQueue:
         if self._sending_since is not None and loop_time - self._sending_since > self.stall_timeout:
             self.kick(TOO_FAR_BEHIND, "stalled: reconnect and backfill over HTTP")
             return
+        self._wake.set()
+
+    def set_max_rate(self, max_rate: float | None) -> None:
+        """Change the snapshot rate cap (None: none), counted from the last snapshot sent; a wait
+        under the old cap is cut short (event loop only)."""
+        self.max_rate = max_rate
+        if self._last_snapshot is not None:
+            self._next_snapshot = self._last_snapshot + (1.0 / max_rate if max_rate else 0.0)
         self._wake.set()
 
     def forget_before(self, step: int, seq: int) -> None:
@@ -155,7 +164,8 @@ class ClientQueue:
                 wait = self._next_snapshot - loop.time()
                 if wait <= 0:
                     text, self.snapshot = self.snapshot, None
-                    self._next_snapshot = loop.time() + (1.0 / self.max_rate if self.max_rate else 0.0)
+                    self._last_snapshot = loop.time()
+                    self._next_snapshot = self._last_snapshot + (1.0 / self.max_rate if self.max_rate else 0.0)
                     await self._out(text)
             if self.scalars is not None:
                 text, self.scalars = self.scalars, None

@@ -158,7 +158,7 @@ class Connection:
             return await asyncio.to_thread(src.set_rate, cmd.steps_per_second)
         # subscribe: a read (allowed on a read-only server), it changes only this client's stream
         if "max_rate" in cmd.model_fields_set:
-            self.client.max_rate = cmd.max_rate
+            self.client.set_max_rate(cmd.max_rate)
         if cmd.hist is not None:
             await asyncio.to_thread(src.set_hist, self.client.id, cmd.hist)
             self.hist_set = True
