@@ -18,7 +18,7 @@ A live, browser-based inspector for PyTorch gradients.
 
   gradient-inspector demo                 train a built-in scenario, open http://127.0.0.1:8000
   gradient-inspector replay [FILE]        browse a recorded run (read-only)
-  gradient-inspector export [FILE] ...    write a recorded run as CSV or JSON Lines
+  gradient-inspector export [FILE] ...    write a recorded run as CSV, JSON Lines or an HTML report
 
 In your own script:  insp = inspector.attach(model, optimizer); insp.serve()
 """
@@ -111,16 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(replay)
 
     export = sub.add_parser(
-        "export", help="write a recorded run as CSV or JSON Lines",
+        "export", help="write a recorded run as CSV, JSON Lines or an HTML report",
         description="Write a recorded run. csv: one row per (step, parameter). jsonl: one JSON object a "
-                    "line: the run, its hook changes, its events, its snapshots. (html, a standalone "
-                    "report, comes with a later release.)",
+                    "line: the run, its hook changes, its events, its snapshots. html: one self-contained "
+                    "report to share (about 5 MB: plotly.js is inlined; opens offline in any browser) with "
+                    "the run's charts (loss, global grad norm, per-parameter norms, abs-max and update "
+                    "ratios, at most 2000 steps, evenly spaced), its hook-change log and its events.",
     )
     export.add_argument("file", nargs="?", default=DEFAULT_DB, metavar="FILE",
                         help=f"the database (default ./{DEFAULT_DB})")
     export.add_argument("--run", type=int, default=None, metavar="ID", help="the run (default: the latest)")
-    export.add_argument("--format", choices=("csv", "jsonl"), required=True, help="output format")
-    export.add_argument("-o", "--output", metavar="OUT", help="output file (default: standard output)")
+    export.add_argument("--format", choices=("csv", "jsonl", "html"), required=True, help="output format")
+    export.add_argument("-o", "--output", metavar="OUT",
+                        help="output file (default: standard output for csv and jsonl; run-ID.html in the "
+                             "current directory for html; '-' for standard output)")
     return parser
 
 
@@ -256,13 +260,25 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     from .export import write_csv, write_jsonl
+    from .report import ReportError, write_html
 
     store = _open_store(args.file)
     try:
         run = args.run if args.run is not None else store.latest_run_id()
         if run is None or store.run(run) is None:
             raise _Fail(f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run")
-        write = write_csv if args.format == "csv" else write_jsonl
+        write = {"csv": write_csv, "jsonl": write_jsonl, "html": write_html}[args.format]
+        if args.format == "html" and not args.output:
+            args.output = f"run-{run}.html"  # a 5 MB page on a terminal helps nobody
+        if args.output == "-":
+            args.output = None
+        if args.format == "html":
+            from .report import plotly_source
+
+            try:
+                plotly_source()  # fail before the output file is created
+            except ReportError as e:
+                raise _Fail(str(e)) from None
         if args.output:
             with open(args.output, "w", encoding="utf-8", newline="") as out:
                 n = write(store, run, out)
