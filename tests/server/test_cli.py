@@ -86,7 +86,7 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert main(["replay", str(empty)]) == 2
     assert "holds no run" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["export", str(db), "--format", "html"])
+        main(["export", str(db), "--format", "xml"])
     assert "invalid choice" in capsys.readouterr().err
 
 
