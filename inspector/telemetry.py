@@ -4,7 +4,8 @@
 1, 1+N, 1+2N, ...; otherwise it keeps the inspector's own measured cost within
 ``budget`` (a fraction of the wall-clock step): hooks and NaN/Inf detection still run
 every step (their cost is ``base``), and the full statistics (cost ``sampled``) run
-every k-th step with ``k = ceil((sampled - base) / (budget * step - base))``.
+every k-th step with ``k = ceil((sampled - base) / (budget * step - base))``, moved by at
+most a doubling at a time and capped so that a snapshot comes about once a second.
 
 :class:`Pack` collects 1-D float32 device tensors during a sampled step and moves them
 to the host with a single ``.tolist()``, the one sync point of a snapshot.
@@ -59,16 +60,25 @@ class Cadence:
             self.next_sampled = step + self.k
 
     def _choose_k(self) -> int:
+        """The next sampling interval (see the module docstring), moved gradually.
+
+        When the every-step work alone already exceeds the budget (a tiny model, a busy CPU),
+        sampling less cannot fix that: the interval then only keeps the statistics' own extra
+        cost within the budget. It at most doubles from one sampled step to the next, and stays
+        short enough for about one snapshot a second, so the dashboard never goes quiet.
+        """
         if self._wall is None or self._sampled_cost is None:
             return 1
         base = self._base_cost if self._base_cost is not None else 0.0
         extra = max(self._sampled_cost - base, 0.0)
-        room = self.budget * self._wall - base
         if extra <= 0:
             return 1
+        room = self.budget * self._wall - base
         if room <= 0:
-            return MAX_EVERY
-        return max(1, min(MAX_EVERY, math.ceil(extra / room)))
+            room = self.budget * self._wall
+        k = math.ceil(extra / room)
+        k = min(k, 2 * self.k, max(1, int(1.0 / self._wall)))
+        return max(1, min(MAX_EVERY, k))
 
     @property
     def costs(self) -> dict[str, float | None]:

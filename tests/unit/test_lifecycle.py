@@ -340,3 +340,19 @@ def test_framework_optimizer_wrappers_are_unwrapped(mlp):
         loss_of(mlp, *batch()).backward()
         w.step()
         assert insp.step == 1
+
+
+def test_cadence_grows_gradually_and_keeps_about_a_snapshot_a_second():
+    from inspector.telemetry import Cadence
+
+    c = Cadence(0.03, None)
+    # 10 ms steps, every-step work alone over budget (1 ms > 0.3 ms), 5 ms statistics
+    ks = []
+    for step in range(1, 400):
+        sampled = c.is_sampled(step)
+        c.observe(step, sampled, 0.005 if sampled else 0.001, 0.010)
+        if sampled:
+            ks.append(c.k)
+    assert ks[:4] == [2, 4, 8, 14]  # at most doubling
+    assert max(ks) <= 100  # about one snapshot a second at 100 steps a second
+    assert ks[-1] == 14  # the statistics' own extra cost within the budget: ceil(4 ms / 0.3 ms)
