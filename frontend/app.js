@@ -62,7 +62,8 @@ class Dashboard {
     this.conn.start();
     // Training state changes made elsewhere (another tab, the script) have no
     // message of their own: refresh it now and then.
-    setInterval(() => this.refreshTraining(), 5000);
+    // training state is pushed ("training" messages); this slower poll refreshes the runs' step counts
+    setInterval(() => this.refreshTraining(), 15000);
   }
 
   // ----- websocket -----
@@ -147,6 +148,15 @@ class Dashboard {
       case "event":
         this.addEvent(msg.data);
         break;
+      case "training": {
+        // pause / resume / single step / rate from any tab or from Python, pushed by the server
+        const { type, ...training } = msg;
+        live.training = { ...live.training, ...training };
+        live.step = Math.max(live.step, num(training.step) ?? 0);
+        if (this.view === live) this.showSession();
+        this.showStep();
+        break;
+      }
       case "hooks":
         live.setHooks(msg.hooks || [], msg.config_version);
         if (this.view === live) this.panel.render();

@@ -368,8 +368,9 @@ class Inspector:
         """Call ``callback(kind, payload)`` for every record, off the training thread.
 
         ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict), ``"scalars"``
-        (``{"step", "loss", "scalars"}``), ``"hooks"`` (``{"config_version", "hooks"}``) or
-        ``"event"`` (an event dict). Errors in the callback are caught and counted. Returns
+        (``{"step", "loss", "scalars"}``), ``"hooks"`` (``{"config_version", "hooks"}``),
+        ``"event"`` (an event dict) or ``"training"`` (``{"state", "step", "held"}``: after a
+        pause, resume or single step, and when a pause takes hold). Errors in the callback are caught and counted. Returns
         a function that unsubscribes.
         """
         return self._hub.subscribe(callback)
@@ -412,13 +413,13 @@ class Inspector:
         with self._cond:
             self._paused, self._credit = True, 0
             self._cond.notify_all()
-        return self.state
+        return self._publish_training()
 
     def resume(self) -> dict[str, Any]:
         with self._cond:
             self._paused, self._credit = False, 0
             self._cond.notify_all()
-        return self.state
+        return self._publish_training()
 
     def step_once(self) -> dict[str, Any]:
         """Let exactly one more step run, then hold at its boundary."""
@@ -426,7 +427,13 @@ class Inspector:
             self._paused = True
             self._credit += 1
             self._cond.notify_all()
-        return self.state
+        return self._publish_training()
+
+    def _publish_training(self) -> dict[str, Any]:
+        """Tell subscribers the training state changed (a ``training`` record: ``state``, ``step``, ``held``)."""
+        state = self.state
+        self._hub.publish("training", state)
+        return state
 
     def begin_step(self) -> None:
         """Mark a step as under way, as the root module's forward pre-hook does.
@@ -965,6 +972,7 @@ class Inspector:
                     if not self._waiting:
                         self._waiting = True
                         self._cond.notify_all()  # for whoever waits for the pause to take hold
+                        self._publish_training()
                     self._drain_locked(torch_ok=True)
                     self._cond.wait()
                 if self._credit > 0:
@@ -1040,6 +1048,7 @@ class Inspector:
                     if not self._waiting:
                         self._waiting = True
                         self._cond.notify_all()
+                        self._publish_training()
                     self._cond.wait_for(lambda: bool(self._reg.pending) or not self._paused or self._credit > 0
                                         or self._closed, timeout=distributed.HEARTBEAT)
             _, hold = self._dist_exchange(step, False, first=False)

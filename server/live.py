@@ -289,6 +289,8 @@ class LiveSource(Source):
         if self.trainer is None:
             raise ApiError(409, "the step rate is set by your own training loop: rate control is demo mode only")
         self.trainer.set_rate(steps_per_second)
+        if self._publish is not None:  # every page learns the new rate at once
+            self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate})
         return {"steps_per_second": self.trainer.rate}
 
     def set_hist(self, client_id: str, names: list[str]) -> None:

@@ -287,3 +287,21 @@ def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
     page = c.get("/api/snapshots", params={"run": 1}).json()
     assert page == {"params": ["w"], "snapshots": [page["snapshots"][0]]} and page["snapshots"][0]["step"] == 1
     assert c.get("/api/session").json()["run_id"] == 2
+
+
+def test_training_state_changes_are_pushed_to_every_socket(live, recv_until):
+    """Pause, single step, resume and rate from HTTP reach a websocket client as `training` messages."""
+    srv = live(rate=20.0)
+    c = srv.http()
+    with srv.ws() as ws:
+        recv_until(ws, lambda m: m["type"] == "hello")
+        assert c.post("/api/training/pause").status_code == 202
+        msg = recv_until(ws, lambda m: m["type"] == "training" and m["held"])
+        assert msg["state"] == "paused" and msg["step"] == srv.insp.step
+        assert c.post("/api/training/step").status_code == 202
+        recv_until(ws, lambda m: m["type"] == "training" and m["held"] and m["step"] == msg["step"] + 1)
+        assert c.post("/api/training/resume").status_code == 202
+        recv_until(ws, lambda m: m["type"] == "training" and m["state"] == "running")
+        assert c.post("/api/training/rate", json={"steps_per_second": 5}).status_code == 200
+        pushed = recv_until(ws, lambda m: m["type"] == "training" and "steps_per_second" in m)
+        assert pushed["steps_per_second"] == 5
