@@ -34,8 +34,11 @@ def get_source(request: Request) -> Source:
 
 
 SourceDep = Annotated[Source, Depends(get_source)]
-RunQuery = Annotated[int | None, Query(ge=0, description="a run id; the current (or replayed) run when absent")]
-SinceQuery = Annotated[int | None, Query(ge=-1, description="only items after this step (seq for events)")]
+SQLITE_MAX = 2**63 - 1  # the largest SQLite INTEGER: a bigger id or step would be a 500 (OverflowError)
+RunQuery = Annotated[int | None, Query(ge=0, le=SQLITE_MAX,
+                                       description="a run id; the current (or replayed) run when absent")]
+SinceQuery = Annotated[int | None, Query(ge=-1, le=SQLITE_MAX,
+                                         description="only items after this step (seq for events)")]
 LimitQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="only the newest N")]
 PointsQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")]
 
