@@ -13,7 +13,7 @@ import time
 import pytest
 from websockets.sync.client import connect
 
-RATE = 40.0  # steps per second
+RATE = 100.0  # steps per second: fast enough to fill the stalled socket's kernel buffers in seconds
 
 
 class Reader(threading.Thread):
@@ -77,9 +77,18 @@ def test_a_stalled_client_slows_neither_training_nor_readers(live, wait_until):
     base = reader.latencies(t_base)
 
     stalled = stalled_socket(srv.port)
+    try:
+        check_stalled(srv, reader, stalled, wait_until, base_rate, base)
+    finally:  # no socket left open when an assertion fails midway
+        stalled.close()
+        reader.stop.set()
+        reader.join(5)
+
+
+def check_stalled(srv, reader, stalled, wait_until, base_rate, base):
     slow = wait_until(lambda: [c for c in srv.source_clients() if c.sent >= 1], what="the stalled client")[0]
     # the server's buffers toward it fill up: its pending snapshot now gets replaced (coalesced)
-    wait_until(lambda: slow.coalesced > 0, timeout=30, what="coalescing for the stalled client")
+    wait_until(lambda: slow.coalesced > 0, timeout=90, what="coalescing for the stalled client")
 
     published: list[int] = []  # every hooks message the core sends, seen from a second subscriber
     unsubscribe = srv.insp.subscribe(lambda kind, p: published.append(p["config_version"]) if kind == "hooks" else None)
