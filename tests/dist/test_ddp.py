@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import free_port
+
 WORKER = Path(__file__).with_name("worker.py")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def poll(pred, timeout=60.0, what="condition", show=lambda: ""):

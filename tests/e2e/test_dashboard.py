@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
+
+from tests import support
 
 from .conftest import DemoServer
 
@@ -41,14 +42,7 @@ POINTS = """(id) => {
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)  # poll interval, bounded by the deadline
+    return support.wait_until(pred, timeout, what, interval=0.05)
 
 
 def reset(server: DemoServer) -> None:

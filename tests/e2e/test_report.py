@@ -24,6 +24,7 @@ import pytest
 
 from server import cli
 from server.storage import Store
+from tests import support
 
 from .conftest import REPO, DemoServer, cli_command
 
@@ -44,14 +45,7 @@ CHANGES = """() => Array.from(document.querySelectorAll("table.changes tbody tr"
 
 
 def wait_until(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)  # poll interval, bounded by the deadline
+    return support.wait_until(pred, timeout, what, interval=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -28,20 +28,11 @@ from server.live import LiveSource
 from server.serving import ThreadedServer
 from server.settings import Settings
 from server.storage import Store
+from tests.support import free_port, stop_process, wait_until  # noqa: F401 (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll `pred` until it returns something truthy; fail with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
@@ -160,12 +151,6 @@ def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
         server.stop()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CliServer:
@@ -204,13 +189,7 @@ class CliServer:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.client.close()
         self._log.close()
 
