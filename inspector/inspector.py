@@ -895,7 +895,11 @@ class Inspector:
             hist_idx = []
             for i, raw in raw_keep.items():
                 g = self._tensors[i].grad
-                pack.add(f"hist:{i}", histograms(raw, dense(g) if g is not None else None, HIST_BINS))
+                raw_finite = math.isfinite(self._raw_host.get(i, math.nan))
+                # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
+                # non-finite, and only a host read could tell
+                pack.add(f"hist:{i}", histograms(raw, dense(g) if g is not None else None, HIST_BINS,
+                                                 raw_finite=raw_finite, final_finite=raw_finite and not plan.pre))
                 hist_idx.append(i)
             self._pre_meta = {"raw_idx": idx, "fin_idx": [i for i, _ in fin], "dense_idx": [i for i, _ in dense_fin],
                               "hist_idx": hist_idx, "counts": counts}

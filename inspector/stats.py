@@ -86,34 +86,48 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], 
     return means, stds
 
 
-def histograms(raw: Tensor, final: Tensor | None, bins: int = 64) -> Tensor:
+def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, raw_finite: bool = False,
+               final_finite: bool = False) -> Tensor:
     """Histograms of ``raw`` and ``final`` over common edges, entirely on device.
 
     Returns a float32 tensor ``[lo, hi, raw_counts(bins), final_counts(bins)]``; the edges
-    are ``linspace(lo, hi, bins + 1)``. Counts are built with ``index_add_`` so that no host
-    value (histc's min/max) is needed.
+    are ``linspace(lo, hi, bins + 1)``. No host value is needed (``histc`` would want its
+    min and max as Python numbers): counts come from ``bincount`` on the CPU and from
+    ``index_add_`` on accelerators (where ``bincount`` would sync to size its output).
+    ``raw_finite`` / ``final_finite`` (the caller knows that tensor holds no NaN/Inf) skip
+    masking non-finite values out, a costly gather on large tensors.
     """
-    r = raw.detach().reshape(-1).float()
-    f = final.detach().reshape(-1).float() if final is not None else r
-    finite_r = r[torch.isfinite(r)] if r.numel() else r
-    finite_f = f[torch.isfinite(f)] if f.numel() else f
-    both = torch.cat([finite_r, finite_f])
-    if both.numel() == 0:
-        lo = torch.zeros((), device=r.device)
-        hi = torch.ones((), device=r.device)
+    r = raw.detach().reshape(-1)
+    f = final.detach().reshape(-1) if final is not None else r
+    if r.dtype != torch.float32:
+        r, f = r.float(), f.float()
+    if not raw_finite:
+        r = r[torch.isfinite(r)]
+    if final is None:
+        f = r
+    elif not final_finite:
+        f = f[torch.isfinite(f)]
+    dev = r.device
+    if r.numel() == 0 and f.numel() == 0:
+        lo, hi = torch.zeros((), device=dev), torch.ones((), device=dev)
     else:
-        lo, hi = both.min(), both.max()
+        ends = [torch.stack(torch.aminmax(x)) for x in (r, f) if x.numel()]
+        both = torch.stack(ends)  # (1 or 2, 2): min and max of each
+        lo, hi = both[:, 0].min(), both[:, 1].max()
         hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
-    width = (hi - lo) / bins
+    scale = bins / (hi - lo)
 
     def counts(x: Tensor) -> Tensor:
-        idx = ((x - lo) / width).floor().clamp_(0, bins - 1).long()
-        c = torch.zeros(bins, device=x.device)
-        if x.numel():
-            c.index_add_(0, idx, torch.ones_like(x))
+        if x.numel() == 0:
+            return torch.zeros(bins, device=dev)
+        idx = ((x - lo) * scale).long().clamp_(0, bins - 1)
+        if dev.type == "cpu":
+            return torch.bincount(idx, minlength=bins).float()
+        c = torch.zeros(bins, device=dev)
+        c.index_add_(0, idx, torch.ones((), device=dev).expand_as(x))
         return c
 
-    return torch.cat([lo.reshape(1), hi.reshape(1), counts(finite_r), counts(finite_f)])
+    return torch.cat([lo.reshape(1), hi.reshape(1), counts(r), counts(f)])
 
 
 def dense(g: Tensor) -> Tensor:
