@@ -1081,7 +1081,6 @@ class Inspector:
             pack.add("param_norm", pnorm)
             if self._before_ready and self._param_buf is not None:
                 buf = self._param_buf
-                pack.add("before_norm", foreach_norm(buf))
                 torch._foreach_sub_(buf, [p.detach() for p in self._tensors])  # now before - after, in place
                 pack.add("update_norm", foreach_norm(buf))
         eff_ids = []
@@ -1119,7 +1118,9 @@ class Inspector:
             nan_count[i], inf_count[i] = counts.get(i, (0, 0))
         update_ratio: list[float | None] = [None] * n
         if "update_norm" in data:
-            for i, (u, b) in enumerate(zip(data["update_norm"], data["before_norm"], strict=True)):
+            # ||delta theta|| / ||theta|| with theta after the update (one pass fewer than before it;
+            # the two differ by the update itself, a relative 1e-3 or so)
+            for i, (u, b) in enumerate(zip(data["update_norm"], data["param_norm"], strict=True)):
                 if i in set(fin_idx) or u != 0:
                     update_ratio[i] = (u / b) if b > 0 else None
         scalars = {}
