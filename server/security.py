@@ -276,11 +276,14 @@ def _with_headers(send: Send) -> Send:
     return wrapped
 
 
-_TOKEN_RE = re.compile(r"(token=)[^&\s\"']+", re.IGNORECASE)
+# `token=`, also with letters percent-encoded (`%74oken=`): the query parser decodes names, so
+# such a spelling authenticates and must not reach the access log either
+_TOKEN_RE = re.compile(r"((?:t|%74|%54)(?:o|%6f|%4f)(?:k|%6b|%4b)(?:e|%65|%45)(?:n|%6e|%4e)=)[^&\s\"']+",
+                       re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """`token=...` in a URL or query string becomes `token=<redacted>`."""
+    """`token=...` in a URL or query string becomes `token=<redacted>` (however it is spelled)."""
     return _TOKEN_RE.sub(r"\1<redacted>", text)
 
 
@@ -289,7 +292,7 @@ class RedactTokenFilter(logging.Filter):
     (uvicorn's access log line holds the full path with its query string)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "token=" in record.msg.lower():
+        if isinstance(record.msg, str):
             record.msg = redact(record.msg)
         if isinstance(record.args, tuple):
             record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
