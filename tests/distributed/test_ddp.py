@@ -1,6 +1,6 @@
 """DDP under torch.distributed: two gloo processes on 127.0.0.1, one config for the job.
 
-The test drives rank 0's HTTP API while both ranks train (tests/dist/worker.py) and then
+The test drives rank 0's HTTP API while both ranks train (tests/distributed/worker.py) and then
 checks every step of both ranks' logs: bitwise-identical parameters, the same config
 version at the same step, and clip_norm equal to clip_grad_norm_ of the averaged gradients.
 """

@@ -1,4 +1,4 @@
-"""One rank of the distributed tests (spawned by tests/dist/test_ddp.py, never collected).
+"""One rank of the distributed tests (spawned by tests/distributed/test_ddp.py; pytest does not collect it: no test_ prefix).
 
 Trains DDP on CPU/gloo with different data per rank, an inspector attached on every rank,
 and writes one JSON line per step to OUT/rank{R}.jsonl: the step, a bitwise checksum of the
