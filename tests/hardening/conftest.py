@@ -18,14 +18,13 @@ from tests.server.conftest import (  # noqa: F401 - re-exported fixtures
     REPO,
     Live,
     cli_server,
-    free_port,
     inbox_fixture,
     live,
     recv_json_fixture,
     recv_until_fixture,
-    wait_until,
     wait_until_fixture,
 )
+from tests.support import free_port, wait_until  # noqa: F401 - used by the tests
 
 from .tools import Swarm, rss_bytes  # noqa: F401 - used by the tests
 
