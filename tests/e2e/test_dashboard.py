@@ -240,7 +240,7 @@ def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(demo: D
     expect(page.get_by_test_id("training-state")).to_have_text("paused")
     # The step under way still completes; then the server holds and the page shows its step.
     held = wait_until(
-        lambda: (s := demo.get("/api/session")["training"])["state"] == "paused"
+        lambda: (s := demo.get("/api/session")["training"])["held"]  # the pause has taken hold
         and counter.inner_text() == str(s["step"]) and s["step"],
         what="the page's counter to match the paused server",
     )
