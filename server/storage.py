@@ -12,7 +12,8 @@ Thinning rule (long runs grow the file logarithmically, not linearly). With
 `L` the newest step of a run and `W` the full window (`full_window`, 1024 steps
 for snapshots; 16 * W for scalars), a row at step `s`, of age `a = L - s`, is kept
 when `a < W`, or when `s` is a multiple of `2**(k+1)` where
-`W * 2**k <= a < W * 2**(k+1)`. Every octave of age keeps about `W / 2` rows, so
+`W * 2**k <= a < W * 2**(k+1)` (where that multiple was never recorded, because the
+inspector sampled every N-th step, the first recorded step after it stands in for it). Every octave of age keeps about `W / 2` rows, so
 a run of `L` steps keeps about `W * (1 + log2(L / W) / 2)` snapshots. Snapshots
 that carry events (a non-finite gradient, a skipped step) are always kept. The
 writer applies the rule each time a run's newest step has moved 256 steps on,
@@ -308,9 +309,14 @@ class Store(HistoryReader):
             k = 0
             while window * 2**k <= latest:
                 lo, hi, stride = latest - window * 2 ** (k + 1), latest - window * 2**k, 2 ** (k + 1)
+                # Not a multiple of the stride: deleted, unless it is the first row of its stride-aligned
+                # bucket and that bucket starts inside this octave (a step the sampler left out: every=N,
+                # or the budget's cadence). With every step recorded, exactly the multiples stay.
                 conn.execute(
-                    f"DELETE FROM {table} WHERE run = ? AND step > ? AND step <= ? AND step % ? != 0{keep_events}",
-                    (run, lo, hi, stride),
+                    f"DELETE FROM {table} AS t WHERE run = ? AND step > ? AND step <= ? AND step % ? != 0{keep_events}"
+                    f" AND NOT (step / ? * ? > ? AND NOT EXISTS (SELECT 1 FROM {table} AS o WHERE o.run = t.run"
+                    f" AND o.step >= t.step / ? * ? AND o.step < t.step))",
+                    (run, lo, hi, stride, stride, stride, lo, stride, stride),
                 )
                 k += 1
 
