@@ -87,11 +87,13 @@ class LiveSource(Source):
     def stop(self) -> None:
         if self.trainer is not None:
             self.trainer.stop()
+        if self.owns_inspector:
+            # before letting go: closing delivers what the core still has queued (its dispatcher
+            # may be steps behind training), so the last steps reach the history too
+            self.insp.close()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self.owns_inspector:
-            self.insp.close()
         if self.store is not None:
             self.store.close()
 
