@@ -302,3 +302,22 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
         assert steps[-1] <= final
     finally:
         store.close()
+
+
+def test_stopping_the_demo_records_the_last_steps(live):
+    """The core hands messages over on its own thread, which may be steps behind training (a
+    busy machine; here a slow second subscriber): stopping the server must not cut them off."""
+    import time
+
+    srv = live(rate=None)
+    srv.wait_step(20)
+    srv.insp.subscribe(lambda kind, payload: time.sleep(0.002))  # lag on purpose
+    srv.wait_step(srv.insp.step + 200)
+    srv.stop()
+    store = Store(srv.db, read_only=True)
+    try:
+        run = store.latest_run_id()
+        assert store.steps("snapshots", run)[-1] == srv.insp.step
+        assert store.scalars(run, limit=1)[0]["step"] >= srv.insp.step - 1
+    finally:
+        store.close()
