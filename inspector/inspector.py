@@ -532,6 +532,7 @@ class Inspector:
         self._local_handles.clear()
         self._post_handles.clear()
         self._module_handles.clear()
+        self._hub.flush()  # deliver the last records to the server (and its history) before it stops
         server, self._server = self._server, None
         if server is not None:
             server.stop()

@@ -35,6 +35,7 @@ class ParamDef:
     default: Any = None
     minimum: float | None = None  # inclusive
     exclusive_minimum: float | None = None
+    maximum: float | None = None  # inclusive
     enum: tuple[str, ...] | None = None
     allow_inf: bool = False  # norm_type accepts inf (or the string "inf")
 
@@ -128,7 +129,7 @@ KINDS: dict[str, KindDef] = {
             "Add Gaussian noise N(0, std^2) from a dedicated generator seeded with seed (never the global RNG).",
             (
                 ParamDef("std", "number", "standard deviation", required=True, minimum=0),
-                ParamDef("seed", "integer", "generator seed", default=0, minimum=0),
+                ParamDef("seed", "integer", "generator seed", default=0, minimum=0, maximum=2**63 - 1),
             ),
         ),
         KindDef(
@@ -186,6 +187,8 @@ def _check_value(p: ParamDef, value: Any) -> Any:
         raise HookError(loc, f"must be > {p.exclusive_minimum:g} (got {value!r})")
     if p.minimum is not None and not value >= p.minimum:
         raise HookError(loc, f"must be >= {p.minimum:g} (got {value!r})")
+    if p.maximum is not None and not value <= p.maximum:
+        raise HookError(loc, f"must be <= {p.maximum:.0f} (got {value!r})")
     return value
 
 
@@ -246,6 +249,8 @@ def _schema(p: ParamDef) -> dict[str, Any]:
         s["minimum"] = p.minimum
     if p.exclusive_minimum is not None:
         s["exclusiveMinimum"] = p.exclusive_minimum
+    if p.maximum is not None:
+        s["maximum"] = p.maximum
     if p.allow_inf:
         s["type"] = ["number", "string"]
         s["description"] += ' (the string "inf" for the max-norm)'

@@ -324,6 +324,7 @@ def test_invalid_edit_changes_nothing(mlp):
             lambda: h.update(threshold=0),
             lambda: h.update(bogus=1),
             lambda: insp.update_hook(h.id, enabled="yes"),
+            lambda: insp.add_hook("noise", target="*", std=0.1, seed=2**64),
             lambda: insp.import_hooks([{"kind": "clip_value", "target": "*", "params": {"threshold": 1}},
                                        {"kind": "scale", "target": "*", "params": {}}]),
         ]
