@@ -89,3 +89,17 @@ export function detailList(data) {
   }
   return [{ loc: [], msg: typeof d === "string" ? d : JSON.stringify(d) }];
 }
+
+/** One entry of a detail as text: "loc: msg", or just the message when it names no field. */
+export function detailText(d) {
+  return d.loc.length ? `${d.loc.join(".")}: ${d.msg}` : d.msg;
+}
+
+/**
+ * A failed request's detail as one line for the page, entries joined by "; ".
+ * `res` is a request's outcome ({data}); a websocket `error` message carries its
+ * `detail` the same way, as `{data: msg}`.
+ */
+export function errorText(res) {
+  return detailList(res.data).map(detailText).join("; ");
+}

@@ -1,22 +1,23 @@
-// The dashboard: wires the websocket stream, the HTTP backfill, the store, the
-// charts, the hook panel and the controls. Messages only touch the store and
-// mark what changed; the charts are drawn once per animation frame.
+// The dashboard: wires the websocket stream, the HTTP backfill, the dashboard
+// state, the charts, the hook panel and the controls. Messages only touch the
+// state and mark what changed; the charts are drawn once per animation frame.
 
-import { api, detailList, takeTokenFromUrl } from "./api.js";
+import { api, errorText, takeTokenFromUrl } from "./api.js";
 import { FlowChart, HeatmapChart, HistChart, LossChart, RatioChart } from "./charts.js";
 import { EventLog } from "./eventlog.js";
-import { HookPanel, PresetDialog } from "./hooks.js";
+import { HookPanel } from "./hookpanel.js";
+import { PresetDialog } from "./presets.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
-import { MAX_SNAPSHOTS, Store } from "./store.js";
+import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
 import { debounce, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
 import { Connection } from "./ws.js";
 
-const $ = (id) => byTestId(SELECTORS[id] || id);
+const $ = (key) => byTestId(SELECTORS[key]); // an element of the page, by its SELECTORS key
 
 class Dashboard {
   constructor() {
-    this.live = new Store(); // the run being trained, fed by the stream
+    this.live = new DashboardState(); // the run being trained, fed by the stream
     this.view = this.live; // what the page shows: the live run or an earlier one
     this.syncing = false; // a hello's backfill is in flight: stream messages wait
     this.buffer = [];
@@ -44,7 +45,7 @@ class Dashboard {
 
     this.dialog = new PresetDialog($("presetDialog"));
     this.panel = new HookPanel({
-      store: this.live,
+      state: this.live,
       list: $("hookList"),
       form: $("addHookForm"),
       presets: document.querySelector('[data-role="presets"]'),
@@ -60,9 +61,9 @@ class Dashboard {
   start() {
     this.scheduler.resetAll();
     this.conn.start();
-    // Training state changes made elsewhere (another tab, the script) have no
-    // message of their own: refresh it now and then.
-    // training state is pushed ("training" messages); this slower poll refreshes the runs' step counts
+    // Pause, resume, single step and rate are pushed ("training" messages); the
+    // end of training ("finished") and the run picker's step counts are not: every
+    // 15 s re-read the session, and every third time the list of runs.
     setInterval(() => this.refreshTraining(), 15000);
   }
 
@@ -94,9 +95,7 @@ class Dashboard {
     const el = $("connectionStatus");
     el.dataset.state = "unauthorized";
     el.textContent = res.status === 401 ? "○ token needed: open the URL printed at start-up" : "○ refused";
-    el.title = detailList(res.data)
-      .map((d) => d.msg)
-      .join("; ");
+    el.title = errorText(res);
   }
 
   onMessage(msg) {
@@ -163,12 +162,7 @@ class Dashboard {
         this.showConfigVersion();
         break;
       case "error":
-        this.localEvent(
-          "server_error",
-          detailList(msg)
-            .map((d) => d.msg)
-            .join("; "),
-        );
+        this.localEvent("server_error", errorText({ data: msg })); // `detail` as in an HTTP error
         break;
       default:
         break; // ack: mutations go over HTTP; the subscribe ack needs nothing
@@ -391,13 +385,7 @@ class Dashboard {
       const v = Number($("rate").value);
       if (!Number.isFinite(v) || v <= 0) return;
       const res = await api.rate(v);
-      if (!res.ok)
-        this.localEvent(
-          "training",
-          `rate: ${detailList(res.data)
-            .map((d) => d.msg)
-            .join("; ")}`,
-        );
+      if (!res.ok) this.localEvent("training", `rate: ${errorText(res)}`);
       else this.live.training.steps_per_second = num(res.data && res.data.steps_per_second) ?? v;
     });
     segmented($("lossScale"), (v) => {
@@ -412,7 +400,7 @@ class Dashboard {
       this.flow.metric = v;
       this.scheduler.resetNow("flow");
     });
-    segmented(byTestId("hist-scale"), (v) => {
+    segmented($("histScale"), (v) => {
       this.hist.logY = v === "log";
       this.scheduler.resetNow("hist");
     });
@@ -439,12 +427,7 @@ class Dashboard {
     const before = this.live.step;
     const res = await api.training(action);
     if (!res.ok) {
-      this.localEvent(
-        "training",
-        `${action}: ${detailList(res.data)
-          .map((d) => d.msg)
-          .join("; ")}`,
-      );
+      this.localEvent("training", `${action}: ${errorText(res)}`);
       return;
     }
     if (res.data && res.data.state) this.live.training.state = res.data.state;
@@ -496,23 +479,18 @@ class Dashboard {
       api.events({ run: id }),
     ]);
     if (!sess.ok) {
-      this.localEvent(
-        "run",
-        `run ${id}: ${detailList(sess.data)
-          .map((d) => d.msg)
-          .join("; ")}`,
-      );
+      this.localEvent("run", `run ${id}: ${errorText(sess)}`);
       $("runPicker").value = String(this.view.runId);
       return;
     }
-    const store = new Store();
-    store.setSession(sess.data);
-    store.readOnly = true;
-    for (const s of (snaps.ok && snaps.data.snapshots) || []) store.addSnapshot(s);
-    for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) store.addEvent(ev);
-    if (store.latest) store.step = store.latest.step;
-    this.view = store;
-    this.panel.store = store;
+    const state = new DashboardState();
+    state.setSession(sess.data);
+    state.readOnly = true;
+    for (const s of (snaps.ok && snaps.data.snapshots) || []) state.addSnapshot(s);
+    for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) state.addEvent(ev);
+    if (state.latest) state.step = state.latest.step;
+    this.view = state;
+    this.panel.state = state;
     this.panel.resetSession();
     this.renderLog();
     this.fillParamSelect();
@@ -521,14 +499,14 @@ class Dashboard {
     const banner = $("historyBanner");
     banner.hidden = false;
     banner.querySelector('[data-role="history-text"]').textContent =
-      `Run ${store.runId}${store.training.scenario ? ` (${store.training.scenario})` : ""}: stored history, ${store.snapshots.length} sampled steps up to step ${store.step}. Read-only.`;
-    $("runPicker").value = String(store.runId);
-    setRunInUrl(store.runId);
+      `Run ${state.runId}${state.training.scenario ? ` (${state.training.scenario})` : ""}: stored history, ${state.snapshots.length} sampled steps up to step ${state.step}. Read-only.`;
+    $("runPicker").value = String(state.runId);
+    setRunInUrl(state.runId);
   }
 
   backToLive() {
     this.view = this.live;
-    this.panel.store = this.live;
+    this.panel.state = this.live;
     this.panel.resetSession();
     this.renderLog();
     this.fillParamSelect();
@@ -581,6 +559,8 @@ export function render() {
   const run = new URL(window.location.href).searchParams.get("run");
   dash.pendingRun = run === null ? undefined : run;
   dash.start();
-  window.__dashboard = dash; // for debugging from the console
+  // The page's handle: scripts/screenshots.py waits on window.__dashboard.scheduler
+  // (every chart drawn) before a capture; also handy from the console.
+  window.__dashboard = dash;
   return dash;
 }

@@ -2,7 +2,8 @@
 // before anything is sent (types, required); ranges are the server's to judge,
 // and its `detail` is shown beside the field it names.
 
-import { paramTestId } from "./selectors.js";
+import { detailText } from "./api.js";
+import { SELECTORS, paramTestId } from "./selectors.js";
 import { fmtParam, h } from "./util.js";
 
 /** The schema's properties as [name, propertySchema] pairs, in schema order. */
@@ -102,7 +103,7 @@ export function readInput(prop, input, required) {
 
 /** A labelled field with its error slot: {wrap, input, error}. */
 export function labelledField(label, input, hint) {
-  const error = h("span", { class: "field-error", dataset: { testid: "field-error" }, role: "alert" });
+  const error = h("span", { class: "field-error", dataset: { testid: SELECTORS.fieldError }, role: "alert" });
   const wrap = h(
     "label",
     { class: "field" },
@@ -129,4 +130,22 @@ export function locKey(loc) {
   if (parts[0] === "body") parts.shift();
   if (parts[0] === "params" && parts.length > 1) return `params.${parts[1]}`;
   return parts[0] || "";
+}
+
+/**
+ * Show a server detail: each entry beside the field it names (`fields`: locKey
+ * -> field), an entry that names no field in `errorEl`.
+ */
+export function showDetail(fields, errorEl, detail) {
+  for (const d of detail) {
+    const f = fields.get(locKey(d.loc));
+    if (f) setFieldError(f, d.msg);
+    else errorEl.textContent = detailText(d);
+  }
+}
+
+/** Clear what showDetail showed. */
+export function clearDetail(fields, errorEl) {
+  for (const f of fields.values()) setFieldError(f, "");
+  errorEl.textContent = "";
 }

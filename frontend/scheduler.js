@@ -6,7 +6,7 @@
 // stream; on a slow one (a busy laptop, a CPU-only CI box) charts refresh less
 // often instead of starving clicks, typing and the websocket.
 
-import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./store.js";
+import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./state.js";
 
 const MIN_INTERVAL_MS = 100;
 const COST_FACTOR = 4; // one chart spends at most ~1/4 of the time drawing
@@ -28,13 +28,13 @@ class Slot {
 
 export class Scheduler {
   /**
-   * @param {Array<[string, object]>} charts name and chart ({reset(store), update(store, pending)})
-   * @param {() => object} store the store being shown
+   * @param {Array<[string, object]>} charts name and chart ({reset(state), update(state, pending)})
+   * @param {() => object} state the DashboardState being shown
    * @param {() => void} everyFrame cheap work done on each frame (counters)
    */
-  constructor(charts, store, everyFrame) {
+  constructor(charts, state, everyFrame) {
     this.slots = charts.map(([name, chart]) => new Slot(name, chart));
-    this.store = store;
+    this.state = state;
     this.everyFrame = everyFrame;
     this.queued = false;
     this.globalNextAt = 0;
@@ -60,7 +60,7 @@ export class Scheduler {
     this.request();
   }
 
-  /** Redraw every chart from the store at the next frames (new run, new view). */
+  /** Redraw every chart from the state at the next frames (new run, new view). */
   resetAll() {
     for (const s of this.slots) {
       s.pending = emptyPending();
@@ -112,10 +112,10 @@ export class Scheduler {
   }
 
   draw(slot, reset, now, pending) {
-    const store = this.store();
+    const state = this.state();
     const t0 = performance.now();
-    if (reset) slot.chart.reset(store);
-    else slot.chart.update(store, pending);
+    if (reset) slot.chart.reset(state);
+    else slot.chart.update(state, pending);
     const cost = performance.now() - t0;
     slot.lastCost = cost;
     slot.nextAt = now + Math.max(MIN_INTERVAL_MS, COST_FACTOR * cost);

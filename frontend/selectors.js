@@ -1,5 +1,7 @@
-// Every element a test touches, by its data-testid. The page looks its own
-// elements up through this object too, so a rename happens in one place.
+// Every element a test touches (tests/, scripts/screenshots.py), by its
+// data-testid. The modules find and build their elements through this object;
+// index.html, static HTML, spells the ids of its own elements out, so a rename
+// there is made in both.
 export const SELECTORS = {
   connectionStatus: "connection-status",
   stepCounter: "step-counter",
@@ -24,12 +26,14 @@ export const SELECTORS = {
   flowMetric: "flow-metric",
   histParam: "hist-param",
   histStatus: "hist-status",
+  histScale: "hist-scale",
   lossScale: "loss-scale",
   hookList: "hook-list",
   hookRow: "hook-row",
   hookToggle: "hook-toggle",
   hookRemove: "hook-remove",
   hookStatus: "hook-status",
+  hookTarget: "hook-target",
   hookError: "hook-error",
   fieldError: "field-error",
   addHookForm: "add-hook-form",
@@ -39,9 +43,12 @@ export const SELECTORS = {
   addHookMatches: "add-hook-matches",
   addHookSubmit: "add-hook-submit",
   addHookEnabled: "add-hook-enabled",
+  addHookError: "add-hook-error",
   presetExport: "preset-export",
   presetPython: "preset-python",
   presetImport: "preset-import",
+  presetImportButton: "preset-import-button",
+  presetError: "preset-error",
   presetDialog: "preset-dialog",
   presetText: "preset-text",
   eventLog: "event-log",

@@ -71,13 +71,6 @@ export function fmtShortDate(t) {
   return `${p2(d.getMonth() + 1)}-${p2(d.getDate())} ${p2(d.getHours())}:${p2(d.getMinutes())}`;
 }
 
-export function fmtDate(t) {
-  const n = plottable(t);
-  if (n === null) return "";
-  const d = new Date(n * 1000);
-  return `${d.toLocaleDateString()} ${d.toLocaleTimeString([], { hour12: false })}`;
-}
-
 /**
  * Build an element: h("div", {class: "x", dataset: {testid: "y"}, onclick}, child...).
  * Children are nodes or strings (as text: data never reaches innerHTML).

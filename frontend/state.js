@@ -1,7 +1,8 @@
-// The page's bounded model of one run: session, a window of recent snapshots
-// (only the fields the charts use), the loss series, markers, the latest
-// histograms and the event log. Memory is capped: nothing here grows with the
-// length of the run.
+// The dashboard's bounded state of one run (the page holds one for the live
+// run and one for an earlier run it shows): session, a window of recent
+// snapshots (only the fields the charts use), the loss series, markers, the
+// latest histograms and the event log. Memory is capped: nothing here grows with
+// the length of the run. (The server's database is server/storage.py.)
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
 import { num } from "./util.js";
@@ -20,7 +21,7 @@ const PER_PARAM = [
   "inf_count",
 ];
 
-export class Store {
+export class DashboardState {
   constructor() {
     this.clear();
   }
@@ -178,10 +179,6 @@ export class Store {
     const before = this.markers.length;
     this.markers = this.markers.filter((m) => m.x >= from);
     return this.markers.length !== before;
-  }
-
-  paramIndex(name) {
-    return this.params.indexOf(name);
   }
 }
 

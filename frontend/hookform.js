@@ -1,0 +1,188 @@
+// The add-hook form: kind, point and target (with the matches the server finds
+// for the glob as you type), the kind's parameters built from its JSON Schema,
+// and enabled. It posts through the hook panel, which updates the list.
+
+import { api, errorText } from "./api.js";
+import {
+  clearDetail,
+  constraintHint,
+  labelledField,
+  makeInput,
+  readInput,
+  schemaFields,
+  setFieldError,
+  showDetail,
+} from "./fields.js";
+import { SELECTORS } from "./selectors.js";
+import { debounce, h } from "./util.js";
+
+const ADDABLE_EXCLUDED = new Set(["python"]); // added from Python only
+
+export class AddHookForm {
+  /**
+   * @param {HTMLFormElement} el the form, filled here
+   * @param {object} panel the HookPanel (mutate(), readOnly)
+   */
+  constructor(el, panel) {
+    this.el = el;
+    this.panel = panel;
+    this.kinds = {};
+    this.fields = new Map();
+    this.kind = h("select", {
+      dataset: { testid: SELECTORS.addHookKind },
+      name: "kind",
+      onchange: () => this.onKind(),
+    });
+    this.target = h("input", {
+      type: "text",
+      class: "mono",
+      name: "target",
+      value: "*",
+      spellcheck: false,
+      autocomplete: "off",
+      placeholder: "glob, e.g. blocks.*.weight",
+      dataset: { testid: SELECTORS.addHookTarget },
+      oninput: () => this.lookupTargets(),
+    });
+    this.target.value = "*";
+    this.point = h("select", {
+      dataset: { testid: SELECTORS.addHookPoint },
+      name: "point",
+      onchange: () => this.lookupTargets(),
+    });
+    this.enabled = h("input", {
+      type: "checkbox",
+      class: "switch",
+      checked: true,
+      dataset: { testid: SELECTORS.addHookEnabled },
+    });
+    this.matches = h("div", { class: "matches", dataset: { testid: SELECTORS.addHookMatches } });
+    this.paramBox = h("div", { class: "hook-params" });
+    this.error = h("div", { class: "row-error", role: "alert", dataset: { testid: SELECTORS.addHookError } });
+    this.submit = h(
+      "button",
+      { type: "submit", class: "btn primary", dataset: { testid: SELECTORS.addHookSubmit } },
+      "Add hook",
+    );
+    const kf = labelledField("kind", this.kind);
+    const tf = labelledField("target", this.target);
+    tf.wrap.classList.add("wide");
+    tf.wrap.append(this.matches);
+    const pf = labelledField("point", this.point);
+    this.fields.set("kind", kf);
+    this.fields.set("target", tf);
+    this.fields.set("point", pf);
+    el.replaceChildren(
+      h("div", { class: "form-grid" }, kf.wrap, pf.wrap, tf.wrap),
+      this.paramBox,
+      h(
+        "div",
+        { class: "form-actions" },
+        h("label", { class: "inline" }, this.enabled, " enabled"),
+        h("span", { class: "grow" }),
+        this.submit,
+      ),
+      this.error,
+    );
+    el.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      this.add();
+    });
+    this.lookupTargets = debounce(() => this.showMatches(), 150);
+  }
+
+  setKinds(kinds) {
+    this.kinds = kinds || {};
+    const names = Object.keys(this.kinds).filter(
+      (k) => !ADDABLE_EXCLUDED.has(k) && !this.kinds[k].python_only,
+    );
+    const current = this.kind.value;
+    this.kind.replaceChildren(...names.map((k) => h("option", { value: k }, k)));
+    if (names.includes(current)) this.kind.value = current;
+    else if (names.includes("clip_value")) this.kind.value = "clip_value";
+    this.onKind();
+  }
+
+  setDisabled(on) {
+    for (const el of this.el.querySelectorAll("input, select, button")) el.disabled = on;
+  }
+
+  onKind() {
+    const schema = this.kinds[this.kind.value] || { properties: {} };
+    const points = schema.points || ["pre_step"];
+    const prevPoint = this.point.value;
+    this.point.replaceChildren(...points.map((p) => h("option", { value: p }, p)));
+    if (points.includes(prevPoint)) this.point.value = prevPoint;
+    this.paramBox.replaceChildren();
+    for (const key of [...this.fields.keys()]) if (key.startsWith("params.")) this.fields.delete(key);
+    const required = new Set(schema.required || []);
+    for (const [name, prop] of schemaFields(schema)) {
+      const input = makeInput(name, prop, prop.default);
+      const f = labelledField(required.has(name) ? `${name} *` : name, input, null);
+      f.wrap.title = [prop.description, constraintHint(prop)].filter(Boolean).join(" · ");
+      f.required = required.has(name);
+      f.prop = prop;
+      this.fields.set(`params.${name}`, f);
+      this.paramBox.append(f.wrap);
+    }
+    if (!schemaFields(schema).length)
+      this.paramBox.append(h("span", { class: "muted small" }, "no parameters"));
+    this.clearErrors();
+    if (this.panel.readOnly) this.setDisabled(true);
+    this.lookupTargets();
+  }
+
+  async showMatches() {
+    const glob = this.target.value;
+    if (!glob) {
+      this.matches.textContent = "";
+      return;
+    }
+    const res = await api.targets(glob, this.point.value);
+    if (glob !== this.target.value) return; // a newer lookup is on its way
+    if (!res.ok) {
+      this.matches.className = "matches none";
+      this.matches.textContent = errorText(res);
+      return;
+    }
+    const m = res.data.matches || [];
+    this.matches.className = m.length ? "matches" : "matches none";
+    this.matches.title = m.join("\n");
+    if (!m.length) {
+      this.matches.textContent = "matches nothing";
+      return;
+    }
+    const shown = m.slice(0, 4).join(", ");
+    this.matches.textContent = `${m.length} match${m.length === 1 ? "" : "es"}: ${shown}${m.length > 4 ? ", …" : ""}`;
+  }
+
+  clearErrors() {
+    clearDetail(this.fields, this.error);
+  }
+
+  async add() {
+    this.clearErrors();
+    const params = {};
+    let bad = false;
+    for (const [key, f] of this.fields) {
+      if (!key.startsWith("params.")) continue;
+      const r = readInput(f.prop, f.input, f.required);
+      if (r.error) {
+        setFieldError(f, r.error);
+        bad = true;
+      } else if (!r.skip) params[key.slice(7)] = r.value;
+    }
+    if (bad) return;
+    const spec = {
+      kind: this.kind.value,
+      target: this.target.value.trim(),
+      point: this.point.value,
+      params,
+      enabled: this.enabled.checked,
+    };
+    this.submit.disabled = true;
+    const detail = await this.panel.mutate(api.addHook(spec));
+    this.submit.disabled = this.panel.readOnly;
+    if (detail) showDetail(this.fields, this.error, detail);
+  }
+}
