@@ -53,6 +53,20 @@ function logAxisFor(values) {
   return range ? { range, ...logTicks([10 ** range[0], 10 ** range[1]]) } : {};
 }
 
+/**
+ * Call chart.onPick(name) when a bar or heatmap cell is clicked; `coord` ("x"
+ * or "y") is the point's coordinate that holds the parameter name. Bound once
+ * per element: the listener survives Plotly.react.
+ */
+function bindPick(chart, coord) {
+  if (chart.bound) return;
+  chart.bound = true;
+  chart.el.on("plotly_click", (ev) => {
+    const p = ev && ev.points && ev.points[0];
+    if (p && typeof p[coord] === "string") chart.onPick(p[coord]);
+  });
+}
+
 /** Tick values and labels of a log10-valued axis or colour bar: 1e-3, 0.01, ... */
 function decadeTicks(lo, hi) {
   const vals = [];
@@ -84,21 +98,21 @@ export class LossChart {
     this.lossLog = false;
   }
 
-  normTicks(store) {
+  normTicks(state) {
     const v = [];
-    for (const r of store.window()) v.push(positive(r.total_norm_raw), positive(r.total_norm));
+    for (const r of state.window()) v.push(positive(r.total_norm_raw), positive(r.total_norm));
     return logTicks(v);
   }
 
-  layout(store) {
-    this.ticks = this.normTicks(store);
+  layout(state) {
+    this.ticks = this.normTicks(state);
     return baseLayout({
       margin: { l: 60, r: 64, t: 8, b: 40 },
       xaxis: axis({ title: { text: "step" } }),
       yaxis: axis({
         title: { text: "loss" },
         type: this.lossLog ? "log" : "linear",
-        ...(this.lossLog ? logTicks(store.loss.y) : {}),
+        ...(this.lossLog ? logTicks(state.loss.y) : {}),
       }),
       yaxis2: axis({
         title: { text: "global grad norm (L2)" },
@@ -114,15 +128,15 @@ export class LossChart {
     });
   }
 
-  traces(store) {
-    const rows = store.window();
+  traces(state) {
+    const rows = state.window();
     const x = rows.map((r) => r.step);
-    const marks = this.markerTraces(store.markers);
+    const marks = this.markerTraces(state.markers);
     return [
       {
         name: "loss",
-        x: store.loss.x.slice(),
-        y: store.loss.y.slice(),
+        x: state.loss.x.slice(),
+        y: state.loss.y.slice(),
         type: "scatter",
         mode: "lines",
         line: { color: COLORS.loss, width: 1.6 },
@@ -190,11 +204,11 @@ export class LossChart {
     ];
   }
 
-  reset(store) {
-    Plotly.react(this.el, this.traces(store), this.layout(store), PLOT_CONFIG);
+  reset(state) {
+    Plotly.react(this.el, this.traces(state), this.layout(state), PLOT_CONFIG);
   }
 
-  update(store, news) {
+  update(state, news) {
     const idx = [];
     const upd = { x: [], y: [] };
     const maxp = { x: [], y: [] };
@@ -202,11 +216,11 @@ export class LossChart {
       idx.push(LOSS);
       upd.x.push(news.loss.x);
       upd.y.push(news.loss.y);
-      maxp.x.push(store.loss.x.length);
-      maxp.y.push(store.loss.x.length);
+      maxp.x.push(state.loss.x.length);
+      maxp.y.push(state.loss.x.length);
     }
     if (news.rows.length) {
-      const n = store.window().length;
+      const n = state.window().length;
       const xs = news.rows.map((r) => r.step);
       for (const [i, key] of [
         [NORM_RAW, "total_norm_raw"],
@@ -221,7 +235,7 @@ export class LossChart {
     }
     if (idx.length) Plotly.extendTraces(this.el, upd, idx, maxp);
     if (news.rows.length) {
-      const ticks = this.normTicks(store);
+      const ticks = this.normTicks(state);
       if (ticks.dtick !== this.ticks.dtick) {
         this.ticks = ticks;
         Plotly.relayout(this.el, {
@@ -232,7 +246,7 @@ export class LossChart {
       }
     }
     if (news.markers) {
-      const t = this.markerTraces(store.markers);
+      const t = this.markerTraces(state.markers);
       Plotly.restyle(
         this.el,
         { x: t.map((d) => d.x), y: t.map((d) => d.y), hovertext: t.map((d) => d.hovertext ?? null) },
@@ -297,12 +311,12 @@ export class HeatmapChart {
     };
   }
 
-  reset(store) {
-    const rows = store.window().slice(-HEATMAP_COLUMNS);
+  reset(state) {
+    const rows = state.window().slice(-HEATMAP_COLUMNS);
     const z = rows.map((r) => this.rowOf(r));
     const [lo, hi] = this.zRange(z);
     this.range = [lo, hi];
-    const names = store.params;
+    const names = state.params;
     const trace = {
       type: "heatmap",
       name: this.source,
@@ -336,23 +350,14 @@ export class HeatmapChart {
       }),
     });
     Plotly.react(this.el, [trace], layout, PLOT_CONFIG);
-    this.bindClick();
+    bindPick(this, "y");
   }
 
-  bindClick() {
-    if (this.bound) return;
-    this.bound = true;
-    this.el.on("plotly_click", (ev) => {
-      const p = ev && ev.points && ev.points[0];
-      if (p && typeof p.y === "string") this.onPick(p.y);
-    });
-  }
-
-  update(store, news) {
+  update(state, news) {
     if (!news.rows.length) return;
     const rows = news.rows.slice(-HEATMAP_COLUMNS);
     const z = rows.map((r) => this.rowOf(r));
-    const n = Math.min(HEATMAP_COLUMNS, store.window().length);
+    const n = Math.min(HEATMAP_COLUMNS, state.window().length);
     Plotly.extendTraces(this.el, { x: [rows.map((r) => r.step)], z: [z] }, [0], n);
     // Widen the colour range when new values fall outside it (never narrows
     // while streaming, so colours stay comparable; a reset recomputes it).
@@ -369,28 +374,64 @@ export class HeatmapChart {
 }
 
 // ---------------------------------------------------------------------------
-// 3. Gradient flow: per-parameter raw and final, norm or abs-max, log scale.
+// The per-parameter bar charts (3 and 5): one bar (or an overlaid pair) per
+// parameter for the newest snapshot, on a log axis, redrawn when a newer one
+// arrives; a click on a bar picks that parameter. Each chart adds its own part
+// as figure(row, names), given the newest row (null before any) and the
+// parameter names: {traces, title (of the y axis), values (the log range shows
+// them), top (margin, px; 8 by default), layout (more layout keys)}.
 
-export class FlowChart {
+class ParamBarChart {
   constructor(el, onPick) {
     this.el = el;
-    this.metric = "norm"; // or "absmax"
     this.onPick = onPick;
     this.bound = false;
     this.shownStep = null;
+  }
+
+  render(state, force) {
+    const row = state.latest;
+    if (!force && row && row.step === this.shownStep) return;
+    this.shownStep = row ? row.step : null;
+    const names = state.params;
+    const { traces, title, values, top = 8, layout = {} } = this.figure(row, names);
+    const full = baseLayout({
+      showlegend: false, // the card header says which colour is which
+      margin: { l: 60, r: 12, t: top, b: paramMargin(names) },
+      xaxis: paramAxis(names, this.el),
+      yaxis: axis({ type: "log", title: { text: title }, ...logAxisFor(values) }),
+      ...layout,
+    });
+    Plotly.react(this.el, traces, full, PLOT_CONFIG);
+    bindPick(this, "x");
+  }
+
+  reset(state) {
+    this.render(state, true);
+  }
+
+  update(state, news) {
+    if (news.rows.length) this.render(state, false);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Gradient flow: per-parameter raw and final, norm or abs-max, log scale.
+
+export class FlowChart extends ParamBarChart {
+  constructor(el, onPick) {
+    super(el, onPick);
+    this.metric = "norm"; // or "absmax"
   }
 
   keys() {
     return this.metric === "norm" ? ["grad_norm_raw", "grad_norm"] : ["grad_absmax_raw", "grad_absmax"];
   }
 
-  render(store, force) {
-    const row = store.latest;
-    if (!force && row && row.step === this.shownStep) return;
-    this.shownStep = row ? row.step : null;
+  figure(row, names) {
+    // What is drawn, for tests and scripts/screenshots.py to wait on.
     this.el.dataset.step = row ? String(row.step) : "";
     this.el.dataset.metric = this.metric;
-    const names = store.params;
     const [kr, kf] = this.keys();
     const label = this.metric === "norm" ? "‖g‖₂" : "max |g|";
     const yr = row ? names.map((_, i) => positive((row[kr] || [])[i])) : [];
@@ -414,17 +455,9 @@ export class FlowChart {
         hovertemplate: `%{x}<br>final ${label} %{y:.4g}<extra></extra>`,
       },
     ];
-    const layout = baseLayout({
-      showlegend: false, // the card header says which colour is which
+    const layout = {
       barmode: "overlay",
       bargap: 0.15,
-      margin: { l: 60, r: 12, t: 18, b: paramMargin(names) },
-      xaxis: paramAxis(names, this.el),
-      yaxis: axis({
-        type: "log",
-        title: { text: `${label} per parameter` },
-        ...logAxisFor([...yr, ...yf]),
-      }),
       annotations: row
         ? [
             {
@@ -440,23 +473,8 @@ export class FlowChart {
             },
           ]
         : [],
-    });
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
-    if (!this.bound) {
-      this.bound = true;
-      this.el.on("plotly_click", (ev) => {
-        const p = ev && ev.points && ev.points[0];
-        if (p && typeof p.x === "string") this.onPick(p.x);
-      });
-    }
-  }
-
-  reset(store) {
-    this.render(store, true);
-  }
-
-  update(store, news) {
-    if (news.rows.length) this.render(store, false);
+    };
+    return { traces, title: `${label} per parameter`, values: [...yr, ...yf], top: 18, layout };
   }
 }
 
@@ -471,8 +489,8 @@ export class HistChart {
     this.shown = null;
   }
 
-  render(store, force) {
-    const hg = this.param ? store.hist.get(this.param) : null;
+  render(state, force) {
+    const hg = this.param ? state.hist.get(this.param) : null;
     if (!force && hg === this.shown) return;
     this.shown = hg;
     const traces = [];
@@ -535,12 +553,12 @@ export class HistChart {
     Plotly.react(this.el, traces, layout, PLOT_CONFIG);
   }
 
-  reset(store) {
-    this.render(store, true);
+  reset(state) {
+    this.render(state, true);
   }
 
-  update(store) {
-    this.render(store, false);
+  update(state) {
+    this.render(state, false);
   }
 }
 
@@ -549,19 +567,8 @@ export class HistChart {
 
 const RATIO_BAND = [1e-4, 1e-2]; // the usual healthy range; 1e-3 is the rule of thumb
 
-export class RatioChart {
-  constructor(el, onPick) {
-    this.el = el;
-    this.onPick = onPick;
-    this.bound = false;
-    this.shownStep = null;
-  }
-
-  render(store, force) {
-    const row = store.latest;
-    if (!force && row && row.step === this.shownStep) return;
-    this.shownStep = row ? row.step : null;
-    const names = store.params;
+export class RatioChart extends ParamBarChart {
+  figure(row, names) {
     const y = row ? names.map((_, i) => positive((row.update_ratio || [])[i])) : [];
     const colors = y.map((v) =>
       v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1] ? COLORS.ratioIn : COLORS.ratioOut,
@@ -576,15 +583,7 @@ export class RatioChart {
         hovertemplate: "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",
       },
     ];
-    const layout = baseLayout({
-      showlegend: false,
-      margin: { l: 60, r: 12, t: 8, b: paramMargin(names) },
-      xaxis: paramAxis(names, this.el),
-      yaxis: axis({
-        type: "log",
-        title: { text: "‖Δθ‖ / ‖θ‖" },
-        ...logAxisFor([...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3]),
-      }),
+    const layout = {
       shapes: [
         {
           type: "rect",
@@ -609,22 +608,7 @@ export class RatioChart {
           line: { color: COLORS.ratioIn, width: 1, dash: "dot" },
         },
       ],
-    });
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
-    if (!this.bound) {
-      this.bound = true;
-      this.el.on("plotly_click", (ev) => {
-        const p = ev && ev.points && ev.points[0];
-        if (p && typeof p.x === "string") this.onPick(p.x);
-      });
-    }
-  }
-
-  reset(store) {
-    this.render(store, true);
-  }
-
-  update(store, news) {
-    if (news.rows.length) this.render(store, false);
+    };
+    return { traces, title: "‖Δθ‖ / ‖θ‖", values: [...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3], layout };
   }
 }
