@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["ControlPlane", "HEARTBEAT", "active"]
+__all__ = ["ControlPlane", "HEARTBEAT", "Rows", "active"]
 
 HEARTBEAT = 0.5  # seconds between exchanges while paused
 
@@ -54,25 +54,58 @@ class ControlPlane:
         self.broken: str | None = None
 
     def exchange(self, hold: bool, payload: bool, next_sampled: bool, local_bad: int,
-                 local_norms: list[float] | None) -> Tensor:
-        """One all_gather of every rank's row; returns a (world, len) float64 tensor."""
-        row = [float(hold), float(payload), float(next_sampled), float(local_bad)]
+                 local_norms: list[float] | None) -> Rows:
+        """One all_gather of every rank's row (the columns of :class:`Rows`)."""
+        row = [0.0] * Rows.NORMS
+        row[Rows.HOLD], row[Rows.PAYLOAD], row[Rows.NEXT_SAMPLED] = float(hold), float(payload), float(next_sampled)
+        row[Rows.LOCAL_BAD] = float(local_bad)
         if local_norms is not None:
             row += local_norms
         mine = torch.tensor(row, dtype=torch.float64)
         rows = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(rows, mine, group=self.group)
-        return torch.stack(rows)
+        return Rows(torch.stack(rows))
 
     def broadcast(self, obj: Any) -> Any:
         box = [obj if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
-    @staticmethod
-    def spread(rows: Tensor, start: int, n: int) -> dict[str, list[Any]]:
+
+class Rows:
+    """Every rank's row of one exchange, a (world, columns) float64 tensor read by column name."""
+
+    HOLD, PAYLOAD, NEXT_SAMPLED, LOCAL_BAD = 0, 1, 2, 3  # rank 0's decisions, then each rank's finding
+    NORMS = 4  # the first of the local norms (sampled steps only): one column per parameter
+
+    def __init__(self, rows: Tensor) -> None:
+        self.rows = rows
+
+    @property
+    def hold(self) -> bool:
+        """Rank 0 holds every rank at this boundary (pause, or a single step done)."""
+        return bool(self.rows[0, self.HOLD])
+
+    @property
+    def payload(self) -> bool:
+        """Rank 0 has pending edits: a broadcast follows."""
+        return bool(self.rows[0, self.PAYLOAD])
+
+    @property
+    def next_sampled(self) -> bool:
+        return bool(self.rows[0, self.NEXT_SAMPLED])
+
+    def bad_ranks(self) -> list[int]:
+        """The ranks whose local gradient had a non-finite parameter."""
+        return [r for r in range(self.rows.shape[0]) if self.rows[r, self.LOCAL_BAD] >= 0]
+
+    def local_bad(self, rank: int) -> int:
+        """The first parameter whose local gradient was not finite on ``rank`` (or -1)."""
+        return int(self.rows[rank, self.LOCAL_BAD])
+
+    def spread(self, n: int) -> dict[str, list[Any]]:
         """Per parameter: min and max of the local norms across ranks, and which rank."""
-        norms = rows[:, start:start + n]  # (world, n_params); NaN where a rank had no gradient
+        norms = self.rows[:, self.NORMS:self.NORMS + n]  # (world, n_params); NaN where a rank had no gradient
         finite = torch.where(torch.isnan(norms), torch.full_like(norms, math.inf), norms)
         lo, argmin = finite.min(dim=0)
         finite_hi = torch.where(torch.isnan(norms), torch.full_like(norms, -math.inf), norms)

@@ -1,4 +1,4 @@
-"""The Inspector: where every torch hook of ours is registered, and the step lifecycle.
+"""The Inspector: the public API, its locks and threads, and the step lifecycle.
 
 Torch hooks registered (and nothing else; ``close()`` removes every one):
 
@@ -11,13 +11,15 @@ Torch hooks registered (and nothing else; ``close()`` removes every one):
   right after the N-th update; pending edits are applied; a pause holds the thread here.
 - ``root.register_forward_pre_hook``: marks a step as under way (edits that register
   torch hooks are applied here, before the backward).
-- ``param.register_post_accumulate_grad_hook``: only on parameters that an enabled
-  ``post_accumulate`` hook targets. The hook receives the parameter; its gradient is
-  ``param.grad``.
-- ``module.register_forward_hook``: only on modules that an enabled ``module`` hook
-  targets; it registers a tensor hook on the forward's output (and inputs) to see
-  ``grad_output`` (``grad_input``), which works with in-place ops where
-  ``register_full_backward_hook`` raises.
+- ``param.register_post_accumulate_grad_hook`` and ``module.register_forward_hook``: only
+  where an enabled ``post_accumulate`` or ``module`` hook needs them (and, under DDP, on every
+  parameter for the per-rank spread); see :mod:`inspector.torch_hooks`, which owns them.
+
+What lives where: the statistics and the snapshot in :mod:`inspector.step_stats`, NaN/Inf
+findings and their events in :mod:`inspector.nonfinite`, the applying of edits in
+:mod:`inspector.edits`, the rows exchanged under ``torch.distributed`` in
+:mod:`inspector.distributed`, recorded scalars in :mod:`inspector.scalars`, and the records'
+way to subscribers in :mod:`inspector.feed`.
 
 Threads: only the training thread (the one that runs ``optimizer.step()``, or the root
 forward) registers or removes torch hooks. Edits from other threads are validated at once
@@ -26,57 +28,45 @@ and applied by the training thread at the next safe point (DESIGN.md "Steps").
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import os
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from . import distributed
+from .edits import Edits
 from .errors import AttachError, HookError, InspectorError
+from .feed import Feed
 from .handles import HookHandle
-from .hub import Hub
-from .ops import NanFinding, Runtime, Target, apply_post_accumulate, apply_pre_step, count_nonfinite
-from .records import HookSpec, Snapshot, jsonsafe
+from .nonfinite import Findings, NonfiniteReport
+from .ops import NanFinding, apply_pre_step
+from .records import HookSpec, jsonsafe
 from .registry import PRESET_FORMAT, Change, Registry
-from .stats import absmax, dense, foreach_norm, histograms, mean_std
-from .targets import match, strip_prefixes, wrapper_prefixes
-from .telemetry import Cadence, Pack
+from .scalars import Records, accumulate, check_scalars, host_means
+from .server_loader import load_server_module
+from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats, learning_rates
+from .targets import match
+from .telemetry import Cadence
+from .torch_hooks import TorchHooks
+from .wrappers import enabled_scaler, named_tensors, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
-HIST_CAP = 8  # at most this many parameters get histograms
-HIST_BINS = 64
-NONFINITE_REPEAT = 100  # a non-finite streak is reported on its first step, then every this many steps
 
-
-@dataclass(frozen=True)
-class _Plan:
-    """The applied config, resolved to targets. Replaced whole on every change (atomic swap)."""
-
-    pre: tuple[tuple[Runtime, tuple[Target, ...]], ...] = ()
-    post: dict[int, tuple[tuple[Runtime, Target], ...]] = field(default_factory=dict)
-    module: dict[str, tuple[Runtime, ...]] = field(default_factory=dict)
-
-
-def _tensors_in(x: Any) -> Iterator[Tensor]:
-    if isinstance(x, Tensor):
-        yield x
-    elif isinstance(x, list | tuple):
-        for v in x:
-            yield from _tensors_in(v)
-    elif isinstance(x, Mapping):
-        for v in x.values():
-            yield from _tensors_in(v)
+def _check_options(budget: Any, every: Any, hist_every: Any) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
+        raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise HookError(("every",), f"must be a positive integer or None (got {every!r})")
+    if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 1:
+        raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
 
 
 class Inspector:
@@ -89,47 +79,15 @@ class Inspector:
             raise AttachError(
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
                 "say) attach one Inspector per optimizer, each with the model part that optimizer steps")
-        inner = getattr(optimizer, "optimizer", None)
-        if optimizer is not None and isinstance(inner, torch.optim.Optimizer):
-            # a framework's wrapper (HF Accelerate's AcceleratedOptimizer, Lightning's
-            # LightningOptimizer) steps the real optimizer: our step hooks go on that one
-            optimizer = inner
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise AttachError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
-            raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise HookError(("every",), f"must be a positive integer or None (got {every!r})")
-        if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 1:
-            raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
-
-        self._root: nn.Module | None
-        if isinstance(model, nn.Module):
-            self._root = model
-            prefixes = wrapper_prefixes(model)
-            named = [(strip_prefixes(n, prefixes), p) for n, p in model.named_parameters()]
-            self._module_objs = {strip_prefixes(n, prefixes): m for n, m in model.named_modules()}
-        elif isinstance(model, Mapping):
-            self._root = None
-            named = []
-            for name, t in model.items():
-                if not isinstance(name, str) or not isinstance(t, Tensor):
-                    raise AttachError(f"a dict model maps names to tensors; got {name!r}: {type(t).__name__}")
-                if not t.is_leaf:
-                    raise AttachError(f"{name!r} is not a leaf tensor: only leaves accumulate .grad")
-                named.append((name, t))
-            self._module_objs = {}
-        else:
-            raise AttachError(f"model must be an nn.Module or a dict of named leaf tensors, got {type(model).__name__}")
-        if not named:
-            raise AttachError("the model has no parameters to inspect")
-
+        optimizer = real_optimizer(optimizer) if optimizer is not None else None
+        _check_options(budget, every, hist_every)
+        named, module_objs = named_tensors(model)
+        self._root: nn.Module | None = model if isinstance(model, nn.Module) else None
         self.params: list[str] = [n for n, _ in named]
-        self.modules: list[str] = list(self._module_objs)
+        self.modules: list[str] = list(module_objs)
         self._tensors: list[Tensor] = [p for _, p in named]
         self._optimizer = optimizer
-        self._scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
-        self._hist_every = hist_every
+        self._scaler = enabled_scaler(scaler)
 
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -138,14 +96,16 @@ class Inspector:
         self.rank = self._dist.rank if self._dist is not None else 0
         self._reg = Registry(self.params, self.modules, scaler=self._scaler is not None,
                              distributed=self._dist is not None)
-        self._hub = Hub()
+        self._feed = Feed()
         self._cadence = Cadence(float(budget), every)
-        self._plan = _Plan()
-        self._runtimes: dict[str, Runtime] = {}
-        self._handles: list[Any] = []
-        self._post_handles: dict[int, Any] = {}
-        self._module_handles: dict[str, Any] = {}
-        self._torch_dirty = False
+        self._hooks = TorchHooks(self.params, self._tensors, module_objs, is_sampled=lambda: self._sampled,
+                                 on_failure=self._hook_failed, on_finding=self._post_finding, scaler=self._scaler,
+                                 per_rank=self._dist is not None and per_rank_stats)
+        self._edits = Edits(self._reg, self._hooks, self._feed, self._event, self._cond)
+        self._stats = StepStats(self.params, self._tensors)
+        self._nonfinite = NonfiniteReport(self.params, self._event)
+        self._hist = HistSelection(self.params, hist_every)
+        self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         # step state
         self._step = 0
@@ -157,24 +117,10 @@ class Inspector:
         self._last_boundary: float | None = None
         self._seq = 0
         self._step_events: list[dict[str, Any]] = []
-        self._nf_last: str | None = None
-        self._nf_streak = 0
         self._last_scale: float | None = None
-        # per-step device-side collections
-        self._pack: Pack | None = None
-        self._raw_host: dict[int, float] = {}
-        self._pre_meta: dict[str, Any] = {}
-        self._param_buf: list[Tensor] | None = None  # parameters before the update (sampled steps)
-        self._before_ready = False
-        self._mod_sq: dict[tuple[str, str], Tensor] = {}
-        self._mod_bad: dict[str, Tensor] = {}
-        # records: key -> [sum, count]
-        self._rec_cur: dict[str, list[Any]] = {}
-        self._rec_late: dict[str, list[Any]] = {}
-        # histogram subscriptions
-        self._hist_user: list[str] = []
-        self._hist_subs: dict[str, list[str]] = {}
-        self._hist_force = False
+        self._nf_pending: Findings | None = None  # under torch.distributed: reported at the boundary
+        self._rec_cur: Records = {}  # records of the step under way
+        self._rec_late: Records = {}  # records made after the last boundary, before the next forward
         # control
         self._paused = False
         self._credit = 0
@@ -182,22 +128,12 @@ class Inspector:
         self._finished = False
         self._closed = False
         self._server: Any = None
-        # per-rank (local, pre-all-reduce) gradient norms under DDP
-        self._local_sq: list[Tensor | None] = [None] * len(self._tensors)
-        self._local_handles: list[Any] = []
-        self._local_bad = -1
-        self._local_host: list[float] | None = None
-        self._nf_pending: tuple[Any, ...] | None = None
 
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
         if self._root is not None:
             self._handles.append(self._root.register_forward_pre_hook(self._on_forward_pre))
-        if self._dist is not None and per_rank_stats:
-            for i, t in enumerate(self._tensors):
-                if t.requires_grad:
-                    self._local_handles.append(t.register_post_accumulate_grad_hook(self._local_hook(i)))
 
     # ================================================================= public API
     @property
@@ -246,19 +182,29 @@ class Inspector:
 
     # ----------------------------------------------------------------- hooks
     def add_hook(self, kind: str | Callable[[str, Tensor], Any], target: str = "*", point: str | None = None,
-                 *, enabled: bool = True, **params: Any) -> HookHandle:
+                 *, enabled: bool = True, params: Mapping[str, Any] | None = None, **kwargs: Any) -> HookHandle:
         """Add a hook; returns its handle. ``kind`` is a kind name or your own callable.
+
+        The kind's parameters come as keywords (``add_hook("clip_value", threshold=1.0)``) or as a
+        ``params`` mapping (``add_hook("clip_value", params={"threshold": 1.0})``, for parameters
+        read from elsewhere: any key is taken as a parameter, even one named like an argument here).
 
         A callable becomes kind ``python``: it is called as ``fn(name, param) -> None`` for
         each target, and edits ``param.grad`` in place (at ``pre_step`` by default, or at
         ``post_accumulate`` once per backward).
 
         Raises:
-            HookError: invalid kind, target, point or parameter; nothing changes.
+            HookError: invalid kind, target, point or parameter (or one given both ways); nothing changes.
         """
         fn = None
         if callable(kind):
             fn, kind = kind, "python"
+        if params is not None and not isinstance(params, Mapping):
+            raise HookError(("params",), f"must be a mapping of parameter names to values (got {params!r})")
+        both = sorted(set(params or ()) & set(kwargs))
+        if both:
+            raise HookError(("params", both[0]), "given both in params and as a keyword")
+        params = {**(params or {}), **kwargs}
         with self._lock:
             self._check_open()
             spec, change = self._reg.add(kind, target, point, params, enabled, fn=fn)
@@ -328,41 +274,25 @@ class Inspector:
         the next forward, to the step just completed (sent as a late ``scalars`` message).
         Several records of one key in one step are averaged.
         """
-        vals: dict[str, Any] = {}
-        for k, v in scalars.items():
-            if isinstance(v, Tensor):
-                if v.numel() != 1:
-                    raise HookError(("scalars", k), f"must be a number or a one-element tensor (got shape {tuple(v.shape)})")
-                vals[k] = v.detach().reshape(()).float()
-            elif isinstance(v, int | float) and not isinstance(v, bool):
-                vals[k] = float(v)
-            else:
-                raise HookError(("scalars", k), f"must be a number or a one-element tensor (got {v!r})")
+        vals = check_scalars(scalars)
         with self._lock:
             late = self._root is not None and not self._under_way and self._step > 0
-            dest = self._rec_late if late else self._rec_cur
-            for k, v in vals.items():
-                acc = dest.get(k)
-                if acc is None:
-                    dest[k] = [v, 1]
-                else:
-                    acc[0] = acc[0] + v
-                    acc[1] += 1
+            accumulate(self._rec_late if late else self._rec_cur, vals)
 
     def snapshots(self, since: int | None = None) -> list[dict[str, Any]]:
         """Snapshots still in the ring buffer with ``step > since``, as wire dicts."""
-        with self._hub._lock:
-            snaps = list(self._hub.snapshots)
+        with self._feed._lock:
+            snaps = list(self._feed.snapshots)
         return [s.to_dict() for s in snaps if since is None or s.step > since]
 
     def latest(self) -> dict[str, Any] | None:
-        with self._hub._lock:
-            return self._hub.snapshots[-1].to_dict() if self._hub.snapshots else None
+        with self._feed._lock:
+            return self._feed.snapshots[-1].to_dict() if self._feed.snapshots else None
 
     def events(self, since: int | None = None) -> list[dict[str, Any]]:
         """Events with ``seq > since``."""
-        with self._hub._lock:
-            return [e for e in self._hub.events if since is None or e["seq"] > since]
+        with self._feed._lock:
+            return [e for e in self._feed.events if since is None or e["seq"] > since]
 
     def subscribe(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` for every record, off the training thread.
@@ -373,7 +303,7 @@ class Inspector:
         pause, resume or single step, and when a pause takes hold). Errors in the callback are caught and counted. Returns
         a function that unsubscribes.
         """
-        return self._hub.subscribe(callback)
+        return self._feed.subscribe(callback)
 
     def add_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record and broadcast an event (used by the server: ``server_error``, ``history_paused``...)."""
@@ -389,23 +319,13 @@ class Inspector:
         if unknown:
             raise HookError(("hist",), f"unknown parameter {unknown[0]!r}")
         with self._lock:
-            if key == "":
-                self._hist_user = list(names)
-            elif names:
-                self._hist_subs[key] = list(names)
-            else:
-                self._hist_subs.pop(key, None)
-            self._hist_force = True
+            self._hist.set(key, names)
 
     @property
     def hist_params(self) -> list[str]:
         """The capped union of histogram parameters, in the order they were asked for."""
         with self._lock:
-            out: list[str] = []
-            for n in [*self._hist_user, *(n for v in self._hist_subs.values() for n in v)]:
-                if n not in out:
-                    out.append(n)
-            return out[:HIST_CAP]
+            return self._hist.names
 
     # ----------------------------------------------------------------- control
     def pause(self) -> dict[str, Any]:
@@ -432,7 +352,7 @@ class Inspector:
     def _publish_training(self) -> dict[str, Any]:
         """Tell subscribers the training state changed (a ``training`` record: ``state``, ``step``, ``held``)."""
         state = self.state
-        self._hub.publish("training", state)
+        self._feed.publish("training", state)
         return state
 
     def begin_step(self) -> None:
@@ -491,8 +411,7 @@ class Inspector:
             return None  # under torch.distributed only rank 0 serves
         if self._server is not None:
             return str(self._server.url)
-        embed = importlib.import_module(_load_server_package().__name__ + ".embed")
-        self._server = embed.start(self, host=host, port=port, token=token, read_only=read_only, db=db)
+        self._server = load_server_module("embed").start(self, host=host, port=port, token=token, read_only=read_only, db=db)
         return str(self._server.url)
 
     def wait(self) -> None:
@@ -523,26 +442,20 @@ class Inspector:
             self._cond.notify_all()
         try:
             self._flush_late()
-        except Exception:
-            pass
-        for h in [*self._handles, *self._post_handles.values(), *self._module_handles.values(),
-                  *self._local_handles]:
+        except Exception as e:  # the last late records are lost, but close() must finish: say so
+            warnings.warn(f"inspector: the last step's late records could not be sent ({e!r})", RuntimeWarning,
+                          stacklevel=2)
+        for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._local_handles.clear()
-        self._post_handles.clear()
-        self._module_handles.clear()
-        self._hub.flush()  # deliver the last records to the server (and its history) before it stops
+        self._hooks.remove_all()
+        self._feed.flush()  # deliver the last records to the server (and its history) before it stops
         server, self._server = self._server, None
         if server is not None:
             server.stop()
-        self._hub.close()
-        self._plan = _Plan()
-        self._runtimes.clear()
+        self._feed.close()
         self._reg.fns.clear()
-        self._param_buf = None
-        self._mod_sq.clear()
-        self._mod_bad.clear()
+        self._stats.close()
 
     def __enter__(self) -> Inspector:
         return self
@@ -553,7 +466,7 @@ class Inspector:
     def __repr__(self) -> str:
         return f"<Inspector {len(self.params)} params, step {self._step}, {len(self._reg.requested)} hooks>"
 
-    # ================================================================= control plane
+    # ================================================================= edits: where and when they apply
     def _check_open(self) -> None:
         if self._closed:
             raise InspectorError("this Inspector is closed")
@@ -580,125 +493,42 @@ class Inspector:
             self._drain_locked(torch_ok=False)  # pre_step only, between steps: safe from this thread
 
     def _drain_locked(self, *, torch_ok: bool) -> None:
-        changes = []
-        while self._reg.pending:
-            if not torch_ok and self._reg.pending[0].touches_torch():
-                break
-            ch = self._reg.apply_next(self._step + 1)
-            assert ch is not None
-            changes.append(ch)
-        if changes or (torch_ok and self._torch_dirty):
-            self._rebuild_plan()
-            if torch_ok:
-                self._sync_torch_hooks()
-        if changes:
-            version = self._reg.version - len(changes)
-            for ch in changes:  # every applied change is announced, with its own config_version
-                version += 1
-                self._announce(ch, version)
-                self._publish_hooks(version)
-            self._cond.notify_all()  # for whoever waits for an edit to be applied
-
-    def _announce(self, ch: Change, version: int) -> None:
-        def d(x: Any) -> Any:
-            if isinstance(x, HookSpec):
-                return x.to_dict()
-            if isinstance(x, list):
-                return [s.to_dict() for s in x]
-            return x
-        after = ch.after
-        if isinstance(after, HookSpec):  # with its applied_step, as it is now in force
-            after = next((s for s in self._reg.applied if s.id == after.id), after)
-        elif isinstance(after, list):
-            ids = {s.id for s in after}
-            after = [s for s in self._reg.applied if s.id in ids]
-        self._event("hook_applied", hook_id=ch.hook_id, action=ch.action, before=d(ch.before), after=d(after),
-                    applied_step=self._step + 1, config_version=version)
-
-    def _publish_hooks(self, version: int | None = None) -> None:
-        self._hub.publish("hooks", {"config_version": self._reg.version if version is None else version,
-                                    "hooks": self.hooks()})
-
-    def _rebuild_plan(self) -> None:
-        runtimes: dict[str, Runtime] = {}
-        pre: list[tuple[Runtime, tuple[Target, ...]]] = []
-        post: dict[int, list[tuple[Runtime, Target]]] = {}
-        module: dict[str, list[Runtime]] = {}
-        index = {n: i for i, n in enumerate(self.params)}
-        for s in self._reg.applied:
-            rt = self._runtimes.get(s.id)
-            if rt is None or rt.spec.kind != s.kind or rt.spec.params != s.params:
-                rt = Runtime(s, fn=self._reg.fns.get(s.id))
-            rt.spec = s
-            runtimes[s.id] = rt
-            if not s.enabled:
-                continue
-            if s.point == "module":
-                for name in match(self.modules, s.target):
-                    module.setdefault(name, []).append(rt)
-                continue
-            targets = tuple(Target(index[n], n, self._tensors[index[n]]) for n in match(self.params, s.target))
-            if s.point == "pre_step":
-                pre.append((rt, targets))
-            else:
-                for t in targets:
-                    if t.param.requires_grad:
-                        post.setdefault(t.index, []).append((rt, t))
-        self._runtimes = runtimes
-        self._plan = _Plan(tuple(pre), {i: tuple(v) for i, v in post.items()},
-                           {n: tuple(v) for n, v in module.items()})
-        self._torch_dirty = True
-
-    def _sync_torch_hooks(self) -> None:
-        """Register/remove our post-accumulate and module hooks to match the plan (training thread)."""
-        plan = self._plan
-        for i in set(self._post_handles) - set(plan.post):
-            self._post_handles.pop(i).remove()
-        for i in set(plan.post) - set(self._post_handles):
-            self._post_handles[i] = self._tensors[i].register_post_accumulate_grad_hook(self._post_hook(i))
-        for n in set(self._module_handles) - set(plan.module):
-            self._module_handles.pop(n).remove()
-        for n in set(plan.module) - set(self._module_handles):
-            self._module_handles[n] = self._module_objs[n].register_forward_hook(self._module_hook(n))
-        self._torch_dirty = False
+        self._edits.drain(self._step + 1, torch_ok=torch_ok)
 
     def _hook_failed(self, spec: HookSpec, param: str | None, err: BaseException) -> None:
         """A hook raised: disable it at once, report it, and let training go on."""
         with self._lock:
-            before = self._reg.disable_now(spec.id)
-            if before is None:
-                return
-            self._rebuild_plan()  # torch hooks are synced at the next safe point
-            self._event("hook_error", hook_id=spec.id, param=param, message=f"{type(err).__name__}: {err}",
-                        step=self._step + 1)
-            self._event("hook_applied", hook_id=spec.id, action="disable", before=before.to_dict(),
-                        after={**before.to_dict(), "enabled": False}, applied_step=self._step + 1,
-                        config_version=self._reg.version)
-            self._publish_hooks()
+            self._edits.disable_failed(spec, param, f"{type(err).__name__}: {err}", self._step + 1)
+
+    def _post_finding(self, finding: NanFinding, action: str) -> None:
+        self._nonfinite.post_accumulate(finding, action, self._step + 1)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
             self._seq += 1
             ev = {"seq": self._seq, "kind": kind, "time": time.time(), **jsonsafe(fields)}
             self._step_events.append(ev)
-        self._hub.publish("event", ev)
+        self._feed.publish("event", ev)
         return ev
 
-    # ================================================================= torch hooks
+    # ================================================================= the step hooks
+    def _mark_under_way(self) -> None:
+        with self._lock:
+            self._under_way = True
+        self._flush_late()
+
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
         if self._scaler is not None:
             self._check_scaler_skip()
         if not self._under_way:
-            with self._lock:
-                self._under_way = True
-            self._flush_late()
+            self._mark_under_way()
         if self._dist is not None and not self._dist.broken:
-            if self._torch_dirty:  # pending edits wait for the boundary exchange
+            if self._hooks.dirty:  # pending edits wait for the boundary exchange
                 with self._lock:
-                    self._sync_torch_hooks()
-        elif self._reg.pending or self._torch_dirty:
+                    self._hooks.sync()
+        elif self._reg.pending or self._hooks.dirty:
             with self._lock:
                 self._drain_locked(torch_ok=True)
         self._t_ours += time.perf_counter() - t0
@@ -709,15 +539,9 @@ class Inspector:
         if not self._under_way and self._root is not None:
             # no forward of the root module marked this step (a loop that calls a submodule, or
             # Lightning's training_step): records made since the last boundary were late ones
-            with self._lock:
-                self._under_way = True
-            self._flush_late()
-        if self._sampled and not self._before_ready:  # for the update-to-parameter ratio
-            with torch.no_grad():
-                if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults
-                    self._param_buf = [torch.empty_like(p) for p in self._tensors]
-                torch._foreach_copy_(self._param_buf, [p.detach() for p in self._tensors])
-            self._before_ready = True
+            self._mark_under_way()
+        if self._sampled:
+            self._stats.keep_params()  # for the update-to-parameter ratio
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         self._t_ours += time.perf_counter() - t0
         if closure is None:
@@ -736,63 +560,6 @@ class Inspector:
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._boundary()
 
-    def _post_hook(self, i: int) -> Callable[[Tensor], None]:
-        def hook(param: Tensor) -> None:  # receives the PARAMETER; its gradient is param.grad
-            t0 = time.perf_counter()
-            for rt, target in self._plan.post.get(i, ()):
-                try:
-                    finding = apply_post_accumulate(rt, target, self._sampled)
-                except Exception as e:
-                    self._hook_failed(rt.spec, target.name, e)
-                    continue
-                if finding is not None:
-                    self._nonfinite(finding, rt.spec.params["action"], point="post_accumulate")
-            self._t_ours += time.perf_counter() - t0
-        return hook
-
-    def _module_hook(self, name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            t0 = time.perf_counter()
-            try:
-                rts = self._plan.module.get(name, ())
-                guard = any(rt.spec.kind == "nan_guard" for rt in rts)
-                log = self._sampled and any(rt.spec.kind == "module_log" for rt in rts)
-                want_in = log and any(rt.spec.kind == "module_log" and rt.spec.params["grad_input"] for rt in rts)
-                if torch.is_grad_enabled() and (guard or log):
-                    for t in _tensors_in(output):
-                        if t.requires_grad:
-                            t.register_hook(self._module_grad_hook(name, "out"))
-                    if want_in:
-                        for t in _tensors_in(args):
-                            if t.requires_grad:
-                                t.register_hook(self._module_grad_hook(name, "in"))
-            except Exception as e:
-                for rt in self._plan.module.get(name, ()):
-                    self._hook_failed(rt.spec, name, e)
-            self._t_ours += time.perf_counter() - t0
-        return hook
-
-    def _module_grad_hook(self, name: str, which: str) -> Callable[[Tensor], None]:
-        def hook(grad: Tensor) -> None:
-            t0 = time.perf_counter()
-            try:
-                with torch.no_grad():
-                    sq = grad.detach().float().pow(2).sum()
-                    if self._scaler is not None and getattr(self._scaler, "_scale", None) is not None:
-                        sq = sq / self._scaler._scale.to(sq.device).float().pow(2)  # report unscaled norms
-                    key = (name, which)
-                    prev = self._mod_sq.get(key)
-                    self._mod_sq[key] = sq if prev is None else prev + sq
-                    if which == "out":
-                        bad = ~torch.isfinite(sq)
-                        prevb = self._mod_bad.get(name)
-                        self._mod_bad[name] = bad if prevb is None else prevb | bad
-            except Exception as e:
-                for rt in self._plan.module.get(name, ()):
-                    self._hook_failed(rt.spec, name, e)
-            self._t_ours += time.perf_counter() - t0
-        return hook
-
     def _check_scaler_skip(self) -> None:
         scale_t = getattr(self._scaler, "_scale", None)
         if scale_t is None:
@@ -806,133 +573,41 @@ class Inspector:
     def _pre_step_work(self) -> None:
         """Raw statistics, every pre_step hook, final statistics (once per step or per closure call)."""
         t0 = time.perf_counter()
-        plan = self._plan
-        sampled = self._sampled
-        pack = Pack()
-        present = [(i, p.grad) for i, p in enumerate(self._tensors) if p.grad is not None]
-        idx = [i for i, _ in present]
-        grads = [dense(g) for _, g in present]
-        norms = foreach_norm(grads)
-        dev = grads[0].device if grads else torch.device("cpu")
-        parts = [torch.stack([n.to(dev) for n in norms])] if norms else []
-        mod_names = ([n for n in self._mod_bad if any(rt.spec.kind == "nan_guard" for rt in plan.module.get(n, ()))]
-                     if self._mod_bad else [])
-        if mod_names:
-            parts.append(torch.stack([self._mod_bad[n].to(dev).float() for n in mod_names]))
-        local_idx = [i for i, v in enumerate(self._local_sq) if v is not None] if self._local_handles else []
-        if local_idx:
-            parts.append(torch.stack([self._local_sq[i].to(dev) for i in local_idx]).sqrt())  # type: ignore[union-attr]
-        # NaN/Inf detection on every step: the raw norms (and module flags) in one host read
-        host = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist() if parts else []
-        self._raw_host = dict(zip(idx, host[:len(idx)], strict=True))
-        bad_modules = [n for n, v in zip(mod_names, host[len(idx):len(idx) + len(mod_names)], strict=True) if v]
-        if local_idx:
-            local = [math.nan] * len(self.params)
-            for i, v in zip(local_idx, host[len(idx) + len(mod_names):], strict=True):
-                local[i] = v
-            self._local_host = local
-            self._local_bad = next((i for i in local_idx if not math.isfinite(local[i])), -1)
-        total = sum(host[:len(idx)])  # finite exactly when every norm is
-        bad = [i for i in idx if not math.isfinite(self._raw_host[i])] if not math.isfinite(total) else []
-        counts = {i: count_nonfinite(dense(self._tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
-        for i in [i for i in bad if counts[i] == (0, 0)]:  # finite values whose float32 norm overflowed
-            self._raw_host[i] = float(torch.linalg.vector_norm(dense(self._tensors[i].grad).double()))  # type: ignore[arg-type]
-            bad.remove(i)
-            del counts[i]
-
-        raw_keep: dict[int, Tensor] = {}
+        plan, sampled = self._hooks.plan, self._sampled
+        with self._lock:
+            hist = self._hist.due(self._sampled_count) if sampled else []
+        raw = self._stats.raw(self._hooks, sampled, hist)
+        found = raw.findings
         if sampled:
-            raw_absmax = absmax(grads)
-            pack.add("raw_absmax", raw_absmax)
-            if self._hist_due():
-                for n in self.hist_params:
-                    i = self.params.index(n)
-                    g = self._tensors[i].grad
-                    if g is not None:
-                        raw_keep[i] = dense(g).detach().clone()
-            for rt, _ in plan.pre:
-                rt.reset_effects()
-
-        actions: dict[int, str] = {}
+            for state, _ in plan.pre:
+                state.reset_effects()
         skip = False
-        for rt, targets in plan.pre:
+        for state, targets in plan.pre:
             try:
-                res = apply_pre_step(rt, list(targets), sampled)
+                res = apply_pre_step(state, list(targets), sampled)
             except Exception as e:
-                self._hook_failed(rt.spec, ",".join(t.name for t in targets[:3]), e)
+                self._hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
                 continue
             if res is True:
                 skip = True
                 for t in targets:
-                    actions.setdefault(t.index, "skip")
+                    found.actions.setdefault(t.index, "skip")
                 break
             if isinstance(res, list):
                 for f in res:
-                    actions.setdefault(f.index, rt.spec.params["action"])
-                    counts.setdefault(f.index, (f.nan, f.inf))
+                    found.actions.setdefault(f.index, state.spec.params["action"])
+                    found.counts.setdefault(f.index, (f.nan, f.inf))
         if skip:
             for p in self._tensors:
                 p.grad = None
             self._event("step_skipped", step=self._step + 1, reason="nan_guard")
         if self._dist is not None and not self._dist.broken:
-            self._nf_pending = (bad, counts, actions, bad_modules)  # reported at the boundary, with the rank
+            self._nf_pending = found  # reported at the boundary, with the rank
         else:
-            self._report_nonfinite(bad, counts, actions, bad_modules)
-
+            self._nonfinite.step(found, self._step + 1)
         if sampled:
-            fin = [(i, p.grad) for i, p in enumerate(self._tensors) if p.grad is not None]
-            fgrads = [dense(g) for _, g in fin]
-            if plan.pre or skip:
-                fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
-            else:  # no pre_step hook ran: the final gradients are the raw ones
-                fnorms, fabsmax = norms, raw_absmax
-            pack.add("final_norm", fnorms)
-            pack.add("final_absmax", fabsmax)
-            strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
-            dense_fin = [fin[k] for k in strided]
-            means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
-            pack.add("std", stds)
-            pack.add("mean", means)
-            hist_idx = []
-            for i, raw in raw_keep.items():
-                g = self._tensors[i].grad
-                raw_finite = math.isfinite(self._raw_host.get(i, math.nan))
-                # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
-                # non-finite, and only a host read could tell
-                pack.add(f"hist:{i}", histograms(raw, dense(g) if g is not None else None, HIST_BINS,
-                                                 raw_finite=raw_finite, final_finite=raw_finite and not plan.pre))
-                hist_idx.append(i)
-            self._pre_meta = {"raw_idx": idx, "fin_idx": [i for i, _ in fin], "dense_idx": [i for i, _ in dense_fin],
-                              "hist_idx": hist_idx, "counts": counts}
-        self._pack = pack if sampled else None
+            self._stats.final(raw, hooks_ran=bool(plan.pre) or skip)
         self._t_ours += time.perf_counter() - t0
-
-    def _nonfinite(self, f: NanFinding, action: str, point: str) -> None:
-        self._event("nonfinite", step=self._step + 1, param=f.name, rank=0, nan=f.nan, inf=f.inf,
-                    action_taken=action, point=point)
-
-    def _report_nonfinite(self, bad: list[int], counts: dict[int, tuple[int, int]], actions: dict[int, str],
-                          bad_modules: list[str], rank: int | None = 0, all_ranks: list[int] | None = None,
-                          step: int | None = None) -> None:
-        """One event per step naming the first non-finite parameter; a streak is repeated sparsely."""
-        step = self._step + 1 if step is None else step
-        for m in bad_modules:
-            self._event("nonfinite", step=step, param=None, module=m, rank=rank, nan=None, inf=None,
-                        action_taken="report", point="module")
-        if not bad:
-            self._nf_last, self._nf_streak = None, 0
-            return
-        first = bad[0]
-        name = self.params[first]
-        if name != self._nf_last or self._nf_streak % NONFINITE_REPEAT == 0:
-            nan, inf = counts.get(first, (None, None))
-            extra = {"ranks": all_ranks} if all_ranks is not None else {}
-            self._event("nonfinite", step=step, param=name, rank=rank, nan=nan, inf=inf,
-                        action_taken=actions.get(first, "none"), point="pre_step", **extra,
-                        params=[self.params[i] for i in bad[:16]], n_params=len(bad),
-                        streak=self._nf_streak + 1)
-        self._nf_last = name
-        self._nf_streak += 1
 
     def _boundary(self) -> None:
         """Step N is complete: publish its snapshot, apply pending edits, honour a pause."""
@@ -945,7 +620,7 @@ class Inspector:
             rec, self._rec_cur = self._rec_cur, {}
         now = time.perf_counter()
         wall = None if self._last_boundary is None else now - self._last_boundary
-        self._cadence.observe(step, sampled, self._t_ours + (now - t0), wall)
+        self._cadence.observe(step, sampled, self._t_ours + self._hooks.take_spent() + (now - t0), wall)
         t1 = time.perf_counter()
         self._t_ours = 0.0
         ranks, hold = None, False
@@ -956,16 +631,17 @@ class Inspector:
         snap = None
         if sampled:
             try:
-                snap = self._build_snapshot(step, rec, events, ranks)
+                snap = self._stats.snapshot(
+                    step=step, config_version=self._reg.version, records=rec, events=events, ranks=ranks,
+                    states=list(self._hooks.states.values()), hooks=self._hooks,
+                    lr=learning_rates(self._optimizer), sampled_every=self._cadence.k,
+                    overhead=self._cadence.overhead)
             except Exception as e:  # never take training down for telemetry
                 self._event("hook_error", hook_id=None, param=None, message=f"telemetry failed: {e!r}", step=step)
-        self._before_ready = False
-        self._pack = None
-        self._mod_sq.clear()
-        self._mod_bad.clear()
-        self._local_sq = [None] * len(self._tensors)
+        self._stats.end_step()
+        self._hooks.end_step()
         if snap is not None:
-            self._hub.publish("snapshot", snap)
+            self._feed.publish("snapshot", snap)
         self._t_ours += time.perf_counter() - t1  # counted with the next step
         if self._dist is not None and not self._dist.broken:
             self._dist_hold(step, hold)
@@ -985,15 +661,28 @@ class Inspector:
                 self._waiting = False
         self._last_boundary = time.perf_counter()
 
-    # ----------------------------------------------------------------- torch.distributed
-    def _local_hook(self, i: int) -> Callable[[Tensor], None]:
-        def hook(param: Tensor) -> None:  # runs on this rank's local gradient, before DDP's all-reduce
-            g = param.grad
-            if g is not None:
-                with torch.no_grad():
-                    self._local_sq[i] = dense(g).detach().float().pow(2).sum()  # accumulated in place: last wins
-        return hook
+    def _decide_next(self, step: int) -> None:
+        self._sampled = self._cadence.is_sampled(step + 1)
+        if self._sampled:
+            self._sampled_count += 1
 
+    def _flush_late(self) -> None:
+        """Send the records made after step N's boundary (before the next forward) as step N's."""
+        with self._lock:
+            late, self._rec_late = self._rec_late, {}
+            step = self._step
+        if not late:
+            return
+        vals = host_means(late)
+        loss = vals.pop("loss", None)
+        with self._feed._lock:
+            snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
+        if snap is not None:
+            new = replace(snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals})
+            self._feed.replace_snapshot(new)
+        self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
+
+    # ================================================================= torch.distributed
     def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:
         """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold)."""
         plane = self._dist
@@ -1005,14 +694,15 @@ class Inspector:
                 self._credit -= 1  # a single step: run one more, hold at its boundary
             payload = rank0 and bool(self._reg.pending)
             next_sampled = self._cadence.is_sampled(step + 1)
-        with_norms = first and sampled and bool(self._local_handles)
+        raw = self._stats.raw_read if first else None
+        with_norms = first and sampled and self._hooks.per_rank
         norms = None
         if with_norms:
-            norms = self._local_host if self._local_host is not None else [math.nan] * len(self.params)
+            norms = raw.local_norms if raw is not None and raw.local_norms is not None else [math.nan] * len(self.params)
         try:
-            rows = plane.exchange(hold, payload, next_sampled, self._local_bad if first else -1, norms)
+            rows = plane.exchange(hold, payload, next_sampled, raw.local_bad if raw is not None else -1, norms)
             changes = None
-            if bool(rows[0, 1]):
+            if rows.payload:
                 with self._lock:
                     mine = list(self._reg.pending) if rank0 else None
                 changes = plane.broadcast(mine)
@@ -1027,21 +717,18 @@ class Inspector:
                 if not rank0:
                     self._reg.adopt(changes)
                 self._drain_locked(torch_ok=True)
-            self._sampled = bool(rows[0, 2])
+            self._sampled = rows.next_sampled
             if self._sampled:
                 self._sampled_count += 1
         if first:
-            bad_ranks = [r for r in range(plane.world) if rows[r, 3] >= 0]
+            bad_ranks = rows.bad_ranks()
             if self._nf_pending is not None or bad_ranks:
-                bad, counts, actions, bad_modules = self._nf_pending or ([], {}, {}, [])
-                if not bad and bad_ranks:  # non-finite locally, finite after the all-reduce: still worth a word
-                    bad = [int(rows[bad_ranks[0], 3])]
-                self._report_nonfinite(bad, counts, actions, bad_modules, rank=bad_ranks[0] if bad_ranks else None,
-                                       all_ranks=bad_ranks, step=step)
+                found = self._nf_pending or Findings()
+                if not found.bad and bad_ranks:  # non-finite locally, finite after the all-reduce: still worth a word
+                    found.bad = [rows.local_bad(bad_ranks[0])]
+                self._nonfinite.step(found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks)
             self._nf_pending = None
-            self._local_bad, self._local_host = -1, None
-        ranks = distributed.ControlPlane.spread(rows, 4, len(self.params)) if with_norms else None
-        return ranks, bool(rows[0, 0])
+        return (rows.spread(len(self.params)) if with_norms else None), rows.hold
 
     def _dist_hold(self, step: int, hold: bool) -> None:
         """Every rank waits here together while rank 0 is paused (heartbeat exchanges)."""
@@ -1058,138 +745,6 @@ class Inspector:
                                         or self._closed, timeout=distributed.HEARTBEAT)
             _, hold = self._dist_exchange(step, False, first=False)
         self._waiting = False
-
-    def _decide_next(self, step: int) -> None:
-        self._sampled = self._cadence.is_sampled(step + 1)
-        if self._sampled:
-            self._sampled_count += 1
-
-    def _hist_due(self) -> bool:
-        """Histograms on this sampled step: every ``hist_every`` sampled steps, or soon after a change."""
-        if not self.hist_params:
-            return False
-        due = self._hist_force or (self._sampled_count - 1) % self._hist_every == 0
-        self._hist_force = False
-        return due
-
-    def _build_snapshot(self, step: int, rec: dict[str, list[Any]], events: list[dict[str, Any]],
-                        ranks: dict[str, Any] | None = None) -> Snapshot:
-        pack = self._pack or Pack()
-        meta = self._pre_meta if self._pack is not None else {}
-        n = len(self.params)
-        with torch.no_grad():
-            pnorm = foreach_norm([p.detach() for p in self._tensors])
-            pack.add("param_norm", pnorm)
-            if self._before_ready and self._param_buf is not None:
-                buf = self._param_buf
-                torch._foreach_sub_(buf, [p.detach() for p in self._tensors])  # now before - after, in place
-                pack.add("update_norm", foreach_norm(buf))
-        eff_ids = []
-        for rt in self._runtimes.values():
-            if rt.measured:
-                pack.add(f"eff:{rt.spec.id}", [torch.as_tensor(x, dtype=torch.float32)
-                                                for x in (rt.changed, rt.before_sq, rt.after_sq)])
-                eff_ids.append(rt.spec.id)
-        mod_keys = sorted(self._mod_sq)
-        if mod_keys:
-            pack.add("modules", [self._mod_sq[k] for k in mod_keys])
-        rec_keys = [k for k, v in rec.items() if isinstance(v[0], Tensor)]
-        if rec_keys:
-            pack.add("rec", [rec[k][0] for k in rec_keys])
-        data = pack.transfer()  # the one host transfer of this snapshot
-
-        def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
-            out: list[float | None] = [None] * n
-            for i, v in zip(indices, values or [], strict=False):
-                out[i] = v
-            return out
-
-        raw_idx = meta.get("raw_idx", [])
-        fin_idx = meta.get("fin_idx", [])
-        dense_idx = meta.get("dense_idx", [])
-        counts = meta.get("counts", {})
-        grad_norm_raw = scatter(raw_idx, [self._raw_host[i] for i in raw_idx])
-        grad_norm = scatter(fin_idx, data.get("final_norm"))
-        std = scatter(dense_idx, data.get("std"))
-        std = [None if (v is not None and math.isnan(v) and self._tensors[i].numel() == 1) else v
-               for i, v in enumerate(std)]
-        nan_count: list[int | None] = [None] * n
-        inf_count: list[int | None] = [None] * n
-        for i in raw_idx:
-            nan_count[i], inf_count[i] = counts.get(i, (0, 0))
-        update_ratio: list[float | None] = [None] * n
-        if "update_norm" in data:
-            # ||delta theta|| / ||theta|| with theta after the update (one pass fewer than before it;
-            # the two differ by the update itself, a relative 1e-3 or so)
-            for i, (u, b) in enumerate(zip(data["update_norm"], data["param_norm"], strict=True)):
-                if i in set(fin_idx) or u != 0:
-                    update_ratio[i] = (u / b) if b > 0 else None
-        scalars = {}
-        loss = None
-        for k, (s, c) in rec.items():
-            v = data["rec"][rec_keys.index(k)] if k in rec_keys else s
-            v = v / c
-            if k == "loss":
-                loss = v
-            else:
-                scalars[k] = v
-        effects = {}
-        for hid in eff_ids:
-            changed, bsq, asq = data[f"eff:{hid}"]
-            effects[hid] = {"changed": int(changed) if math.isfinite(changed) else changed,
-                            "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None}
-        hist = {}
-        for i in meta.get("hist_idx", []):
-            h = data[f"hist:{i}"]
-            lo, hi = h[0], h[1]
-            edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
-            hist[self.params[i]] = {"edges": edges, "raw": h[2:2 + HIST_BINS], "final": h[2 + HIST_BINS:]}
-        modules: dict[str, dict[str, float]] = {}
-        for (name, which), v in zip(mod_keys, data.get("modules", []), strict=False):
-            modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = math.sqrt(v)
-        lr = []
-        if self._optimizer is not None:
-            for g in self._optimizer.param_groups:
-                try:
-                    lr.append(float(g.get("lr", math.nan)))
-                except (TypeError, ValueError):
-                    lr.append(math.nan)
-
-        def total(vals: list[float | None]) -> float | None:
-            xs = [v for v in vals if v is not None]
-            return math.sqrt(sum(v * v for v in xs)) if xs else None
-
-        return Snapshot(
-            step=step, time=time.time(), config_version=self._reg.version, loss=loss, scalars=scalars, lr=lr,
-            grad_norm_raw=grad_norm_raw, grad_norm=grad_norm,
-            grad_mean=scatter(dense_idx, data.get("mean")), grad_std=std,
-            grad_absmax_raw=scatter(raw_idx, data.get("raw_absmax")),
-            grad_absmax=scatter(fin_idx, data.get("final_absmax")),
-            nan_count=nan_count, inf_count=inf_count, param_norm=list(data["param_norm"]),
-            update_ratio=update_ratio, total_norm_raw=total(grad_norm_raw), total_norm=total(grad_norm),
-            hook_effects=effects, hist=hist, modules=modules, ranks=ranks, sampled_every=self._cadence.k,
-            overhead=self._cadence.overhead, events=events)
-
-    def _flush_late(self) -> None:
-        """Send the records made after step N's boundary (before the next forward) as step N's."""
-        with self._lock:
-            late, self._rec_late = self._rec_late, {}
-            step = self._step
-        if not late:
-            return
-        keys = list(late)
-        tens = [late[k][0] for k in keys if isinstance(late[k][0], Tensor)]
-        host = torch.stack([t.to(tens[0].device) for t in tens]).tolist() if tens else []
-        it = iter(host)
-        vals = {k: (next(it) if isinstance(late[k][0], Tensor) else late[k][0]) / late[k][1] for k in keys}
-        loss = vals.pop("loss", None)
-        with self._hub._lock:
-            snap = next((s for s in reversed(self._hub.snapshots) if s.step == step), None)
-        if snap is not None:
-            from dataclasses import replace
-            new = replace(snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals})
-            self._hub.replace_snapshot(new)
-        self._hub.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
 
 
 def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None, *,
@@ -1221,25 +776,3 @@ def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optim
     """
     return Inspector(model, optimizer, scaler=scaler, budget=budget, every=every, hist_every=hist_every,
                      per_rank_stats=per_rank_stats, dist_timeout=dist_timeout)
-
-
-def _load_server_package() -> Any:
-    """The ``server`` package shipped beside ``inspector``, even if ``server`` names another module."""
-    here = Path(__file__).resolve().parent.parent / "server"
-    existing = sys.modules.get("server")
-    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve().parent == here:
-        return existing
-    if existing is None:
-        spec = importlib.util.find_spec("server")
-        if spec is not None and spec.origin and Path(spec.origin).resolve().parent == here:
-            return importlib.import_module("server")
-    alias = "_gradient_inspector_server"
-    if alias in sys.modules:
-        return sys.modules[alias]
-    spec = importlib.util.spec_from_file_location(alias, here / "__init__.py", submodule_search_locations=[str(here)])
-    if spec is None or spec.loader is None:
-        raise InspectorError(f"the server package is missing from {here}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[alias] = mod
-    spec.loader.exec_module(mod)
-    return mod

@@ -21,11 +21,11 @@ from torch import Tensor
 from .records import HookSpec
 from .stats import foreach_norm
 
-__all__ = ["Runtime", "Target", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
+__all__ = ["HookState", "ParamTarget", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
 
 
 @dataclass(slots=True)
-class Target:
+class ParamTarget:
     index: int  # position in Inspector.params
     name: str
     param: Tensor
@@ -40,8 +40,8 @@ class NanFinding:
 
 
 @dataclass
-class Runtime:
-    """Mutable per-hook state: the noise generators and the effect accumulators of this step."""
+class HookState:
+    """One applied hook's mutable state: its noise generators and this step's effect accumulators."""
 
     spec: HookSpec
     fn: Callable[[str, Tensor], Any] | None = None  # the user's callable (kind "python")
@@ -92,18 +92,18 @@ def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mod
     return [torch.clamp(max_norm / (n + 1e-6), max=1.0).to(g.dtype) for n, g in zip(norms, grads, strict=True)]
 
 
-def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[NanFinding] | bool | None:
+def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) -> list[NanFinding] | bool | None:
     """Apply one enabled ``pre_step`` hook to all of its targets that have a dense gradient.
 
     Returns, for ``nan_guard``, the non-finite findings (a list), or ``True`` when the step
     must be skipped; ``None`` otherwise.
     """
-    spec, p = rt.spec, rt.spec.params
+    spec, p = state.spec, state.spec.params
     kind = spec.kind
     if kind == "freeze":
         grads = [t.param.grad for t in targets if t.param.grad is not None]
         if measure and grads:
-            _add_effect(rt, _numel(grads), _sq(foreach_norm(grads)), 0.0)
+            _add_effect(state, _numel(grads), _sq(foreach_norm(grads)), 0.0)
         for t in targets:
             t.param.grad = None
         return None
@@ -142,7 +142,7 @@ def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[Na
         elif kind == "noise":
             std = float(p["std"])
             if std > 0:
-                noise = [torch.randn(g.shape, generator=rt.generator(g.device), device=g.device, dtype=g.dtype)
+                noise = [torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype)
                          for g in grads]
                 torch._foreach_add_(grads, noise, alpha=std)
                 changed = _numel(grads)
@@ -162,10 +162,10 @@ def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[Na
                 elif p["action"] == "skip":
                     result = True
         elif kind == "python":
-            assert rt.fn is not None
+            assert state.fn is not None
             snap = [g.clone() for g in grads] if measure else None
             for t in tg:
-                rt.fn(t.name, t.param)
+                state.fn(t.name, t.param)
             if snap is not None:
                 now = [t.param.grad for t in tg]
                 changed = torch.stack([
@@ -176,16 +176,16 @@ def apply_pre_step(rt: Runtime, targets: list[Target], measure: bool) -> list[Na
     if measure:
         assert before is not None
         after = foreach_norm([t.param.grad for t in tg if t.param.grad is not None])
-        _add_effect(rt, changed, _sq(before), _sq(after) if after else 0.0)
+        _add_effect(state, changed, _sq(before), _sq(after) if after else 0.0)
     return result
 
 
-def apply_post_accumulate(rt: Runtime, t: Target, measure: bool) -> NanFinding | None:
+def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> NanFinding | None:
     """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward)."""
     g = t.param.grad
     if g is None or g.layout != torch.strided:
         return None
-    spec, p = rt.spec, rt.spec.params
+    spec, p = state.spec, state.spec.params
     before = g.float().pow(2).sum() if measure else None
     changed: Tensor | float = 0.0
     finding = None
@@ -211,7 +211,7 @@ def apply_post_accumulate(rt: Runtime, t: Target, measure: bool) -> NanFinding |
         elif spec.kind == "noise":
             std = float(p["std"])
             if std > 0:
-                g.add_(torch.randn(g.shape, generator=rt.generator(g.device), device=g.device, dtype=g.dtype),
+                g.add_(torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype),
                        alpha=std)
                 changed = float(g.numel())
         elif spec.kind == "nan_guard":
@@ -222,20 +222,20 @@ def apply_post_accumulate(rt: Runtime, t: Target, measure: bool) -> NanFinding |
                     g.zero_()
                     changed = float(g.numel())
         elif spec.kind == "python":
-            assert rt.fn is not None
+            assert state.fn is not None
             snap = g.clone() if measure else None
-            rt.fn(t.name, t.param)
+            state.fn(t.name, t.param)
             g = t.param.grad if t.param.grad is not None else g
             if snap is not None:
                 changed = (snap != g).sum().float()
     if measure:
         assert before is not None
-        _add_effect(rt, changed, before, g.float().pow(2).sum())
+        _add_effect(state, changed, before, g.float().pow(2).sum())
     return finding
 
 
-def _add_effect(rt: Runtime, changed: Tensor | float, before_sq: Tensor | float, after_sq: Tensor | float) -> None:
-    rt.changed = rt.changed + changed
-    rt.before_sq = rt.before_sq + before_sq
-    rt.after_sq = rt.after_sq + after_sq
-    rt.measured = True
+def _add_effect(state: HookState, changed: Tensor | float, before_sq: Tensor | float, after_sq: Tensor | float) -> None:
+    state.changed = state.changed + changed
+    state.before_sq = state.before_sq + before_sq
+    state.after_sq = state.after_sq + after_sq
+    state.measured = True

@@ -13,37 +13,9 @@ from typing import Any
 
 from .errors import HookError
 
-__all__ = ["MAX_TARGET_LEN", "strip_prefixes", "match", "check_target"]
+__all__ = ["MAX_TARGET_LEN", "match", "check_target"]
 
 MAX_TARGET_LEN = 256
-# Wrapper prefixes: DDP's and DataParallel's ``module.``, torch.compile's ``_orig_mod.``.
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def strip_prefixes(name: str, prefixes: Iterable[str]) -> str:
-    """Remove wrapper prefixes that the model had at attach time (``module.`` for DDP, ...)."""
-    for p in prefixes:
-        if name.startswith(p):
-            name = name[len(p):]
-        elif name + "." == p:  # the wrapper module itself
-            return ""
-    return name
-
-
-def wrapper_prefixes(model: Any) -> tuple[str, ...]:
-    """The chain of wrapper prefixes of ``model``: ``("_orig_mod.", "module.")`` for compiled DDP."""
-    out = []
-    m = model
-    while True:
-        inner = None
-        if hasattr(m, "_orig_mod") and m.__class__.__name__ == "OptimizedModule":
-            inner, prefix = m._orig_mod, "_orig_mod."
-        elif m.__class__.__name__ in ("DistributedDataParallel", "DataParallel") and hasattr(m, "module"):
-            inner, prefix = m.module, "module."
-        if inner is None:
-            return tuple(out)
-        out.append(prefix)
-        m = inner
 
 
 def match(names: Iterable[str], glob: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""What the framework callbacks share: the options, the real optimizer, presets, serving, the end.
+"""What the framework callbacks share: the options, presets, serving, the end (wrapped optimizers and
+scalers are seen through by `inspector.wrappers`, the rule `attach` itself uses).
 
 No framework is imported here.
 """
@@ -11,39 +12,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..errors import AttachError
 from ..inspector import Inspector, attach
 
 _ATTACH_OPTIONS = frozenset(p for p in inspect.signature(attach).parameters if p not in ("model", "optimizer"))
-
-
-def real_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The ``torch.optim.Optimizer`` inside a framework's wrapper.
-
-    Lightning's ``LightningOptimizer`` and Accelerate's ``AcceleratedOptimizer`` keep it on
-    ``.optimizer``; our step hooks must be registered on the real one, whose ``step()`` runs.
-    (``AcceleratedOptimizer`` subclasses ``torch.optim.Optimizer`` without being one: it has
-    no hook tables of its own, so a wrapped optimizer is always unwrapped.)
-    """
-    found = optimizer
-    for _ in range(8):  # wrappers of wrappers, but never a cycle
-        inner = getattr(found, "optimizer", None)
-        if not isinstance(inner, torch.optim.Optimizer) or inner is found:
-            break
-        found = inner
-    if not isinstance(found, torch.optim.Optimizer):
-        raise AttachError(f"no torch.optim.Optimizer found in {type(optimizer).__name__} "
-                          "(looked through .optimizer)")
-    return found
-
-
-def enabled_scaler(scaler: Any) -> Any:
-    """A GradScaler that is in use, or None (a disabled one, or none at all)."""
-    is_enabled = getattr(scaler, "is_enabled", None)
-    return scaler if callable(is_enabled) and is_enabled() else None
 
 
 def load_preset(hooks: Any) -> Any:
@@ -87,12 +60,13 @@ class Session:
         self.url: str | None = None
 
     def open(self, model: nn.Module, optimizer: Any, *, scaler: Any = None) -> Inspector:
-        """Attach to ``model`` and the real optimizer inside ``optimizer`` (closing any earlier one)."""
+        """Attach to ``model`` and ``optimizer`` (closing any earlier one); ``attach`` finds the real
+        optimizer inside a framework's wrapper."""
         self.close()
         kwargs = dict(self.attach_kwargs)
         if scaler is not None and kwargs.get("scaler") is None:
             kwargs["scaler"] = scaler  # the framework's AMP scaler: skipped steps reported, stats unscaled
-        insp = attach(model, real_optimizer(optimizer), **kwargs)
+        insp = attach(model, optimizer, **kwargs)  # attach looks through wrapped optimizers
         try:
             if self.hooks is not None:
                 insp.import_hooks(load_preset(self.hooks))

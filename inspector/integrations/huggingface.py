@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..inspector import Inspector
-from ._common import Session, enabled_scaler
+from ..wrappers import enabled_scaler
+from ._common import Session
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments

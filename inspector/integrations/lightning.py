@@ -18,7 +18,8 @@ import torch
 
 from ..errors import AttachError
 from ..inspector import Inspector
-from ._common import Session, begin_step, enabled_scaler
+from ..wrappers import enabled_scaler
+from ._common import Session, begin_step
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer

@@ -1,6 +1,6 @@
 """Where published records go: bounded ring buffers, and subscribers fed off the hot path.
 
-The training thread calls :meth:`Hub.publish`, which appends to a deque and notifies a
+The training thread calls :meth:`Feed.publish`, which appends to a deque and notifies a
 condition: O(1), never blocks on a consumer. A daemon dispatcher thread converts each
 record to its wire dict once and calls every subscriber with it. Snapshots and scalars
 may be dropped for a consumer that cannot keep up (counted); hooks and events never are.
@@ -16,13 +16,15 @@ from typing import Any
 
 from .records import Snapshot
 
-__all__ = ["Hub", "Callback"]
+__all__ = ["Feed", "Callback"]
 
 Callback = Callable[[str, Any], None]
 _DATA_KINDS = ("snapshot", "scalars")
 
 
-class Hub:
+class Feed:
+    """The core's record feed: what an Inspector published, kept in rings and handed to subscribers."""
+
     def __init__(self, *, max_snapshots: int = 2000, max_events: int = 10000, max_queue: int = 256) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -69,7 +71,7 @@ class Hub:
         with self._cond:
             self._subscribers.append(callback)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="inspector-hub", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="inspector-feed", daemon=True)
                 self._thread.start()
 
         def unsubscribe() -> None:
@@ -102,7 +104,7 @@ class Hub:
                     if not self._warned:
                         self._warned = True
                         warnings.warn(f"inspector subscriber {cb!r} raised {e!r}; further errors are counted "
-                                      "in Hub.callback_errors", RuntimeWarning, stacklevel=1)
+                                      "in Feed.callback_errors", RuntimeWarning, stacklevel=1)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the dispatcher has delivered everything queued so far (tests, close)."""

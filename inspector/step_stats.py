@@ -1,0 +1,292 @@
+"""One step's statistics, from the raw gradients to the published :class:`Snapshot`.
+
+The ``pre_step`` work of a step runs in three parts, around the hooks:
+
+1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: each gradient's norm
+   (and, under DDP, each local pre-all-reduce norm and each guarded module's flag) moved to
+   the host in **one** read, because NaN/Inf detection needs them every step; on sampled
+   steps also the raw abs-max and copies of the raw gradients that get histograms.
+2. the hooks (the Inspector applies them);
+3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max, mean and std of the
+   gradients the optimizer will see, and the histograms, all kept on device.
+
+:meth:`StepStats.snapshot`, at the boundary of a sampled step, adds the parameter norms and
+the update norms (parameters after the update against the copy :meth:`keep_params` made
+before it), the hook effects, module norms and tensor records, and moves everything to the
+host in the snapshot's one transfer (:class:`telemetry.Pack`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .nonfinite import Findings, find_nonfinite
+from .ops import HookState
+from .records import Snapshot
+from .stats import absmax, dense, foreach_norm, histograms, mean_std
+from .telemetry import Pack
+from .torch_hooks import TorchHooks
+
+__all__ = ["HIST_BINS", "HIST_CAP", "HistSelection", "RawRead", "StepStats"]
+
+HIST_CAP = 8  # at most this many parameters get histograms
+HIST_BINS = 64
+
+
+class HistSelection:
+    """Which parameters get histograms: the script's choice and each consumer's, capped."""
+
+    def __init__(self, params: list[str], every: int) -> None:
+        self._params = params
+        self._every = every
+        self._user: list[str] = []
+        self._subs: dict[str, list[str]] = {}
+        self._force = False  # a change: histograms on the next sampled step
+
+    def set(self, key: str, names: list[str]) -> None:
+        """``key`` "" is the script's own list; ``[]`` drops a consumer."""
+        if key == "":
+            self._user = list(names)
+        elif names:
+            self._subs[key] = list(names)
+        else:
+            self._subs.pop(key, None)
+        self._force = True
+
+    @property
+    def names(self) -> list[str]:
+        """The capped union, in the order the parameters were asked for."""
+        out: list[str] = []
+        for n in [*self._user, *(n for v in self._subs.values() for n in v)]:
+            if n not in out:
+                out.append(n)
+        return out[:HIST_CAP]
+
+    def due(self, sampled_count: int) -> list[int]:
+        """The parameter indices that get histograms on this sampled step (the ``sampled_count``-th):
+        every ``every`` sampled steps, or the first one after a change; else none."""
+        names = self.names
+        if not names:
+            return []
+        due = self._force or (sampled_count - 1) % self._every == 0
+        self._force = False
+        return [self._params.index(n) for n in names] if due else []
+
+
+@dataclass
+class RawRead:
+    """What :meth:`StepStats.raw` measured before the ``pre_step`` hooks ran."""
+
+    norms: dict[int, float]  # parameter index -> raw gradient norm (host), for those with a gradient
+    norm_tensors: list[Tensor]  # the same norms on device, in ``norms`` order
+    findings: Findings
+    local_norms: list[float] | None = None  # under DDP: this rank's pre-all-reduce norms (NaN: none)
+    local_bad: int = -1  # the first parameter whose local gradient was not finite, or -1
+    absmax: list[Tensor] = field(default_factory=list)  # sampled steps only
+    hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
+
+
+class StepStats:
+    """The statistics of the step under way; see the module docstring for the order."""
+
+    def __init__(self, params: list[str], tensors: list[Tensor]) -> None:
+        self.params = params
+        self.tensors = tensors
+        self.raw_read: RawRead | None = None
+        self._pack: Pack | None = None  # the sampled step's device-side statistics
+        self._meta: dict[str, Any] = {}
+        self._param_buf: list[Tensor] | None = None  # parameters before the update (sampled steps)
+        self._before_ready = False
+
+    def keep_params(self) -> None:
+        """Copy the parameters before the update, for the update-to-parameter ratio (sampled steps)."""
+        if self._before_ready:
+            return
+        with torch.no_grad():
+            if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults
+                self._param_buf = [torch.empty_like(p) for p in self.tensors]
+            torch._foreach_copy_(self._param_buf, [p.detach() for p in self.tensors])
+        self._before_ready = True
+
+    def raw(self, hooks: TorchHooks, sampled: bool, hist: Iterable[int]) -> RawRead:
+        """Raw norms and NaN/Inf findings (one host read, every step); raw abs-max and histogram
+        copies on sampled steps."""
+        present = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
+        idx = [i for i, _ in present]
+        grads = [dense(g) for _, g in present]
+        norms = foreach_norm(grads)
+        read = Pack()
+        read.add("norm", norms)
+        mod_names = hooks.guarded_modules()
+        read.add("module_bad", [hooks.mod_bad[n] for n in mod_names])
+        local_idx = [i for i, v in enumerate(hooks.local_sq) if v is not None] if hooks.per_rank else []
+        read.add("local_norm", [hooks.local_sq[i].sqrt() for i in local_idx])  # type: ignore[union-attr]
+        host = read.transfer()  # NaN/Inf detection on every step: the one host read of an unsampled step
+        raw_norms = dict(zip(idx, host.get("norm", []), strict=True))
+        findings = find_nonfinite(raw_norms, self.tensors)
+        findings.bad_modules = [n for n, v in zip(mod_names, host.get("module_bad", []), strict=True) if v]
+        out = RawRead(norms=raw_norms, norm_tensors=norms, findings=findings)
+        if local_idx:
+            local = [math.nan] * len(self.params)
+            for i, v in zip(local_idx, host["local_norm"], strict=True):
+                local[i] = v
+            out.local_norms = local
+            out.local_bad = next((i for i in local_idx if not math.isfinite(local[i])), -1)
+        if sampled:
+            out.absmax = absmax(grads)
+            for i in hist:
+                g = self.tensors[i].grad
+                if g is not None:
+                    out.hist_raw[i] = dense(g).detach().clone()
+        self.raw_read = out
+        return out
+
+    def final(self, raw: RawRead, *, hooks_ran: bool) -> None:
+        """The sampled step's statistics of the final gradients (after every ``pre_step`` hook)."""
+        pack = Pack()
+        pack.add("raw_absmax", raw.absmax)
+        fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
+        fgrads = [dense(g) for _, g in fin]
+        if hooks_ran:
+            fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
+        else:  # no pre_step hook ran: the final gradients are the raw ones
+            fnorms, fabsmax = raw.norm_tensors, raw.absmax
+        pack.add("final_norm", fnorms)
+        pack.add("final_absmax", fabsmax)
+        strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
+        means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
+        pack.add("std", stds)
+        pack.add("mean", means)
+        for i, g_raw in raw.hist_raw.items():
+            g = self.tensors[i].grad
+            raw_finite = math.isfinite(raw.norms.get(i, math.nan))
+            # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
+            # non-finite, and only a host read could tell
+            pack.add(f"hist:{i}", histograms(g_raw, dense(g) if g is not None else None, HIST_BINS,
+                                             raw_finite=raw_finite, final_finite=raw_finite and not hooks_ran))
+        self._meta = {"fin_idx": [i for i, _ in fin], "dense_idx": [fin[k][0] for k in strided],
+                      "hist_idx": list(raw.hist_raw)}
+        self._pack = pack
+
+    def end_step(self) -> None:
+        """Forget the step's device-side statistics (at every boundary)."""
+        self.raw_read = None
+        self._pack = None
+        self._meta = {}
+        self._before_ready = False
+
+    def close(self) -> None:
+        self.end_step()
+        self._param_buf = None
+
+    def snapshot(self, *, step: int, config_version: int, records: dict[str, list[Any]],
+                 events: list[dict[str, Any]], ranks: dict[str, Any] | None, states: Iterable[HookState],
+                 hooks: TorchHooks, lr: list[float], sampled_every: int, overhead: float | None) -> Snapshot:
+        """The sampled step's snapshot, with its one host transfer."""
+        pack = self._pack or Pack()
+        meta = self._meta if self._pack is not None else {}
+        raw = self.raw_read if self._pack is not None else None
+        n = len(self.params)
+        with torch.no_grad():
+            pack.add("param_norm", foreach_norm([p.detach() for p in self.tensors]))
+            if self._before_ready and self._param_buf is not None:
+                buf = self._param_buf
+                torch._foreach_sub_(buf, [p.detach() for p in self.tensors])  # now before - after, in place
+                pack.add("update_norm", foreach_norm(buf))
+        eff_ids = []
+        for st in states:
+            if st.measured:
+                pack.add(f"eff:{st.spec.id}", [torch.as_tensor(x, dtype=torch.float32)
+                                                for x in (st.changed, st.before_sq, st.after_sq)])
+                eff_ids.append(st.spec.id)
+        mod_keys = sorted(hooks.mod_sq)
+        pack.add("modules", [hooks.mod_sq[k] for k in mod_keys])
+        rec_keys = [k for k, v in records.items() if isinstance(v[0], Tensor)]
+        pack.add("rec", [records[k][0] for k in rec_keys])
+        data = pack.transfer()  # the one host transfer of this snapshot
+
+        def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
+            out: list[float | None] = [None] * n
+            for i, v in zip(indices, values or [], strict=False):
+                out[i] = v
+            return out
+
+        raw_norms = raw.norms if raw is not None else {}
+        raw_idx = list(raw_norms)
+        fin_idx = meta.get("fin_idx", [])
+        dense_idx = meta.get("dense_idx", [])
+        counts = raw.findings.counts if raw is not None else {}
+        grad_norm_raw = scatter(raw_idx, list(raw_norms.values()))
+        grad_norm = scatter(fin_idx, data.get("final_norm"))
+        std = scatter(dense_idx, data.get("std"))
+        std = [None if (v is not None and math.isnan(v) and self.tensors[i].numel() == 1) else v
+               for i, v in enumerate(std)]
+        nan_count: list[int | None] = [None] * n
+        inf_count: list[int | None] = [None] * n
+        for i in raw_idx:
+            nan_count[i], inf_count[i] = counts.get(i, (0, 0))
+        update_ratio: list[float | None] = [None] * n
+        if "update_norm" in data:
+            # ||delta theta|| / ||theta|| with theta after the update (one pass fewer than before it;
+            # the two differ by the update itself, a relative 1e-3 or so)
+            with_grad = set(fin_idx)
+            for i, (u, b) in enumerate(zip(data["update_norm"], data["param_norm"], strict=True)):
+                if i in with_grad or u != 0:
+                    update_ratio[i] = (u / b) if b > 0 else None
+        scalars = {}
+        loss = None
+        rec_host = dict(zip(rec_keys, data.get("rec", []), strict=True))
+        for k, (s, c) in records.items():
+            v = rec_host.get(k, s) / c
+            if k == "loss":
+                loss = v
+            else:
+                scalars[k] = v
+        effects = {}
+        for hid in eff_ids:
+            changed, bsq, asq = data[f"eff:{hid}"]
+            effects[hid] = {"changed": int(changed) if math.isfinite(changed) else changed,
+                            "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None}
+        hist = {}
+        for i in meta.get("hist_idx", []):
+            h = data[f"hist:{i}"]
+            lo, hi = h[0], h[1]
+            edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
+            hist[self.params[i]] = {"edges": edges, "raw": h[2:2 + HIST_BINS], "final": h[2 + HIST_BINS:]}
+        modules: dict[str, dict[str, float]] = {}
+        for (name, which), v in zip(mod_keys, data.get("modules", []), strict=True):
+            modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = math.sqrt(v)
+
+        def total(vals: list[float | None]) -> float | None:
+            xs = [v for v in vals if v is not None]
+            return math.sqrt(sum(v * v for v in xs)) if xs else None
+
+        return Snapshot(
+            step=step, time=time.time(), config_version=config_version, loss=loss, scalars=scalars, lr=lr,
+            grad_norm_raw=grad_norm_raw, grad_norm=grad_norm,
+            grad_mean=scatter(dense_idx, data.get("mean")), grad_std=std,
+            grad_absmax_raw=scatter(raw_idx, data.get("raw_absmax")),
+            grad_absmax=scatter(fin_idx, data.get("final_absmax")),
+            nan_count=nan_count, inf_count=inf_count, param_norm=list(data["param_norm"]),
+            update_ratio=update_ratio, total_norm_raw=total(grad_norm_raw), total_norm=total(grad_norm),
+            hook_effects=effects, hist=hist, modules=modules, ranks=ranks, sampled_every=sampled_every,
+            overhead=overhead, events=events)
+
+
+def learning_rates(optimizer: Any) -> list[float]:
+    """Each param group's learning rate (NaN where it is not a number)."""
+    lr = []
+    if optimizer is not None:
+        for g in optimizer.param_groups:
+            try:
+                lr.append(float(g.get("lr", math.nan)))
+            except (TypeError, ValueError):
+                lr.append(math.nan)
+    return lr

@@ -1,0 +1,242 @@
+"""The torch hooks an Inspector registers on parameters and modules, and what they collect.
+
+The applied hook config is resolved to targets in a :class:`Plan` (replaced whole on every
+change: an atomic swap that the hooks below read without a lock). :class:`TorchHooks` then
+keeps torch's registrations in line with the plan:
+
+- ``param.register_post_accumulate_grad_hook`` on each parameter that an enabled
+  ``post_accumulate`` hook targets (the torch hook receives the **parameter**; its gradient
+  is ``param.grad``), running those hooks in ``position`` order once per backward;
+- ``module.register_forward_hook`` on each module that an enabled ``module`` hook targets:
+  it registers a tensor hook on the forward's output (and inputs, for ``grad_input``) that
+  adds the squared norm of ``grad_output`` (``grad_input``) to this step's accumulators. This
+  works with in-place ops, where ``register_full_backward_hook`` raises in the user's forward;
+- under DDP (``per_rank``), a post-accumulate hook on every parameter that keeps this rank's
+  local, pre-all-reduce squared gradient norm.
+
+Only the training thread calls :meth:`TorchHooks.sync` and :meth:`TorchHooks.remove_all`
+(torch hooks are registered and removed there, never from the server's threads). The step
+hooks (optimizer step pre/post, root forward pre) are the Inspector's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .ops import HookState, NanFinding, ParamTarget, apply_post_accumulate
+from .records import HookSpec
+from .stats import dense
+from .targets import match
+
+__all__ = ["Plan", "TorchHooks"]
+
+FailCallback = Callable[[HookSpec, "str | None", BaseException], None]
+FindingCallback = Callable[[NanFinding, str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The applied config, resolved to targets. Replaced whole on every change (atomic swap)."""
+
+    pre: tuple[tuple[HookState, tuple[ParamTarget, ...]], ...] = ()
+    post: dict[int, tuple[tuple[HookState, ParamTarget], ...]] = field(default_factory=dict)
+    module: dict[str, tuple[HookState, ...]] = field(default_factory=dict)
+
+
+def _tensors_in(x: Any) -> Iterator[Tensor]:
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, list | tuple):
+        for v in x:
+            yield from _tensors_in(v)
+    elif isinstance(x, Mapping):
+        for v in x.values():
+            yield from _tensors_in(v)
+
+
+class TorchHooks:
+    """The plan, the per-hook states, and our torch hooks on parameters and modules.
+
+    Args:
+        params, tensors: parameter names and tensors, in ``Inspector.params`` order.
+        modules: module name -> module (empty for a dict of tensors).
+        is_sampled: whether the step under way is sampled (effects are measured then).
+        on_failure: ``on_failure(spec, name, err)``, called when a hook raised (it disables it).
+        on_finding: ``on_finding(finding, action)``, a ``post_accumulate`` ``nan_guard`` finding.
+        scaler: the GradScaler whose scale module norms are divided by, or None.
+        per_rank: keep each parameter's local gradient norm (DDP's per-rank spread).
+    """
+
+    def __init__(self, params: list[str], tensors: list[Tensor], modules: Mapping[str, nn.Module], *,
+                 is_sampled: Callable[[], bool], on_failure: FailCallback, on_finding: FindingCallback,
+                 scaler: Any = None, per_rank: bool = False) -> None:
+        self.params = params
+        self.tensors = tensors
+        self.modules = modules
+        self._is_sampled = is_sampled
+        self._on_failure = on_failure
+        self._on_finding = on_finding
+        self._scaler = scaler
+        self.plan = Plan()
+        self.states: dict[str, HookState] = {}
+        self.dirty = False  # the plan changed since torch's registrations were last synced
+        self.spent = 0.0  # seconds inside these hooks since the last take_spent()
+        self._post_handles: dict[int, Any] = {}
+        self._module_handles: dict[str, Any] = {}
+        self._local_handles: list[Any] = []
+        # collected during the step's backward, cleared by end_step()
+        self.mod_sq: dict[tuple[str, str], Tensor] = {}  # (module, "out" | "in") -> squared norm
+        self.mod_bad: dict[str, Tensor] = {}  # module -> its grad_output was not finite (bool tensor)
+        self.local_sq: list[Tensor | None] = [None] * len(tensors)  # this rank's pre-all-reduce squared norms
+        if per_rank:
+            for i, t in enumerate(tensors):
+                if t.requires_grad:
+                    self._local_handles.append(t.register_post_accumulate_grad_hook(self._local_hook(i)))
+
+    @property
+    def per_rank(self) -> bool:
+        return bool(self._local_handles)
+
+    # ------------------------------------------------------------ plan
+    def rebuild(self, applied: list[HookSpec], fns: Mapping[str, Callable[[str, Tensor], Any]]) -> None:
+        """Resolve the applied specs to targets; a hook's state survives when its kind and params do."""
+        states: dict[str, HookState] = {}
+        pre: list[tuple[HookState, tuple[ParamTarget, ...]]] = []
+        post: dict[int, list[tuple[HookState, ParamTarget]]] = {}
+        module: dict[str, list[HookState]] = {}
+        index = {n: i for i, n in enumerate(self.params)}
+        for s in applied:
+            st = self.states.get(s.id)
+            if st is None or st.spec.kind != s.kind or st.spec.params != s.params:
+                st = HookState(s, fn=fns.get(s.id))
+            st.spec = s
+            states[s.id] = st
+            if not s.enabled:
+                continue
+            if s.point == "module":
+                for name in match(list(self.modules), s.target):
+                    module.setdefault(name, []).append(st)
+                continue
+            targets = tuple(ParamTarget(index[n], n, self.tensors[index[n]]) for n in match(self.params, s.target))
+            if s.point == "pre_step":
+                pre.append((st, targets))
+            else:
+                for t in targets:
+                    if t.param.requires_grad:
+                        post.setdefault(t.index, []).append((st, t))
+        self.states = states
+        self.plan = Plan(tuple(pre), {i: tuple(v) for i, v in post.items()},
+                         {n: tuple(v) for n, v in module.items()})
+        self.dirty = True
+
+    def sync(self) -> None:
+        """Register/remove our post-accumulate and module hooks to match the plan (training thread)."""
+        plan = self.plan
+        for i in set(self._post_handles) - set(plan.post):
+            self._post_handles.pop(i).remove()
+        for i in set(plan.post) - set(self._post_handles):
+            self._post_handles[i] = self.tensors[i].register_post_accumulate_grad_hook(self._post_hook(i))
+        for n in set(self._module_handles) - set(plan.module):
+            self._module_handles.pop(n).remove()
+        for n in set(plan.module) - set(self._module_handles):
+            self._module_handles[n] = self.modules[n].register_forward_hook(self._module_hook(n))
+        self.dirty = False
+
+    def remove_all(self) -> None:
+        """Remove every torch hook registered here and forget the plan (``close()``)."""
+        for h in [*self._post_handles.values(), *self._module_handles.values(), *self._local_handles]:
+            h.remove()
+        self._post_handles.clear()
+        self._module_handles.clear()
+        self._local_handles.clear()
+        self.plan = Plan()
+        self.states.clear()
+        self.end_step()
+
+    def end_step(self) -> None:
+        """Forget what this step's backward collected (at the boundary)."""
+        self.mod_sq.clear()
+        self.mod_bad.clear()
+        self.local_sq = [None] * len(self.tensors)
+
+    def take_spent(self) -> float:
+        spent, self.spent = self.spent, 0.0
+        return spent
+
+    def guarded_modules(self) -> list[str]:
+        """Modules whose ``grad_output`` was seen this step and that a ``module`` ``nan_guard`` watches."""
+        if not self.mod_bad:
+            return []
+        return [n for n in self.mod_bad if any(st.spec.kind == "nan_guard" for st in self.plan.module.get(n, ()))]
+
+    # ------------------------------------------------------------ the hooks themselves
+    def _post_hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(param: Tensor) -> None:  # receives the PARAMETER; its gradient is param.grad
+            t0 = time.perf_counter()
+            for st, target in self.plan.post.get(i, ()):
+                try:
+                    finding = apply_post_accumulate(st, target, self._is_sampled())
+                except Exception as e:
+                    self._on_failure(st.spec, target.name, e)
+                    continue
+                if finding is not None:
+                    self._on_finding(finding, st.spec.params["action"])
+            self.spent += time.perf_counter() - t0
+        return hook
+
+    def _module_hook(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                sts = self.plan.module.get(name, ())
+                guard = any(st.spec.kind == "nan_guard" for st in sts)
+                log = self._is_sampled() and any(st.spec.kind == "module_log" for st in sts)
+                want_in = log and any(st.spec.kind == "module_log" and st.spec.params["grad_input"] for st in sts)
+                if torch.is_grad_enabled() and (guard or log):
+                    for t in _tensors_in(output):
+                        if t.requires_grad:
+                            t.register_hook(self._module_grad_hook(name, "out"))
+                    if want_in:
+                        for t in _tensors_in(args):
+                            if t.requires_grad:
+                                t.register_hook(self._module_grad_hook(name, "in"))
+            except Exception as e:
+                for st in self.plan.module.get(name, ()):
+                    self._on_failure(st.spec, name, e)
+            self.spent += time.perf_counter() - t0
+        return hook
+
+    def _module_grad_hook(self, name: str, which: str) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            t0 = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    sq = grad.detach().float().pow(2).sum()
+                    if self._scaler is not None and getattr(self._scaler, "_scale", None) is not None:
+                        sq = sq / self._scaler._scale.to(sq.device).float().pow(2)  # report unscaled norms
+                    key = (name, which)
+                    prev = self.mod_sq.get(key)
+                    self.mod_sq[key] = sq if prev is None else prev + sq
+                    if which == "out":
+                        bad = ~torch.isfinite(sq)
+                        prevb = self.mod_bad.get(name)
+                        self.mod_bad[name] = bad if prevb is None else prevb | bad
+            except Exception as e:
+                for st in self.plan.module.get(name, ()):
+                    self._on_failure(st.spec, name, e)
+            self.spent += time.perf_counter() - t0
+        return hook
+
+    def _local_hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(param: Tensor) -> None:  # runs on this rank's local gradient, before DDP's all-reduce
+            g = param.grad
+            if g is not None:
+                with torch.no_grad():
+                    self.local_sq[i] = dense(g).detach().float().pow(2).sum()  # accumulated in place: last wins
+        return hook
