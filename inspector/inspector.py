@@ -28,13 +28,10 @@ and applied by the training thread at the next safe point (DESIGN.md "Steps").
 
 from __future__ import annotations
 
-import math
 import os
 import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -45,31 +42,21 @@ from .edits import Edits
 from .errors import AttachError, HookError, InspectorError
 from .feed import Feed
 from .handles import HookHandle
+from .lifecycle import StepLifecycle
 from .nonfinite import Findings, NonfiniteReport
-from .ops import NanFinding, apply_pre_step
-from .records import HookSpec, jsonsafe
-from .registry import PRESET_FORMAT, Change, Registry
-from .scalars import Records, accumulate, check_scalars, host_means
+from .registry import PRESET_FORMAT, Registry
+from .scalars import Records, accumulate, check_scalars
 from .server_loader import load_server_module
-from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats, learning_rates
+from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
-from .telemetry import Cadence
+from .telemetry import Cadence, check_cadence
 from .torch_hooks import TorchHooks
 from .wrappers import enabled_scaler, named_tensors, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
 
-def _check_options(budget: Any, every: Any, hist_every: Any) -> None:
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
-        raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise HookError(("every",), f"must be a positive integer or None (got {every!r})")
-    if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 1:
-        raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
-
-
-class Inspector:
+class Inspector(StepLifecycle):
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
     def __init__(self, model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None,
@@ -80,7 +67,7 @@ class Inspector:
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
                 "say) attach one Inspector per optimizer, each with the model part that optimizer steps")
         optimizer = real_optimizer(optimizer) if optimizer is not None else None
-        _check_options(budget, every, hist_every)
+        check_cadence(budget, every, hist_every)
         named, module_objs = named_tensors(model)
         self._root: nn.Module | None = model if isinstance(model, nn.Module) else None
         self.params: list[str] = [n for n, _ in named]
@@ -136,6 +123,13 @@ class Inspector:
             self._handles.append(self._root.register_forward_pre_hook(self._on_forward_pre))
 
     # ================================================================= public API
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InspectorError("this Inspector is closed")
+        if self._dist is not None and self.rank != 0 and threading.get_ident() != self._train_tid:
+            raise InspectorError("under torch.distributed, edits from another thread go to rank 0 (which serves "
+                                 f"the dashboard); this is rank {self.rank}")
+
     @property
     def step(self) -> int:
         """Completed optimizer steps (the number of the last step boundary)."""
@@ -153,9 +147,7 @@ class Inspector:
         ``held`` is true once a pause has taken hold: the training thread waits at the boundary
         of step N (``state`` says "paused" as soon as it is asked for, while a step may still run).
         """
-        with self._lock:
-            s = "finished" if (self._finished or self._closed) else ("paused" if self._paused else "running")
-            return {"state": s, "step": self._step, "held": self._waiting}
+        return self._training_state()
 
     @property
     def cost(self) -> dict[str, Any]:
@@ -349,12 +341,6 @@ class Inspector:
             self._cond.notify_all()
         return self._publish_training()
 
-    def _publish_training(self) -> dict[str, Any]:
-        """Tell subscribers the training state changed (a ``training`` record: ``state``, ``step``, ``held``)."""
-        state = self.state
-        self._feed.publish("training", state)
-        return state
-
     def begin_step(self) -> None:
         """Mark a step as under way, as the root module's forward pre-hook does.
 
@@ -465,286 +451,6 @@ class Inspector:
 
     def __repr__(self) -> str:
         return f"<Inspector {len(self.params)} params, step {self._step}, {len(self._reg.requested)} hooks>"
-
-    # ================================================================= edits: where and when they apply
-    def _check_open(self) -> None:
-        if self._closed:
-            raise InspectorError("this Inspector is closed")
-        if self._dist is not None and self.rank != 0 and threading.get_ident() != self._train_tid:
-            raise InspectorError("under torch.distributed, edits from another thread go to rank 0 (which serves "
-                                 f"the dashboard); this is rank {self.rank}")
-
-    def _submit(self, change: Change) -> None:
-        """A validated change was queued: apply it now where DESIGN.md allows (lock held)."""
-        on_train = threading.get_ident() == self._train_tid
-        if self._dist is not None and not self._dist.broken:
-            # one config for the job: edits from the training thread run on every rank (the
-            # script is the same everywhere); rank 0's other edits travel at the next boundary
-            if on_train and len(self._reg.pending) == 1:
-                self._drain_locked(torch_ok=True)
-            elif self._waiting:
-                self._cond.notify_all()
-            return
-        if on_train or (self._finished and not self._closed):
-            self._drain_locked(torch_ok=True)
-        elif self._waiting:
-            self._cond.notify_all()  # the paused training thread applies it
-        elif self._root is not None and not self._under_way and not any(c.touches_torch() for c in self._reg.pending):
-            self._drain_locked(torch_ok=False)  # pre_step only, between steps: safe from this thread
-
-    def _drain_locked(self, *, torch_ok: bool) -> None:
-        self._edits.drain(self._step + 1, torch_ok=torch_ok)
-
-    def _hook_failed(self, spec: HookSpec, param: str | None, err: BaseException) -> None:
-        """A hook raised: disable it at once, report it, and let training go on."""
-        with self._lock:
-            self._edits.disable_failed(spec, param, f"{type(err).__name__}: {err}", self._step + 1)
-
-    def _post_finding(self, finding: NanFinding, action: str) -> None:
-        self._nonfinite.post_accumulate(finding, action, self._step + 1)
-
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        with self._lock:
-            self._seq += 1
-            ev = {"seq": self._seq, "kind": kind, "time": time.time(), **jsonsafe(fields)}
-            self._step_events.append(ev)
-        self._feed.publish("event", ev)
-        return ev
-
-    # ================================================================= the step hooks
-    def _mark_under_way(self) -> None:
-        with self._lock:
-            self._under_way = True
-        self._flush_late()
-
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        t0 = time.perf_counter()
-        self._train_tid = threading.get_ident()
-        if self._scaler is not None:
-            self._check_scaler_skip()
-        if not self._under_way:
-            self._mark_under_way()
-        if self._dist is not None and not self._dist.broken:
-            if self._hooks.dirty:  # pending edits wait for the boundary exchange
-                with self._lock:
-                    self._hooks.sync()
-        elif self._reg.pending or self._hooks.dirty:
-            with self._lock:
-                self._drain_locked(torch_ok=True)
-        self._t_ours += time.perf_counter() - t0
-
-    def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        t0 = time.perf_counter()
-        self._train_tid = threading.get_ident()
-        if not self._under_way and self._root is not None:
-            # no forward of the root module marked this step (a loop that calls a submodule, or
-            # Lightning's training_step): records made since the last boundary were late ones
-            self._mark_under_way()
-        if self._sampled:
-            self._stats.keep_params()  # for the update-to-parameter ratio
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        self._t_ours += time.perf_counter() - t0
-        if closure is None:
-            self._pre_step_work()
-            return None
-
-        def wrapped_closure() -> Any:
-            out = closure()
-            self._pre_step_work()  # after the closure's backward, once per evaluation
-            return out
-
-        if len(args) > 1:
-            return (args[0], wrapped_closure, *args[2:]), kwargs
-        return args, {**kwargs, "closure": wrapped_closure}
-
-    def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._boundary()
-
-    def _check_scaler_skip(self) -> None:
-        scale_t = getattr(self._scaler, "_scale", None)
-        if scale_t is None:
-            return
-        scale = float(scale_t)  # one read per forward, only with a scaler (a sync on CUDA)
-        if self._last_scale is not None and scale < self._last_scale:
-            self._event("step_skipped", step=self._step + 1, reason="scaler")
-        self._last_scale = scale
-
-    # ================================================================= the step's work
-    def _pre_step_work(self) -> None:
-        """Raw statistics, every pre_step hook, final statistics (once per step or per closure call)."""
-        t0 = time.perf_counter()
-        plan, sampled = self._hooks.plan, self._sampled
-        with self._lock:
-            hist = self._hist.due(self._sampled_count) if sampled else []
-        raw = self._stats.raw(self._hooks, sampled, hist)
-        found = raw.findings
-        if sampled:
-            for state, _ in plan.pre:
-                state.reset_effects()
-        skip = False
-        for state, targets in plan.pre:
-            try:
-                res = apply_pre_step(state, list(targets), sampled)
-            except Exception as e:
-                self._hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
-                continue
-            if res is True:
-                skip = True
-                for t in targets:
-                    found.actions.setdefault(t.index, "skip")
-                break
-            if isinstance(res, list):
-                for f in res:
-                    found.actions.setdefault(f.index, state.spec.params["action"])
-                    found.counts.setdefault(f.index, (f.nan, f.inf))
-        if skip:
-            for p in self._tensors:
-                p.grad = None
-            self._event("step_skipped", step=self._step + 1, reason="nan_guard")
-        if self._dist is not None and not self._dist.broken:
-            self._nf_pending = found  # reported at the boundary, with the rank
-        else:
-            self._nonfinite.step(found, self._step + 1)
-        if sampled:
-            self._stats.final(raw, hooks_ran=bool(plan.pre) or skip)
-        self._t_ours += time.perf_counter() - t0
-
-    def _boundary(self) -> None:
-        """Step N is complete: publish its snapshot, apply pending edits, honour a pause."""
-        t0 = time.perf_counter()
-        with self._lock:
-            self._step += 1
-            self._under_way = False
-            step, sampled = self._step, self._sampled
-            events, self._step_events = self._step_events, []
-            rec, self._rec_cur = self._rec_cur, {}
-        now = time.perf_counter()
-        wall = None if self._last_boundary is None else now - self._last_boundary
-        self._cadence.observe(step, sampled, self._t_ours + self._hooks.take_spent() + (now - t0), wall)
-        t1 = time.perf_counter()
-        self._t_ours = 0.0
-        ranks, hold = None, False
-        if self._dist is not None and not self._dist.broken:
-            ranks, hold = self._dist_exchange(step, sampled, first=True)
-            with self._lock:  # events the exchange produced belong to this step
-                events, self._step_events = events + self._step_events, []
-        snap = None
-        if sampled:
-            try:
-                snap = self._stats.snapshot(
-                    step=step, config_version=self._reg.version, records=rec, events=events, ranks=ranks,
-                    states=list(self._hooks.states.values()), hooks=self._hooks,
-                    lr=learning_rates(self._optimizer), sampled_every=self._cadence.k,
-                    overhead=self._cadence.overhead)
-            except Exception as e:  # never take training down for telemetry
-                self._event("hook_error", hook_id=None, param=None, message=f"telemetry failed: {e!r}", step=step)
-        self._stats.end_step()
-        self._hooks.end_step()
-        if snap is not None:
-            self._feed.publish("snapshot", snap)
-        self._t_ours += time.perf_counter() - t1  # counted with the next step
-        if self._dist is not None and not self._dist.broken:
-            self._dist_hold(step, hold)
-        else:
-            with self._cond:
-                self._drain_locked(torch_ok=True)
-                self._decide_next(step)
-                while self._paused and self._credit == 0 and not self._closed:
-                    if not self._waiting:
-                        self._waiting = True
-                        self._cond.notify_all()  # for whoever waits for the pause to take hold
-                        self._publish_training()
-                    self._drain_locked(torch_ok=True)
-                    self._cond.wait()
-                if self._credit > 0:
-                    self._credit -= 1
-                self._waiting = False
-        self._last_boundary = time.perf_counter()
-
-    def _decide_next(self, step: int) -> None:
-        self._sampled = self._cadence.is_sampled(step + 1)
-        if self._sampled:
-            self._sampled_count += 1
-
-    def _flush_late(self) -> None:
-        """Send the records made after step N's boundary (before the next forward) as step N's."""
-        with self._lock:
-            late, self._rec_late = self._rec_late, {}
-            step = self._step
-        if not late:
-            return
-        vals = host_means(late)
-        loss = vals.pop("loss", None)
-        with self._feed._lock:
-            snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
-        if snap is not None:
-            new = replace(snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals})
-            self._feed.replace_snapshot(new)
-        self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
-
-    # ================================================================= torch.distributed
-    def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:
-        """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold)."""
-        plane = self._dist
-        assert plane is not None
-        rank0 = plane.rank == 0
-        with self._cond:
-            hold = rank0 and self._paused and self._credit == 0 and not self._closed
-            if rank0 and self._paused and self._credit > 0:
-                self._credit -= 1  # a single step: run one more, hold at its boundary
-            payload = rank0 and bool(self._reg.pending)
-            next_sampled = self._cadence.is_sampled(step + 1)
-        raw = self._stats.raw_read if first else None
-        with_norms = first and sampled and self._hooks.per_rank
-        norms = None
-        if with_norms:
-            norms = raw.local_norms if raw is not None and raw.local_norms is not None else [math.nan] * len(self.params)
-        try:
-            rows = plane.exchange(hold, payload, next_sampled, raw.local_bad if raw is not None else -1, norms)
-            changes = None
-            if rows.payload:
-                with self._lock:
-                    mine = list(self._reg.pending) if rank0 else None
-                changes = plane.broadcast(mine)
-        except Exception as e:
-            plane.broken = f"{type(e).__name__}: {e}"
-            self._event("distributed_error", step=step, rank=plane.rank,
-                        message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
-                                "hook edits and pauses with the others")
-            return None, False
-        with self._cond:
-            if changes is not None:
-                if not rank0:
-                    self._reg.adopt(changes)
-                self._drain_locked(torch_ok=True)
-            self._sampled = rows.next_sampled
-            if self._sampled:
-                self._sampled_count += 1
-        if first:
-            bad_ranks = rows.bad_ranks()
-            if self._nf_pending is not None or bad_ranks:
-                found = self._nf_pending or Findings()
-                if not found.bad and bad_ranks:  # non-finite locally, finite after the all-reduce: still worth a word
-                    found.bad = [rows.local_bad(bad_ranks[0])]
-                self._nonfinite.step(found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks)
-            self._nf_pending = None
-        return (rows.spread(len(self.params)) if with_norms else None), rows.hold
-
-    def _dist_hold(self, step: int, hold: bool) -> None:
-        """Every rank waits here together while rank 0 is paused (heartbeat exchanges)."""
-        plane = self._dist
-        assert plane is not None
-        while hold and not plane.broken and not self._closed:
-            if plane.rank == 0:
-                with self._cond:
-                    if not self._waiting:
-                        self._waiting = True
-                        self._cond.notify_all()
-                        self._publish_training()
-                    self._cond.wait_for(lambda: bool(self._reg.pending) or not self._paused or self._credit > 0
-                                        or self._closed, timeout=distributed.HEARTBEAT)
-            _, hold = self._dist_exchange(step, False, first=False)
-        self._waiting = False
 
 
 def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None, *,

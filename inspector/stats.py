@@ -36,13 +36,6 @@ def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
     return [n.float() for n in torch._foreach_norm(up, ord)]
 
 
-def stack_on(tensors: list[Tensor], device: torch.device) -> Tensor:
-    """Stack 0-dim tensors that may live on several devices into one 1-D tensor on ``device``."""
-    if not tensors:
-        return torch.zeros(0, device=device)
-    return torch.stack([t.to(device, non_blocking=True) for t in tensors])
-
-
 def absmax(tensors: list[Tensor]) -> list[Tensor]:
     """Per-tensor largest absolute value as float32 0-dim tensors.
 

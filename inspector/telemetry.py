@@ -14,15 +14,28 @@ to the host with a single ``.tolist()``, the one sync point of a snapshot.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Cadence", "Pack"]
+from .errors import HookError
+
+__all__ = ["Cadence", "Pack", "check_cadence"]
 
 _EMA = 0.2
 SAFETY = 0.5  # the share of the budget the cadence aims at (see _choose_k)
 MAX_EVERY = 100  # even when the budget cannot be met, a snapshot every 100 steps
+
+
+def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
+    """Validate ``attach``'s cadence options (raises HookError naming the option)."""
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
+        raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise HookError(("every",), f"must be a positive integer or None (got {every!r})")
+    if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 1:
+        raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
 
 
 class Cadence:
@@ -117,9 +130,6 @@ class Pack:
             values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
         self._names.append(name)
         self._parts.append(values.reshape(-1).float())
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._names
 
     def transfer(self) -> dict[str, list[float]]:
         if not self._parts:
