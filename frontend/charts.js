@@ -4,17 +4,9 @@
 // newest snapshot. The caller batches messages and calls update() at most once
 // per animation frame.
 
-import {
-  COLORS,
-  HEAT_SCALE,
-  PLOT_CONFIG,
-  axis,
-  barLogRange,
-  baseLayout,
-  labelPixels,
-  logTicks,
-} from "./theme.js";
-import { log10OrNull, plottable, positive, shortName } from "./util.js";
+import { COLORS, HEAT_SCALE, PLOT_CONFIG, axis, barLogRange, baseLayout, labelPixels } from "./theme.js";
+import { decadeTicks, logTicks, shortName, sparseTicks } from "./ticks.js";
+import { log10OrNull, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
 
@@ -22,16 +14,6 @@ const Plotly = window.Plotly;
 function paramMargin(names) {
   const longest = Math.max(4, ...names.map((n) => shortName(n).length));
   return names.length > 12 ? Math.ceil(longest * 5.6 * 0.77) + 18 : 34;
-}
-
-/**
- * Every k-th name as a tick, so labels `perLabel` px apart fit in `pixels`
- * (hover always names the parameter).
- */
-function sparseTicks(names, pixels, perLabel, maxLen) {
-  const k = Math.max(1, Math.ceil((names.length * perLabel) / Math.max(pixels, 50)));
-  const vals = names.filter((_, i) => i % k === 0);
-  return { tickvals: vals, ticktext: vals.map((n) => shortName(n, maxLen)) };
 }
 
 function paramAxis(names, el, extra = {}) {
@@ -65,20 +47,6 @@ function bindPick(chart, coord) {
     const p = ev && ev.points && ev.points[0];
     if (p && typeof p[coord] === "string") chart.onPick(p[coord]);
   });
-}
-
-/** Tick values and labels of a log10-valued axis or colour bar: 1e-3, 0.01, ... */
-function decadeTicks(lo, hi) {
-  const vals = [];
-  const text = [];
-  const a = Math.floor(lo);
-  const b = Math.ceil(hi);
-  const step = Math.max(1, Math.ceil((b - a) / 8));
-  for (let e = a; e <= b; e += step) {
-    vals.push(e);
-    text.push(e >= -2 && e <= 3 ? String(10 ** e) : `1e${e}`);
-  }
-  return { vals, text };
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // Colours and the Plotly layout shared by every chart. One meaning, one colour:
 // raw (before pre_step edits) is blue, final (what the optimizer sees) orange.
 
+import { positiveRange } from "./ticks.js";
+
 export const COLORS = {
   raw: "#6ea8fe",
   final: "#ffa657",
@@ -69,32 +71,6 @@ export function baseLayout(extra = {}) {
     uirevision: "keep", // user zoom survives updates
     ...extra,
   };
-}
-
-/**
- * Tick labels for a log axis over these values: plain numbers (0.2, 0.5, 1, 2)
- * within about a decade and a half, where Plotly would otherwise label the 2s and 5s
- * with a bare digit; powers of ten across wider spans.
- */
-export function logTicks(values) {
-  const [lo, hi] = positiveRange(values);
-  const span = Number.isFinite(lo) ? Math.log10(hi / lo) : 0;
-  // Powers of ten: every decade up to six of them, beyond that Plotly's choice.
-  if (span > 1.6) return { tickformat: "", exponentformat: "power", dtick: span > 6 ? null : 1 };
-  // 1-2-5 ticks; under half a decade Plotly's own (linear-looking) ticks read fine.
-  return { tickformat: "~g", exponentformat: "none", dtick: span > 0.5 ? "D2" : null };
-}
-
-/** [min, max] of the positive finite values ([Infinity, -Infinity] for none). */
-export function positiveRange(values) {
-  let lo = Infinity;
-  let hi = -Infinity;
-  for (const v of values) {
-    if (v === null || !(v > 0) || !Number.isFinite(v)) continue;
-    if (v < lo) lo = v;
-    if (v > hi) hi = v;
-  }
-  return [lo, hi];
 }
 
 /**

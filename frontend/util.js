@@ -106,16 +106,5 @@ export function debounce(fn, ms) {
   };
 }
 
-/** A short form of a long dotted parameter name for axis ticks: the last parts. */
-export function shortName(name, maxLen = 22) {
-  if (name.length <= maxLen) return name;
-  const parts = name.split(".");
-  let out = parts.pop();
-  while (parts.length && out.length + parts[parts.length - 1].length + 1 <= maxLen - 1) {
-    out = `${parts.pop()}.${out}`;
-  }
-  return `…${out}`;
-}
-
 let requestCounter = 0;
 export const nextRequestId = () => `r${++requestCounter}`;
