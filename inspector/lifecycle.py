@@ -258,7 +258,7 @@ class StepLifecycle:
                     lr=learning_rates(self._optimizer), sampled_every=self._cadence.k,
                     overhead=self._cadence.overhead)
             except Exception as e:  # never take training down for telemetry
-                self._event("hook_error", hook_id=None, param=None, message=f"telemetry failed: {e!r}", step=step)
+                self._event("telemetry_error", message=f"the snapshot could not be built: {e!r}", step=step)
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:

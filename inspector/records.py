@@ -89,7 +89,20 @@ class Snapshot:
     sampled_every: int
     overhead: float | None
     events: list[dict[str, Any]] = field(default_factory=list)
+    _wire: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Strict-JSON-safe dict (non-finite numbers as strings), the wire format's snapshot."""
-        return jsonsafe({f.name: getattr(self, f.name) for f in fields(self)})
+        """Strict-JSON-safe dict (non-finite numbers as strings), the wire format's snapshot.
+
+        Converted once and cached: every consumer (subscribers, ``Inspector.snapshots()``, the
+        server) gets the same dict, so treat it as read-only. ``dataclasses.replace`` makes a
+        snapshot with a fresh cache (late scalars merged into a copy are converted again, once).
+        """
+        wire = self._wire
+        if wire is None:
+            wire = jsonsafe({name: getattr(self, name) for name in _SNAPSHOT_KEYS})
+            object.__setattr__(self, "_wire", wire)  # a benign race: two threads would build equal dicts
+        return wire
+
+
+_SNAPSHOT_KEYS = tuple(f.name for f in fields(Snapshot) if f.init)  # the wire keys, in field order

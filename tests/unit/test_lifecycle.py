@@ -357,3 +357,56 @@ def test_cadence_grows_gradually_and_keeps_about_a_snapshot_a_second():
     assert max(ks) <= 100  # about one snapshot a second at 100 steps a second
     # the statistics' own extra cost within half the budget (the cadence's safety margin): ceil(4 / 0.15)
     assert ks[-1] == 27
+
+
+def test_add_hook_takes_params_as_a_mapping_even_named_like_its_own_arguments(mlp):
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with inspector.attach(mlp, opt) as insp:
+        h = insp.add_hook("clip_value", "*", params={"threshold": 0.5})
+        assert h.spec["params"] == {"threshold": 0.5}
+        # a key that is one of add_hook's own keywords is still a parameter, so the kind refuses it
+        with pytest.raises(inspector.HookError) as e:
+            insp.add_hook("clip_value", "*", params={"threshold": 0.5, "enabled": False})
+        assert e.value.loc == ("params", "enabled")
+        with pytest.raises(inspector.HookError) as e:
+            insp.add_hook("clip_value", "*", params={"threshold": 0.5}, threshold=1.0)
+        assert e.value.loc == ("params", "threshold")
+        assert len(insp.hooks()) == 1
+
+
+def test_each_snapshot_is_converted_once_and_shared(mlp):
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    got = []
+    with inspector.attach(mlp, opt, every=1) as insp:
+        insp.subscribe(lambda kind, payload: got.append(payload) if kind == "snapshot" else None)
+        x, y = batch()
+        train_step(mlp, opt, x, y)
+        assert insp._feed.flush()
+        assert got and got[0] is insp.latest() is insp.snapshots()[0]
+
+
+def test_a_telemetry_failure_is_its_own_event_and_training_goes_on(mlp, monkeypatch):
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with inspector.attach(mlp, opt, every=1) as insp:
+        def broken(**kw):
+            raise RuntimeError("stats bug")
+        monkeypatch.setattr(insp._stats, "snapshot", broken)
+        x, y = batch()
+        train_step(mlp, opt, x, y)
+        train_step(mlp, opt, x, y)
+        errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+        assert [e["step"] for e in errors] == [1, 2] and "stats bug" in errors[0]["message"]
+        assert not [e for e in insp.events() if e["kind"] == "hook_error"]
+        assert insp.step == 2
+
+
+def test_close_says_when_the_last_late_records_are_lost(mlp, monkeypatch):
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    insp = inspector.attach(mlp, opt)
+
+    def broken() -> None:
+        raise RuntimeError("transfer failed")
+    monkeypatch.setattr(insp, "_flush_late", broken)
+    with pytest.warns(RuntimeWarning, match="late records could not be sent"):
+        insp.close()
+    assert our_hook_count(mlp, opt) == 0
