@@ -273,10 +273,11 @@ def run_export(args: argparse.Namespace) -> int:
         if args.output == "-":
             args.output = None
         if args.format == "html":
-            from .report import plotly_source
+            from .report import page_source, plotly_source
 
             try:
                 plotly_source()  # fail before the output file is created
+                page_source()
             except ReportError as e:
                 raise _Fail(str(e)) from None
         if args.output:

@@ -16,6 +16,12 @@ What it shows:
 
 then the hook-change log and the event list as HTML tables.
 
+The page is made of files in `frontend/report/` (shipped with the dashboard's, linted and
+formatted alike): `report.html`, a template whose `{name}` fields `render()` fills,
+`report.css`, and `report.js`, an ES module that draws the charts with the dashboard's own
+tick helpers, imported from `frontend/ticks.js`. The file must work offline, so the two
+modules are inlined as one classic script (`report_assets.inline_module`).
+
 Size: the charts get at most `MAX_POINTS` (2000) steps, evenly spaced over the recorded
 ones (plus the steps that carry events), and fewer when the model has so many parameters
 that a heatmap would pass `MAX_CELLS` cells; the page says when it downsampled. Numbers
@@ -36,12 +42,11 @@ import json
 import math
 import time
 from datetime import datetime, timezone
-from functools import lru_cache
-from pathlib import Path
 from typing import IO, Any
 
 from .history import pick_even
 from .protocol import sanitize
+from .report_assets import ReportError, page_source, plotly_source
 from .storage import Store
 
 MAX_POINTS = 2000  # the most steps a chart gets
@@ -51,10 +56,6 @@ MAX_EVENT_STEPS = 200  # extra steps kept because they carry an event
 MAX_MARKERS = 300  # vertical markers drawn on the step charts
 MAX_EVENT_ROWS = 2000  # rows of the event table
 MARKER_KINDS = ("nonfinite", "step_skipped", "hook_error", "scenario_reset", "training_error")
-
-
-class ReportError(RuntimeError):
-    """The report cannot be written (plotly.js missing, unknown run)."""
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -303,18 +304,6 @@ def embed_json(obj: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-@lru_cache(maxsize=1)
-def plotly_source() -> str:
-    from .app import plotly_js
-
-    path = plotly_js()
-    if path is None:
-        raise ReportError("plotly.js not found in the installed plotly package (pip install plotly)")
-    text = Path(path).read_text(encoding="utf-8")
-    # it holds no "</script" today; make sure no future build can end the element early
-    return text.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
-
-
 def _e(v: Any) -> str:
     return html.escape("-" if v is None else str(v))
 
@@ -368,7 +357,8 @@ def render(data: dict[str, Any], plotly_text: str) -> str:
                         "events; `gradient-inspector export --format jsonl` has them all.</p>")
     no_data = "" if n_steps else '<p class="note">This run has no recorded snapshots: nothing to chart.</p>'
 
-    return _PAGE.format(
+    template, css, script = page_source()
+    return "<!DOCTYPE html>\n" + template.format(
         title=_e(f"gradient-inspector report: {title}"),
         heading=_e(title),
         facts=facts_html,
@@ -379,10 +369,8 @@ def render(data: dict[str, Any], plotly_text: str) -> str:
         n_events=data["events_total"],
         last_step=_e(data["last"]["step"]),
         data=embed_json(data),
-        plotly=plotly_text,
-        script=_SCRIPT,
-        css=_CSS,
-        csp=_CSP,
+        scripts=f"<script>{plotly_text}</script>\n<script>{script}</script>",
+        css=css,
     )
 
 
@@ -392,321 +380,3 @@ def write_html(store: Store, run: int, out: IO[str], *, max_points: int = MAX_PO
     data = collect(store, run, max_points=max_points)
     out.write(render(data, plotly_text))
     return len(data["steps"])
-
-
-# ------------------------------------------------------------------------------------------ page
-_CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
-        "img-src data: blob:; font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
-
-_CSS = """
-:root { --raw: #1f6fd1; --final: #e8710a; --hook: #8250df; --bad: #d1242f; --muted: #57606a;
-        --line: #d0d7de; --bg: #ffffff; --panel: #f6f8fa; }
-* { box-sizing: border-box; }
-body { margin: 0; background: var(--bg); color: #1f2328;
-       font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
-main { max-width: 1280px; margin: 0 auto; padding: 20px 28px 48px; }
-h1 { font-size: 26px; margin: 0 0 4px; }
-h2 { font-size: 19px; margin: 32px 0 4px; padding-top: 12px; border-top: 1px solid var(--line); }
-.sub { color: var(--muted); margin: 0 0 16px; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 18px; margin: 0;
-           background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
-dl.facts dt { font-weight: 600; color: var(--muted); }
-dl.facts dd { margin: 0; }
-.muted { color: var(--muted); }
-.note { background: #fff8c5; border: 1px solid #eed888; border-radius: 6px; padding: 6px 10px; margin: 10px 0; }
-.explain { background: var(--panel); border-left: 4px solid var(--raw); padding: 8px 12px; margin: 14px 0; }
-.raw { color: var(--raw); font-weight: 600; } .final { color: var(--final); font-weight: 600; }
-.hookc { color: var(--hook); font-weight: 600; } .badc { color: var(--bad); font-weight: 600; }
-.caption { color: var(--muted); margin: 0 0 6px; max-width: 980px; }
-.chart { width: 100%; min-height: 300px; }
-table { border-collapse: collapse; width: 100%; font-size: 14px; margin-top: 8px; }
-th, td { text-align: left; vertical-align: top; padding: 5px 10px; border-bottom: 1px solid var(--line); }
-th { background: var(--panel); position: sticky; top: 0; }
-td code { font-size: 13px; }
-.arrow { color: var(--hook); font-weight: 700; }
-.kind { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px; }
-.kind-nonfinite, .kind-hook_error, .kind-training_error { color: var(--bad); font-weight: 600; }
-footer { color: var(--muted); margin-top: 32px; font-size: 13px; }
-"""
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="gradient-inspector">
-<title>{title}</title>
-<style>{css}</style>
-</head>
-<body>
-<main>
-<h1>{heading}</h1>
-<p class="sub">A gradient-inspector report: every number below was recorded while the run trained.
-It opens without a server or a network connection.</p>
-<dl class="facts">
-{facts}
-</dl>
-<div class="explain"><b>Raw and final.</b> <span class="raw">Raw</span> is the gradient as backward
-produced it, before the inspector's <code>pre_step</code> hooks (clipping, scaling, ...);
-<span class="final">final</span> is what the optimizer actually used, after every hook.
-Where the two differ, a hook changed the gradient. Norms are L2 norms.
-Markers: <span class="hookc">purple dashed lines</span> are applied hook changes (the first step they affected),
-<span class="badc">red dotted lines</span> are non-finite gradients (NaN/Inf), skipped steps, hook errors
-and resets. Hover a marker's label at the top of a chart for details; drag to zoom, double-click to reset.</div>
-{notes}
-
-<h2>Loss and global gradient norm</h2>
-<p class="caption">Top: the training loss. Bottom: the norm of all gradients together,
-<span class="raw">raw</span> and <span class="final">final</span>, on a log scale. Gaps are non-finite values.</p>
-<div id="chart-norms" class="chart"></div>
-
-<h2>Final gradient norm per parameter</h2>
-<p class="caption">One row per parameter tensor, one column per step; colour is log<sub>10</sub> of the
-final gradient's L2 norm. Red cells: NaN/Inf. Grey: no gradient (frozen or unused).</p>
-<div id="chart-heatmap" class="chart"></div>
-
-<h2>Gradient abs-max per parameter at the last step (step {last_step})</h2>
-<p class="caption">The largest absolute gradient element of each parameter tensor, <span class="raw">raw</span>
-and <span class="final">final</span>, log scale. Final below raw means a hook shrank that gradient.</p>
-<div id="chart-absmax" class="chart"></div>
-
-<h2>Update-to-parameter ratio per parameter</h2>
-<p class="caption">‖Δθ‖ / ‖θ‖ of each step's optimizer update, per parameter tensor, colour log<sub>10</sub>.
-Around 10<sup>-3</sup> is the usual healthy range; much larger means the step rewrites the weights.</p>
-<div id="chart-ratio" class="chart"></div>
-
-<h2 id="hook-changes">Hook changes ({n_changes})</h2>
-{changes}
-
-<h2 id="events">Events ({n_events})</h2>
-{events}
-
-<footer>Made with gradient-inspector (<code>gradient-inspector export --format html</code>).
-Charts drawn by plotly.js, included in this file.</footer>
-</main>
-<script type="application/json" id="report-data">{data}</script>
-<script>{plotly}</script>
-<script>{script}</script>
-</body>
-</html>
-"""
-
-_SCRIPT = r"""
-"use strict";
-(function () {
-  const D = JSON.parse(document.getElementById("report-data").textContent);
-  const C = { raw: "#1f6fd1", final: "#e8710a", loss: "#1a7f37", hook: "#8250df", bad: "#d1242f",
-              grid: "#e6e9ed", text: "#1f2328", muted: "#57606a" };
-  const FONT = { family: 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif', size: 13, color: C.text };
-  const CONFIG = { responsive: true, displaylogo: false, scrollZoom: false };
-  const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
-  const bad = (v) => typeof v === "string"; // "nan", "inf", "-inf"
-  const pos = (v) => (typeof v === "number" && v > 0 ? v : null);
-  const fmt = (v) => (v === null || v === undefined ? "no gradient" : typeof v === "string" ? v : v.toPrecision(3));
-  const steps = D.steps;
-  const names = D.params;
-  // long names shortened in the middle; with many parameters only every k-th is labelled (hover has all)
-  const short = (n) => (n.length <= 34 ? n : n.slice(0, 14) + "…" + n.slice(-19));
-  function paramTicks(plotHeight) {
-    const k = Math.max(1, Math.ceil((names.length * 14) / Math.max(plotHeight, 100)));
-    const vals = names.filter((_, i) => i % k === 0);
-    return { tickmode: "array", tickvals: vals, ticktext: vals.map(short) };
-  }
-
-  function axis(extra) {
-    return Object.assign({ gridcolor: C.grid, zerolinecolor: C.grid, linecolor: "#8c959f", showline: true,
-                           ticks: "outside", tickcolor: "#8c959f", automargin: true,
-                           title: { font: { size: 13, color: C.muted } } }, extra || {});
-  }
-  function layout(extra) {
-    return Object.assign({ font: FONT, paper_bgcolor: "#ffffff", plot_bgcolor: "#ffffff",
-                           margin: { l: 70, r: 30, t: TOP, b: 50 }, hovermode: "closest",
-                           legend: { orientation: "h", x: 0, y: -0.1, xanchor: "left", yanchor: "top" } },
-                         extra);
-  }
-
-  // vertical markers: a line (shape) per event and a hoverable label (annotation) at the top
-  function markerShapes() {
-    return D.markers.map((m) => ({
-      type: "line", xref: "x", yref: "paper", x0: m.step, x1: m.step, y0: 0, y1: 1, layer: "above",
-      line: m.type === "hook" ? { color: C.hook, width: 1.5, dash: "dash" } : { color: C.bad, width: 1, dash: "dot" },
-    }));
-  }
-  // labels close together go on up to three rows above the plot
-  const MANY = D.markers.length > 24;
-  const ROWS = (function () {
-    const span = steps.length ? Math.max(1, steps[steps.length - 1] - steps[0]) : 1;
-    const gap = span * (MANY ? 0.012 : 0.075);
-    const last = [];
-    return D.markers.map((m) => {
-      let r = 0;
-      while (r < 2 && last[r] !== undefined && m.step - last[r] < gap) r++;
-      last[r] = m.step;
-      return r;
-    });
-  })();
-  const TOP = 34 + 15 * (ROWS.length ? Math.max(...ROWS) : 0);
-  function markerNotes() {
-    const many = MANY;
-    return D.markers.map((m, i) => ({
-      xref: "x", yref: "paper", x: m.step, y: 1, yanchor: "bottom", yshift: 2 + 15 * ROWS[i], showarrow: false,
-      text: many ? (m.type === "hook" ? "◆" : "▼") : (m.type === "hook" ? "◆ " : "▼ ") + m.label,
-      font: { size: 11, color: m.type === "hook" ? C.hook : C.bad },
-      hovertext: m.text, hoverlabel: { bgcolor: "#ffffff", bordercolor: m.type === "hook" ? C.hook : C.bad,
-                                      font: { color: C.text, size: 12 } },
-    }));
-  }
-
-  // ticks of a log10-valued colour bar: powers of ten (and 2x, 5x when the span is narrow)
-  function logTicks(lo, hi) {
-    const span = hi - lo;
-    const mult = span >= 3 ? [1] : span >= 1 ? [1, 2, 5] : [1, 2, 3, 4, 5, 6, 7, 8, 9];
-    const stride = Math.max(1, Math.ceil(span / 8));
-    const vals = [], text = [];
-    for (let e = Math.floor(lo); e <= Math.ceil(hi); e++) {
-      if (mult.length === 1 && (e - Math.floor(lo)) % stride) continue;
-      for (const m of mult) {
-        const v = e + Math.log10(m);
-        if (v < lo - 1e-9 || v > hi + 1e-9) continue;
-        vals.push(v);
-        text.push(m === 1 ? `10<sup>${e}</sup>` : `${m}·10<sup>${e}</sup>`);
-      }
-    }
-    if (vals.length === 0) { vals.push((lo + hi) / 2); text.push(Math.pow(10, (lo + hi) / 2).toPrecision(2)); }
-    return { vals, text };
-  }
-
-  // explicit ticks for a log axis spanning few decades (Plotly would label 0.2..0.9 as bare digits)
-  function logAxisTicks(values) {
-    const v = values.filter((x) => typeof x === "number" && x > 0);
-    if (!v.length) return {};
-    let lo = v[0], hi = v[0];
-    for (const x of v) { if (x < lo) lo = x; if (x > hi) hi = x; }
-    const decades = Math.log10(hi / lo);
-    if (decades >= 2.5) return { exponentformat: "power" };
-    const mult = decades < 1 ? [1, 2, 3, 5] : [1, 2, 5];
-    const vals = [];
-    for (let e = Math.floor(Math.log10(lo)) - 1; e <= Math.ceil(Math.log10(hi)); e++) {
-      for (const m of mult) {
-        const t = m * Math.pow(10, e);
-        if (t >= lo / 1.5 && t <= hi * 1.5) vals.push(Number(t.toPrecision(3)));
-      }
-    }
-    return { tickmode: "array", tickvals: vals, ticktext: vals.map((t) => String(t)) };
-  }
-
-  // 1. loss (top) and the global gradient norm raw/final (bottom, log y)
-  function drawNorms() {
-    const lossVals = D.loss.values.map(num);
-    const finiteLoss = lossVals.filter((v) => v !== null);
-    const lossLog = finiteLoss.length > 0 && finiteLoss.every((v) => v > 0)
-      && Math.max(...finiteLoss) > 10 * Math.min(...finiteLoss);
-    const traces = [
-      { x: steps, y: D.total_norm_raw.map(pos), name: "global grad norm, raw", type: "scatter", mode: "lines",
-        line: { color: C.raw, width: 3 }, xaxis: "x", yaxis: "y",
-        hovertemplate: "step %{x}<br>raw ‖g‖ %{y:.4g}<extra></extra>" },
-      { x: steps, y: D.total_norm.map(pos), name: "global grad norm, final", type: "scatter", mode: "lines",
-        line: { color: C.final, width: 1.6 }, xaxis: "x", yaxis: "y",
-        hovertemplate: "step %{x}<br>final ‖g‖ %{y:.4g}<extra></extra>" },
-      { x: D.loss.steps, y: lossVals, name: "loss", type: "scatter", mode: "lines",
-        line: { color: C.loss, width: 1.6 }, xaxis: "x", yaxis: "y2",
-        hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>" },
-    ];
-    // non-finite global norms: red crosses along the bottom of the norm panel
-    const nfSteps = steps.filter((s, i) => bad(D.total_norm_raw[i]) || bad(D.total_norm[i]));
-    if (nfSteps.length) {
-      traces.push({ x: nfSteps, y: nfSteps.map(() => 0), yaxis: "y3", xaxis: "x", type: "scatter", mode: "markers",
-                    name: "non-finite norm", marker: { color: C.bad, symbol: "x-thin-open", size: 8 },
-                    hovertemplate: "step %{x}: non-finite global norm<extra></extra>" });
-    }
-    const lay = layout({
-      height: 600,
-      legend: { orientation: "h", x: 0, y: -0.16, xanchor: "left", yanchor: "top" },
-      xaxis: axis({ title: { text: "step (optimizer steps)" }, anchor: "y" }),
-      yaxis: axis(Object.assign({ type: "log", domain: [0, 0.56], title: { text: "global ‖g‖ (L2, log)" } },
-                                logAxisTicks(traces[0].y.concat(traces[1].y)))),
-      yaxis2: axis(Object.assign({ type: lossLog ? "log" : "linear", domain: [0.66, 1], anchor: "x",
-                                   title: { text: lossLog ? "loss (log)" : "loss" } },
-                                 lossLog ? logAxisTicks(lossVals) : {})),
-      yaxis3: { domain: [0, 0.56], range: [0, 1], visible: false, anchor: "x", overlaying: "y", fixedrange: true },
-      shapes: markerShapes(),
-      annotations: markerNotes(),
-    });
-    Plotly.newPlot("chart-norms", traces, lay, CONFIG);
-  }
-
-  // heatmap of a per-parameter series: colour log10(value); red for non-finite; grey for no value
-  function drawHeat(id, rows, label, unit) {
-    const logs = [];
-    for (const row of rows) for (const v of row) if (typeof v === "number" && v > 0) logs.push(Math.log10(v));
-    let lo = logs.length ? Math.min(...logs.slice(0, 1e5)) : -3;
-    let hi = logs.length ? Math.max(...logs.slice(0, 1e5)) : 0;
-    for (let i = 1e5; i < logs.length; i++) { lo = Math.min(lo, logs[i]); hi = Math.max(hi, logs[i]); }
-    if (hi - lo < 1e-6) { lo -= 0.5; hi += 0.5; }
-    const z = rows.map((row) => row.map((v) => (typeof v === "number" ? (v > 0 ? Math.log10(v) : lo) : null)));
-    const text = rows.map((row) => row.map(fmt));
-    const nf = rows.map((row) => row.map((v) => (bad(v) ? 1 : null)));
-    const ticks = logTicks(lo, hi);
-    const h = Math.max(340, Math.min(900, 120 + 18 * names.length));
-    const traces = [
-      { type: "heatmap", x: steps, y: names, z: z, text: text, zmin: lo, zmax: hi, colorscale: "Viridis",
-        hoverongaps: false, xgap: 0, ygap: steps.length < 150 ? 1 : 0,
-        hovertemplate: `%{y}<br>step %{x}<br>${label} %{text}<extra></extra>`,
-        colorbar: { title: { text: unit, side: "right" }, tickvals: ticks.vals, ticktext: ticks.text,
-                    thickness: 16, len: 1, outlinewidth: 0 } },
-    ];
-    if (nf.some((row) => row.some((v) => v !== null))) {
-      traces.push({ type: "heatmap", x: steps, y: names, z: nf, text: text, showscale: false, hoverongaps: false,
-                    colorscale: [[0, C.bad], [1, C.bad]], zmin: 0, zmax: 1, name: "non-finite",
-                    hovertemplate: `%{y}<br>step %{x}<br>${label} %{text} (non-finite)<extra></extra>` });
-    }
-    const lay = layout({
-      height: h,
-      plot_bgcolor: "#d0d4d9",
-      xaxis: axis({ title: { text: "step (optimizer steps)" }, showgrid: false }),
-      yaxis: axis(Object.assign({ title: { text: "parameter" }, autorange: "reversed", type: "category",
-                                  showgrid: false, tickfont: { size: names.length > 40 ? 10 : 12 } },
-                                paramTicks(h - 120))),
-      shapes: markerShapes(),
-      annotations: markerNotes(),
-    });
-    Plotly.newPlot(id, traces, lay, CONFIG);
-  }
-
-  // 3. abs-max raw vs final at the last step, horizontal bars, log x
-  function drawAbsmax() {
-    const raw = D.last.absmax_raw, fin = D.last.absmax;
-    const h = Math.max(320, Math.min(1400, 110 + 26 * names.length));
-    const bar = (vals, name, color) => ({
-      type: "bar", orientation: "h", y: names, x: vals.map(pos), name: name, marker: { color: color },
-      text: vals.map(fmt), textposition: "none",
-      hovertemplate: `%{y}<br>${name}: %{text}<extra></extra>`,
-    });
-    const traces = [bar(raw, "abs-max, raw", C.raw), bar(fin, "abs-max, final", C.final)];
-    const nf = names.filter((_, i) => bad(raw[i]) || bad(fin[i]));
-    const lay = layout({
-      height: h, barmode: "group", bargap: 0.25, margin: { l: 70, r: 30, t: 34, b: 50 },
-      legend: { orientation: "h", x: 0, y: 1, xanchor: "left", yanchor: "bottom" },
-      xaxis: axis(Object.assign({ type: "log", title: { text: "max |gradient element| (log)" } },
-                                logAxisTicks(raw.map(pos).concat(fin.map(pos))))),
-      yaxis: axis(Object.assign({ autorange: "reversed", type: "category", title: { text: "parameter" } },
-                                paramTicks(h - 90))),
-      annotations: nf.length ? [{ xref: "paper", yref: "paper", x: 1, y: 1, yanchor: "bottom", xanchor: "right",
-                                  showarrow: false, font: { color: C.bad },
-                                  text: `non-finite at this step: ${nf.length} parameter(s)` }] : [],
-    });
-    Plotly.newPlot("chart-absmax", traces, lay, CONFIG);
-  }
-
-  if (steps.length) {
-    drawNorms();
-    drawHeat("chart-heatmap", D.grad_norm, "final ‖g‖", "final ‖g‖ (log scale)");
-    drawAbsmax();
-    drawHeat("chart-ratio", D.update_ratio, "‖Δθ‖/‖θ‖", "update ratio (log scale)");
-  } else {
-    for (const el of document.querySelectorAll(".chart")) el.style.display = "none";
-  }
-  document.body.dataset.drawn = "true";
-})();
-"""
