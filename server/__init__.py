@@ -11,16 +11,16 @@ from .embed import EmbeddedServer, start
 from .live import LiveSource
 from .settings import Settings
 from .sources import ApiError, ReplaySource, Source
-from .storage import Store
+from .storage import HistoryStore
 
 __all__ = [
     "ApiError",
     "EmbeddedServer",
+    "HistoryStore",
     "LiveSource",
     "ReplaySource",
     "Settings",
     "Source",
-    "Store",
     "create_app",
     "start",
 ]

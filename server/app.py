@@ -1,9 +1,9 @@
 """`create_app(source, settings)`: the FastAPI app, built fresh each time (no module-level state).
 
 Everything the app needs lives on `app.state`: `source` (live or replay),
-`hub` (websocket fan-out), `settings`. The lifespan starts the source (the
-subscription to the core, the history writer, the demo's training thread) and
-stops it.
+`hub` (the websocket clients' fan-out, a `hub.ClientHub`), `settings`. The
+lifespan starts the source (the subscription to the core, the history writer,
+the demo's training thread) and stops it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import api, ws
-from .hub import Hub
+from .hub import ClientHub
 from .protocol import StrictJSONResponse, pydantic_detail
 from .security import Guard, SecurityMiddleware
 from .settings import Settings
@@ -81,7 +81,7 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        hub: Hub = app.state.hub
+        hub: ClientHub = app.state.hub
 
         def publish(kind: str, payload: dict[str, Any]) -> None:  # any thread
             try:
@@ -108,7 +108,7 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     )
     app.state.source = source
     app.state.settings = settings
-    app.state.hub = Hub()
+    app.state.hub = ClientHub()
     read_only = settings.read_only or source.read_only
     app.add_middleware(
         SecurityMiddleware,  # type: ignore[arg-type]

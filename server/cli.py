@@ -6,12 +6,36 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from .settings import DEFAULT_HOST, DEFAULT_PORT
 from .storage import DEFAULT_DB
 
-SCENARIOS = ("mlp", "exploding", "nan", "tiny_gpt")
+
+class _ScenarioNames(Sequence[str]):
+    """The names of `inspector.scenarios.SCENARIOS` (the core's list), read on first use.
+
+    The core imports torch (about a second), so the names are looked up only when argparse
+    needs them: `demo --help` and `demo --scenario NAME` (which trains, so imports torch anyway).
+    `--help`, `--version` and the other subcommands do without.
+    """
+
+    @cached_property
+    def _names(self) -> tuple[str, ...]:
+        from inspector.scenarios import SCENARIOS
+
+        return tuple(SCENARIOS)
+
+    def __getitem__(self, i: Any) -> Any:  # an index gives a name, a slice a tuple of names
+        return self._names[i]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+SCENARIOS: Sequence[str] = _ScenarioNames()
 
 DESCRIPTION = """\
 A live, browser-based inspector for PyTorch gradients.
@@ -83,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
             "and a scenario_reset event marks it. Each start is a new run in the database."
         ),
     )
-    demo.add_argument("--scenario", choices=SCENARIOS, default="mlp", help="which scenario (default mlp)")
+    # a metavar, so that argparse lists the choices (and imports the core) only when help is printed
+    demo.add_argument("--scenario", choices=SCENARIOS, default="mlp", metavar="NAME",
+                      help="which scenario: %(choices)s (default mlp)")
     _add_server_options(demo)
     demo.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
                       help=f"history database, a new run in it per start (default ./{DEFAULT_DB})")
@@ -180,7 +206,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from .demo import Trainer
     from .live import LiveSource
     from .settings import Settings
-    from .storage import Store, StoreError
+    from .storage import HistoryStore, StoreError
 
     try:
         settings = Settings(host=args.host, port=args.port, token=args.token, read_only=args.read_only)
@@ -209,7 +235,7 @@ def run_demo(args: argparse.Namespace) -> int:
             insp.close()
             raise _Fail(f"--hooks {args.hooks}: {e}") from None
     try:
-        store = None if args.no_db else Store(args.db)
+        store = None if args.no_db else HistoryStore(args.db)
     except StoreError as e:
         insp.close()
         raise _Fail(str(e)) from None
@@ -227,10 +253,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _open_store(path: str) -> Any:
-    from .storage import Store, StoreError
+    from .storage import HistoryStore, StoreError
 
     try:
-        return Store(path, read_only=True)
+        return HistoryStore(path, read_only=True)
     except StoreError as e:
         raise _Fail(str(e)) from None
 

@@ -19,7 +19,7 @@ from .app import create_app
 from .live import LiveSource
 from .serving import ThreadedServer
 from .settings import DEFAULT_HOST, DEFAULT_PORT, Settings
-from .storage import DEFAULT_DB, Store
+from .storage import DEFAULT_DB, HistoryStore
 
 
 class EmbeddedServer:
@@ -82,7 +82,7 @@ def start(
         RuntimeError: the server did not start.
     """
     settings = Settings(host=host, port=port, token=token, read_only=read_only)
-    store = None if db is False else Store(DEFAULT_DB if db in (None, True) else db)  # type: ignore[arg-type]
+    store = None if db is False else HistoryStore(DEFAULT_DB if db in (None, True) else db)  # type: ignore[arg-type]
     source = LiveSource(insp, mode="user", store=store, read_only=read_only)
     try:
         server = ThreadedServer(create_app(source, settings), settings, quiet=True)

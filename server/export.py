@@ -15,8 +15,8 @@ import csv
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .protocol import dumps, sanitize
-from .storage import Store
+from .protocol import dumps, jsonsafe
+from .storage import HistoryStore
 
 PER_PARAM = (
     "grad_norm_raw", "grad_norm", "grad_mean", "grad_std", "grad_absmax_raw", "grad_absmax",
@@ -53,7 +53,7 @@ def python_code(preset: dict[str, Any] | list[dict[str, Any]]) -> str:
 
 
 def _cell(value: Any) -> Any:
-    value = sanitize(value)
+    value = jsonsafe(value)
     return "" if value is None else value
 
 
@@ -61,13 +61,13 @@ def _at(values: Any, i: int) -> Any:
     return values[i] if isinstance(values, list) and i < len(values) else None
 
 
-def _snapshots(store: Store, run: int, chunk: int = 2000) -> Iterator[dict[str, Any]]:
+def _snapshots(store: HistoryStore, run: int, chunk: int = 2000) -> Iterator[dict[str, Any]]:
     steps = store.steps("snapshots", run, cap=None)
     for i in range(0, len(steps), chunk):
         yield from store.snapshots_at(run, steps[i : i + chunk])
 
 
-def write_csv(store: Store, run: int, out: IO[str]) -> int:
+def write_csv(store: HistoryStore, run: int, out: IO[str]) -> int:
     """Write a run as tidy CSV; returns the number of snapshots written."""
     info = store.run(run) or {"params": []}
     names = [p["name"] for p in info["params"]]
@@ -82,7 +82,7 @@ def write_csv(store: Store, run: int, out: IO[str]) -> int:
     return n
 
 
-def write_jsonl(store: Store, run: int, out: IO[str]) -> int:
+def write_jsonl(store: HistoryStore, run: int, out: IO[str]) -> int:
     """Write a run as JSON Lines (see the module docstring); returns the number of snapshots."""
     info = store.run(run) or {}
     out.write(dumps({"type": "run", **{k: info.get(k) for k in ("id", "started", "scenario", "params", "modules")}})

@@ -1,7 +1,7 @@
-"""The websocket hub: fan-out of core messages to every client, each behind its own queue.
+"""The websocket clients' hub: fan-out of core messages to every client, each behind its own queue.
 
 Threads: the core calls the source's subscriber on its dispatcher thread; the
-source hands each message to `Hub.publish` through `loop.call_soon_threadsafe`,
+source hands each message to `ClientHub.publish` through `loop.call_soon_threadsafe`,
 so everything here runs on the server's event loop and needs no lock.
 
 Each message is serialized once (`protocol.dumps`) and the same text goes to
@@ -30,11 +30,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.status import WS_1001_GOING_AWAY, WS_1013_TRY_AGAIN_LATER
+
 from .protocol import dumps
 
-TOO_FAR_BEHIND = 1013  # websocket close code: "try again later"
+TOO_FAR_BEHIND = WS_1013_TRY_AGAIN_LATER  # the close code of a client kicked for its backlog or a stall
 
-Send = Callable[[str], Awaitable[None]]
+SendText = Callable[[str], Awaitable[None]]  # a socket's send_text
 
 
 def message_text(kind: str, payload: dict[str, Any]) -> str:
@@ -51,7 +53,7 @@ class ClientQueue:
 
     def __init__(
         self,
-        send: Send,
+        send: SendText,
         *,
         max_backlog: int = 512,
         max_backlog_bytes: int = 16 << 20,
@@ -178,15 +180,18 @@ class ClientQueue:
                     pass
 
 
-class Hub:
-    """Every connected client of one app; `publish` runs on the event loop."""
+class ClientHub:
+    """Every connected websocket client of one app; `publish` runs on the event loop.
+
+    The server's end of the stream; the core's own message feed (its dispatcher thread and
+    subscribers) is in `inspector`, one layer down."""
 
     def __init__(self, **client_options: Any) -> None:
         self.clients: dict[str, ClientQueue] = {}
         self.client_options = client_options
         self.published = 0
 
-    def new_client(self, send: Send) -> ClientQueue:
+    def new_client(self, send: SendText) -> ClientQueue:
         client = ClientQueue(send, **self.client_options)
         self.clients[client.id] = client
         return client
@@ -205,6 +210,6 @@ class Hub:
         for client in list(self.clients.values()):
             client.offer(kind, text, step=step, seq=seq)
 
-    def close_all(self, code: int = 1001, reason: str = "server shutting down") -> None:
+    def close_all(self, code: int = WS_1001_GOING_AWAY, reason: str = "server shutting down") -> None:
         for client in list(self.clients.values()):
             client.kick(code, reason)

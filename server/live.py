@@ -21,11 +21,9 @@ from typing import Any
 
 from .history import select
 from .sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
-from .storage import Store
+from .storage import HistoryStore
 
 log = logging.getLogger("gradient_inspector.server")
-
-_ADD_HOOK_KWARGS = ("kind", "target", "point", "enabled")  # add_hook's own keywords: not params
 
 
 class LiveSource(Source):
@@ -46,7 +44,7 @@ class LiveSource(Source):
         insp: Any,
         *,
         mode: str = "user",
-        store: Store | None = None,
+        store: HistoryStore | None = None,
         read_only: bool = False,
         trainer: Any = None,
         scenario: dict[str, Any] | None = None,
@@ -249,9 +247,8 @@ class LiveSource(Source):
 
         try:
             return fn(*args, **kwargs)
-        except inspector.HookNotFound as e:
-            key = e.args[0] if e.args else "?"
-            raise ApiError(404, f"no hook {key!r}") from e
+        except inspector.HookNotFound as e:  # its message names the id: "no hook with id 'h3'"
+            raise ApiError(404, str(e)) from e
         except inspector.HookError as e:
             raise ApiError(422, detail_of(e)) from e
 
@@ -262,12 +259,7 @@ class LiveSource(Source):
 
     def add_hook(self, kind: str, *, target: str, point: str | None, enabled: bool,
                  params: dict[str, Any]) -> dict[str, Any]:
-        if self.read_only:
-            raise read_only_error()
-        for key in params:
-            if key in _ADD_HOOK_KWARGS:  # would collide with add_hook's own keywords
-                raise ApiError(422, [{"loc": ["params", key], "msg": f"{key!r} is not a parameter of any kind"}])
-        handle = self._command(self.insp.add_hook, kind, target=target, point=point, enabled=enabled, **params)
+        handle = self._command(self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params)
         return dict(handle.spec)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:

@@ -5,14 +5,14 @@ Pydantic models exist only here, at the wire. They check the shape of a request
 validated by the core (`inspector.HookError`), never re-implemented here.
 
 Strict JSON: no `NaN`/`Infinity` literals go out. A non-finite float becomes the
-string "nan", "inf" or "-inf" (DESIGN.md "Wire format"). `dumps` tries the fast
-path first and sanitizes only when the payload really holds a non-finite float.
+string "nan", "inf" or "-inf" (DESIGN.md "Wire format"), by the core's rule
+(`inspector.records.jsonsafe`). `dumps` tries the fast path first and converts only
+when the payload really holds a non-finite float.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter
@@ -21,17 +21,13 @@ from starlette.responses import JSONResponse
 # -- strict JSON ------------------------------------------------------------------------------------
 
 
-def sanitize(obj: Any) -> Any:
-    """A copy of `obj` with every non-finite float replaced by "nan", "inf" or "-inf"."""
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): sanitize(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [sanitize(v) for v in obj]
-    return obj
+def jsonsafe(obj: Any) -> Any:
+    """`inspector.records.jsonsafe(obj)`: a copy with every non-finite float replaced by "nan",
+    "inf" or "-inf". Imported on first use: the core imports torch, and importing the server
+    (for `gradient-inspector --help`, say) does without it."""
+    from inspector.records import jsonsafe as core_jsonsafe
+
+    return core_jsonsafe(obj)
 
 
 def _default(obj: Any) -> Any:
@@ -52,7 +48,7 @@ def dumps(obj: Any) -> str:
     try:
         return json.dumps(obj, allow_nan=False, separators=(",", ":"), default=_default)
     except ValueError:  # a NaN/inf somewhere: rare, so the second pass is fine
-        return json.dumps(sanitize(obj), allow_nan=False, separators=(",", ":"), default=_default)
+        return json.dumps(jsonsafe(obj), allow_nan=False, separators=(",", ":"), default=_default)
 
 
 class StrictJSONResponse(JSONResponse):
@@ -177,6 +173,8 @@ class ErrorBody(BaseModel):
 
 
 # -- websocket commands ------------------------------------------------------------------------------
+# A command that has an HTTP route carries that route's body model (its fields and checks, once),
+# plus `type` and `request_id`.
 
 RequestId = Annotated[StrictStr, Field(max_length=128)] | Annotated[StrictInt, Field()] | None
 
@@ -186,22 +184,17 @@ class _Command(BaseModel):
     request_id: RequestId = None
 
 
-class AddHookCmd(_Command):
+class AddHookCmd(HookCreate, _Command):
+    """`add_hook`: the body of POST /api/hooks."""
+
     type: Literal["add_hook"]
-    kind: Annotated[StrictStr, Field(max_length=64)]
-    target: Target = "*"
-    params: Params = Field(default_factory=dict)
-    point: Annotated[StrictStr, Field(max_length=64)] | None = None
-    enabled: StrictBool = True
 
 
-class UpdateHookCmd(_Command):
+class UpdateHookCmd(HookPatch, _Command):
+    """`update_hook`: `id` and the body of PATCH /api/hooks/{id}."""
+
     type: Literal["update_hook"]
     id: HookId
-    params: Params | None = None
-    enabled: StrictBool | None = None
-    target: Target | None = None
-    position: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
 class RemoveHookCmd(_Command):
@@ -213,9 +206,10 @@ class TrainingCmd(_Command):
     type: Literal["pause", "resume", "step"]
 
 
-class RateCmd(_Command):
+class RateCmd(RateBody, _Command):
+    """`rate`: the body of POST /api/training/rate."""
+
     type: Literal["rate"]
-    steps_per_second: Annotated[float, Field(strict=True, gt=0, le=10_000, allow_inf_nan=False)] | None
 
 
 class SubscribeCmd(_Command):

@@ -29,16 +29,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from starlette.status import WS_1008_POLICY_VIOLATION
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -68,6 +64,27 @@ class Guard:
     max_body: int = 1 << 20
     rate: float = 50.0
     burst: float = 100.0
+
+
+class TokenBucket:
+    """A token bucket: `rate` tokens a second, at most `burst` held, full at the start. One per
+    client address here (mutating requests), one per websocket in ws.py (commands)."""
+
+    __slots__ = ("rate", "burst", "tokens", "last")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.last = burst, time.monotonic()
+
+    def take(self) -> bool:
+        """Spend one token if one is there; False (nothing spent) if not."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
 
 
 def host_name(host: str) -> str:
@@ -113,7 +130,7 @@ class SecurityMiddleware:
     def __init__(self, app: ASGIApp, guard: Guard) -> None:
         self.app = app
         self.guard = guard
-        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, last time)
+        self._buckets: dict[str, TokenBucket] = {}  # client address -> its budget of mutating requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -181,14 +198,12 @@ class SecurityMiddleware:
 
     def _take(self, scope: Scope) -> bool:
         client = (scope.get("client") or ("?", 0))[0]
-        now = time.monotonic()
-        tokens, last = self._buckets.get(client, (self.guard.burst, now))
-        tokens = min(self.guard.burst, tokens + (now - last) * self.guard.rate)
-        ok = tokens >= 1.0
-        self._buckets[client] = (tokens - 1.0 if ok else tokens, now)
-        if len(self._buckets) > 10_000:  # many addresses: forget them all rather than grow
-            self._buckets.clear()
-        return ok
+        bucket = self._buckets.get(client)
+        if bucket is None:
+            if len(self._buckets) >= 10_000:  # many addresses: forget them all rather than grow
+                self._buckets.clear()
+            bucket = self._buckets[client] = TokenBucket(self.guard.rate, self.guard.burst)
+        return bucket.take()
 
     # -- bodies --------------------------------------------------------------------------------------
 
@@ -250,7 +265,7 @@ class SecurityMiddleware:
                         "headers": [(b"content-type", b"application/json"), *_EXTRA_HEADERS]})
             await send({"type": "websocket.http.response.body", "body": body})
         else:
-            await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+            await send({"type": "websocket.close", "code": WS_1008_POLICY_VIOLATION, "reason": detail[:120]})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

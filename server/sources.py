@@ -6,7 +6,7 @@ The same app serves three things through one interface:
   thread) or user mode (the user's script);
 - `ReplaySource` (here): a recorded run in a database, read-only.
 
-Routes never touch `inspector` or `Store` directly; they call a source, and a
+Routes never touch `inspector` or `HistoryStore` directly; they call a source, and a
 source reports failures as `ApiError` (status and `detail`), which the app turns
 into the HTTP response or the socket's `error` message.
 """
@@ -17,9 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .protocol import error_detail
-from .storage import Store
+from .storage import HistoryStore
 
-PRESET_FORMAT = "gradient-inspector/hooks"
 Publish = Callable[[str, dict[str, Any]], None]  # (kind, payload): thread-safe
 
 
@@ -47,7 +46,7 @@ class Source:
 
     mode = "replay"  # "demo" | "user" | "replay"
     read_only = True
-    store: Store | None = None
+    store: HistoryStore | None = None
     run_id: int | None = None
 
     # lifecycle: called by the app's lifespan, on its event loop
@@ -87,9 +86,12 @@ class Source:
         return self._store().hooks(self._run(None))[0]
 
     def export_hooks(self) -> dict[str, Any]:
-        keep = ("kind", "target", "params", "point", "enabled")
-        hooks = [{k: h[k] for k in keep if k in h} for h in self.hooks() if h.get("kind") != "python"]
-        return {"format": PRESET_FORMAT, "version": 1, "hooks": hooks}
+        """The stored hooks as a preset, written by the core's rules (as `Inspector.export_hooks`)."""
+        from inspector.records import SPEC_FIELDS, HookSpec
+        from inspector.registry import PRESET_FORMAT
+
+        specs = [HookSpec(**{k: h[k] for k in SPEC_FIELDS if k in h}) for h in self.hooks()]
+        return {"format": PRESET_FORMAT, "version": 1, "hooks": [s.preset() for s in specs if s.kind != "python"]}
 
     def targets(self, glob: str, point: str | None) -> list[str]:
         raise read_only_error()
@@ -126,7 +128,7 @@ class Source:
         pass  # histograms are computed in training; a replay has what was recorded
 
     # helpers
-    def _store(self) -> Store:
+    def _store(self) -> HistoryStore:
         if self.store is None:
             raise ApiError(404, "no history: this server records no database")
         return self.store
@@ -169,7 +171,7 @@ class ReplaySource(Source):
     mode = "replay"
     read_only = True
 
-    def __init__(self, store: Store, run_id: int | None = None) -> None:
+    def __init__(self, store: HistoryStore, run_id: int | None = None) -> None:
         self.store = store
         run = run_id if run_id is not None else store.latest_run_id()
         if run is None:

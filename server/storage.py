@@ -27,7 +27,6 @@ pending rows in memory (bounded; the oldest snapshots go first), reports
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import sqlite3
@@ -99,7 +98,7 @@ def connect(path: str, *, create: bool) -> sqlite3.Connection:
     return conn
 
 
-class Store(HistoryReader):
+class HistoryStore(HistoryReader):
     """A database file: reads (`HistoryReader`) from any thread, writes through the writer.
 
     Args:
@@ -334,6 +333,3 @@ class Store(HistoryReader):
             except Exception:  # noqa: BLE001 - a failing reporter must not kill the writer
                 pass
 
-
-def load_json(text: str | None, default: Any = None) -> Any:
-    return default if text is None else json.loads(text)

@@ -6,7 +6,9 @@ receive loop that answers commands. Either ending ends the connection:
 - the peer went away: the receive loop ends;
 - a binary frame, a frame over `max_frame` bytes, or a flood past the command
   budget: closed with 1008 (policy violation);
-- the client fell too far behind: the hub kicks it, closed with 1013.
+- the client fell too far behind: the hub kicks it, closed with 1013 (try again later);
+- `hello` could not be built: closed with 1011 (internal error);
+- the server shuts down: closed with 1001 (going away).
 
 A text frame that is not JSON, or an invalid command, gets an `error` (with the
 command's `request_id`, or null when it cannot be read) and the socket stays open.
@@ -18,48 +20,31 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from typing import Any
 
 from fastapi import WebSocket
 from pydantic import ValidationError
+from starlette.status import WS_1000_NORMAL_CLOSURE, WS_1008_POLICY_VIOLATION, WS_1011_INTERNAL_ERROR
 
-from .hub import ClientQueue, Hub
+from .hub import ClientHub, ClientQueue
 from .protocol import COMMAND_TYPES, command_adapter, dumps, error_detail, pydantic_detail
+from .security import TokenBucket
 from .settings import Settings
 from .sources import ApiError, Source
 
-POLICY_VIOLATION = 1008
 log = logging.getLogger("gradient_inspector.server")
-
-
-class _Budget:
-    """A token bucket: `rate` commands per second, bursts of `burst`."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens, self.last = burst, time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
 
 
 class Connection:
     """One websocket client: hello, then commands in, messages out."""
 
-    def __init__(self, ws: WebSocket, source: Source, hub: Hub, settings: Settings) -> None:
+    def __init__(self, ws: WebSocket, source: Source, hub: ClientHub, settings: Settings) -> None:
         self.ws = ws
         self.source = source
         self.hub = hub
         self.settings = settings
         self.client: ClientQueue = hub.new_client(ws.send_text)
-        self.budget = _Budget(settings.commands_per_second, 2 * settings.commands_per_second)
+        self.budget = TokenBucket(settings.commands_per_second, 2 * settings.commands_per_second)
         self.hist_set = False
 
     async def run(self) -> None:
@@ -81,13 +66,13 @@ class Connection:
                 with contextlib.suppress(BaseException):
                     await task
         except Exception as e:  # a failing hello (the source broke): say why, close
-            client.kick(1011, f"server error: {type(e).__name__}")
+            client.kick(WS_1011_INTERNAL_ERROR, f"server error: {type(e).__name__}")
         finally:
             self.hub.remove(client)
             if self.hist_set:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.source.set_hist, client.id, [])
-            code = client.close_code or 1000
+            code = client.close_code or WS_1000_NORMAL_CLOSURE
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.ws.close(code, client.close_reason[:120]), 2.0)
 
@@ -98,11 +83,11 @@ class Connection:
                 return
             text = message.get("text")
             if text is None:
-                return self.client.kick(POLICY_VIOLATION, "binary frames are not accepted")
+                return self.client.kick(WS_1008_POLICY_VIOLATION, "binary frames are not accepted")
             if len(text) > self.settings.max_frame or len(text.encode("utf-8")) > self.settings.max_frame:
-                return self.client.kick(POLICY_VIOLATION, f"frame larger than {self.settings.max_frame} bytes")
+                return self.client.kick(WS_1008_POLICY_VIOLATION, f"frame larger than {self.settings.max_frame} bytes")
             if not self.budget.take():
-                return self.client.kick(POLICY_VIOLATION, "too many commands")
+                return self.client.kick(WS_1008_POLICY_VIOLATION, "too many commands")
             await self.handle(text)
 
     def reply(self, kind: str, request_id: Any, **fields: Any) -> None:

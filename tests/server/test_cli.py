@@ -6,18 +6,20 @@ import csv
 import io
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from server.cli import build_parser, main
-from server.storage import Store
+from server.cli import SCENARIOS, build_parser, main
+from server.storage import HistoryStore
 
 PARAMS = [{"name": "0.weight", "shape": [2, 2], "numel": 4, "module": "0"},
           {"name": "0.bias", "shape": [2], "numel": 2, "module": "0"}]
 
 
 def make_db(path):
-    store = Store(path)
+    store = HistoryStore(path)
     store.start_writer()
     run = store.new_run(params=PARAMS, modules=["", "0"], scenario="mlp")
     for step in (1, 2, 3):
@@ -43,17 +45,33 @@ def test_help_texts_cover_every_option(capsys):
     assert "demo" in text and "replay" in text and "export" in text and "token" in text
     for command, options in {
         "demo": ["--scenario", "--host", "--port", "--db", "--token", "--read-only", "--steps-per-second",
-                 "--hooks", "mlp,exploding,nan,tiny_gpt"],
+                 "--hooks", "which scenario: mlp, exploding, nan, tiny_gpt (default mlp)"],
         "replay": ["FILE", "--run", "--host", "--port", "--token"],
         "export": ["FILE", "--run", "--format", "-o", "html"],
     }.items():
         with pytest.raises(SystemExit) as info:
             main([command, "--help"])
         assert info.value.code == 0
-        out = capsys.readouterr().out
+        out = " ".join(capsys.readouterr().out.split())  # the help as one line, however argparse wrapped it
         for option in options:
             assert option in out, (command, option)
     assert main([]) == 2
+
+
+def test_demo_scenarios_are_the_cores_and_only_demo_imports_torch_for_them(capsys):
+    from inspector.scenarios import SCENARIOS as CORE
+
+    assert list(SCENARIOS) == list(CORE) and "nan" in SCENARIOS
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--scenario", "bogus"])
+    assert info.value.code == 2
+    assert "invalid choice: 'bogus' (choose from 'mlp', 'exploding', 'nan', 'tiny_gpt')" in capsys.readouterr().err
+    # the names are read from the core (which imports torch) only when demo's help or --scenario needs them
+    code = ("import sys\nfrom server import cli\nfor argv in (['--help'], ['replay', '--help'], ['export', '--help']):\n"
+            "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr.strip() == "torch imported: False", out.stderr
 
 
 def test_export_csv_and_jsonl(tmp_path, capsys):
@@ -82,7 +100,7 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert main(["replay", str(db), "--run", "7"]) == 2
     assert "no run 7" in capsys.readouterr().err
     empty = tmp_path / "empty.sqlite"
-    Store(empty).close()
+    HistoryStore(empty).close()
     assert main(["replay", str(empty)]) == 2
     assert "holds no run" in capsys.readouterr().err
     with pytest.raises(SystemExit):

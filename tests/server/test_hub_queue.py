@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from server.hub import TOO_FAR_BEHIND, ClientQueue, Hub, message_text
-from server.protocol import dumps, sanitize
+from server.hub import TOO_FAR_BEHIND, ClientHub, ClientQueue, message_text
+from server.protocol import dumps, jsonsafe
 
 
 def run(coro):
@@ -15,7 +15,7 @@ def run(coro):
 
 def test_one_serialization_per_message_for_every_client():
     async def main():
-        hub = Hub()
+        hub = ClientHub()
         sent: dict[str, list[str]] = {"a": [], "b": []}
         gates = {k: asyncio.Event() for k in sent}
 
@@ -45,7 +45,7 @@ def test_snapshots_and_scalars_coalesce_latest_wins_controls_never_drop():
             await release.wait()
             out.append(json.loads(text))
 
-        hub = Hub()
+        hub = ClientHub()
         client = hub.new_client(blocked_send)
         client.task = asyncio.create_task(client.run())
         hub.publish("event", {"seq": 1, "kind": "a", "time": 0})  # the sender blocks on this one
@@ -77,7 +77,7 @@ def test_a_client_too_far_behind_is_kicked_and_others_are_not():
         async def fast(text):
             got.append(text)
 
-        hub = Hub(max_backlog=20)
+        hub = ClientHub(max_backlog=20)
         slow, ok = hub.new_client(never), hub.new_client(fast)
         for c in (slow, ok):
             c.task = asyncio.create_task(c.run())
@@ -120,8 +120,21 @@ def test_max_rate_spaces_snapshots_and_duplicates_are_skipped():
 def test_strict_json_and_message_shapes():
     assert dumps({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5]}) == \
         '{"a":"nan","b":["inf","-inf",1.5]}'
-    assert sanitize((1.0, float("nan"))) == [1.0, "nan"]
+    assert jsonsafe((1.0, float("nan"))) == [1.0, "nan"]
     assert json.loads(message_text("snapshot", {"step": 1})) == {"type": "snapshot", "data": {"step": 1}}
     assert json.loads(message_text("hooks", {"config_version": 2, "hooks": []})) == {
         "type": "hooks", "config_version": 2, "hooks": []}
     assert dumps({"odd": object()}).startswith('{"odd":"<object')
+
+
+def test_close_all_kicks_every_client_going_away():
+    async def main():
+        async def send(text):
+            pass
+
+        hub = ClientHub()
+        clients = [hub.new_client(send) for _ in range(3)]
+        hub.close_all()
+        assert [(c.close_code, c.close_reason) for c in clients] == [(1001, "server shutting down")] * 3
+        assert TOO_FAR_BEHIND == 1013  # the close codes PROTOCOL.md documents
+    run(main())

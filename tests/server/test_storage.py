@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from server.history import pick_even, select
-from server.storage import Store, StoreError
+from server.storage import HistoryStore, StoreError
 
 PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
 
@@ -19,7 +19,7 @@ def snap(step: int, **extra) -> dict:
 
 
 def test_runs_snapshots_scalars_events_hooks(tmp_path):
-    store = Store(tmp_path / "h.sqlite")
+    store = HistoryStore(tmp_path / "h.sqlite")
     statuses = []
     store.start_writer(lambda kind, reason: statuses.append(kind))
     run = store.new_run(params=PARAMS, modules=[""], scenario="mlp", meta={"mode": "demo"})
@@ -49,10 +49,10 @@ def test_runs_snapshots_scalars_events_hooks(tmp_path):
 
 
 def test_snapshots_are_committed_within_the_flush_interval(tmp_path):
-    store = Store(tmp_path / "h.sqlite", flush_interval=0.2)
+    store = HistoryStore(tmp_path / "h.sqlite", flush_interval=0.2)
     store.start_writer()
     run = store.new_run(params=PARAMS, modules=[""])
-    reader = Store(tmp_path / "h.sqlite", read_only=True)
+    reader = HistoryStore(tmp_path / "h.sqlite", read_only=True)
     store.add_snapshot(run, snap(1))
     import time
 
@@ -65,7 +65,7 @@ def test_snapshots_are_committed_within_the_flush_interval(tmp_path):
 
 
 def test_thinning_keeps_recent_steps_and_a_log_number_of_old_ones(tmp_path):
-    store = Store(tmp_path / "h.sqlite", full_window=64)
+    store = HistoryStore(tmp_path / "h.sqlite", full_window=64)
     store.start_writer()
     run = store.new_run(params=PARAMS, modules=[""])
     last = 4096
@@ -89,7 +89,7 @@ def test_thinning_keeps_recent_steps_and_a_log_number_of_old_ones(tmp_path):
 
 
 def test_failing_writes_pause_history_and_resume(tmp_path):
-    store = Store(tmp_path / "h.sqlite", flush_interval=0.05)
+    store = HistoryStore(tmp_path / "h.sqlite", flush_interval=0.05)
     statuses: list[tuple[str, str]] = []
     changed = threading.Event()
 
@@ -120,7 +120,7 @@ def test_failing_writes_pause_history_and_resume(tmp_path):
 
 
 def test_memory_stays_bounded_while_writes_fail(tmp_path):
-    store = Store(tmp_path / "h.sqlite", flush_interval=0.01, max_pending=10)
+    store = HistoryStore(tmp_path / "h.sqlite", flush_interval=0.01, max_pending=10)
     store.start_writer()
     run = store.new_run(params=PARAMS, modules=[""])
 
@@ -142,14 +142,14 @@ def test_memory_stays_bounded_while_writes_fail(tmp_path):
 
 def test_read_only_open(tmp_path):
     with pytest.raises(StoreError, match="no such database"):
-        Store(tmp_path / "missing.sqlite", read_only=True)
+        HistoryStore(tmp_path / "missing.sqlite", read_only=True)
     (tmp_path / "junk.sqlite").write_bytes(b"not a database at all" * 100)
     with pytest.raises(StoreError, match="cannot open"):
-        Store(tmp_path / "junk.sqlite", read_only=True)
-    store = Store(tmp_path / "h.sqlite")
+        HistoryStore(tmp_path / "junk.sqlite", read_only=True)
+    store = HistoryStore(tmp_path / "h.sqlite")
     store.new_run(params=PARAMS, modules=[""])
     store.close()
-    ro = Store(tmp_path / "h.sqlite", read_only=True)
+    ro = HistoryStore(tmp_path / "h.sqlite", read_only=True)
     assert ro.latest_run_id() == 1
     with pytest.raises(StoreError):
         ro.new_run(params=PARAMS, modules=[""])
