@@ -45,9 +45,9 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from .history import pick_even
-from .protocol import sanitize
+from .protocol import jsonsafe
 from .report_assets import ReportError, page_source, plotly_source
-from .storage import Store
+from .storage import HistoryStore
 
 MAX_POINTS = 2000  # the most steps a chart gets
 MAX_CELLS = 200_000  # the most cells of one heatmap (parameters x steps)
@@ -67,7 +67,7 @@ def _num(v: Any) -> Any:
         return v
     if isinstance(v, float):
         if not math.isfinite(v):
-            return sanitize(v)
+            return jsonsafe(v)
         return float(f"{v:.4g}")
     return None
 
@@ -175,7 +175,7 @@ def _marker_text(ev: dict[str, Any]) -> tuple[str, str]:
     return label, f"step {step}: {html.escape(str(kind))}<br>{html.escape(_event_detail(ev))}"
 
 
-def _all_events(store: Store, run: int) -> list[dict[str, Any]]:
+def _all_events(store: HistoryStore, run: int) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     since = -1
     while batch := store.events(run, since=since):
@@ -190,7 +190,7 @@ def _fmt_time(t: Any) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def collect(store: Store, run: int, *, max_points: int = MAX_POINTS) -> dict[str, Any]:
+def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Everything the report shows, as plain (strict-JSON-able) data."""
     info = store.run(run)
     if info is None:
@@ -299,7 +299,7 @@ def collect(store: Store, run: int, *, max_points: int = MAX_POINTS) -> dict[str
 # ------------------------------------------------------------------------------------------- html
 def embed_json(obj: Any) -> str:
     """Strict JSON safe inside a <script> element: `<`, `>`, `&` as \\u escapes."""
-    text = json.dumps(sanitize(obj), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(jsonsafe(obj), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
@@ -374,7 +374,7 @@ def render(data: dict[str, Any], plotly_text: str) -> str:
     )
 
 
-def write_html(store: Store, run: int, out: IO[str], *, max_points: int = MAX_POINTS) -> int:
+def write_html(store: HistoryStore, run: int, out: IO[str], *, max_points: int = MAX_POINTS) -> int:
     """Write a run as one self-contained HTML report; returns the number of snapshots charted."""
     plotly_text = plotly_source()
     data = collect(store, run, max_points=max_points)
