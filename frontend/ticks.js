@@ -1,7 +1,8 @@
-// Axis ticks and tick labels, shared by the dashboard (charts.js) and the HTML
-// report (report/report.js, which server/report.py inlines into its one-file
-// page). So this module imports nothing, and declares its exports as plain
-// `export function` / `export const` statements: the report drops the keyword.
+// Axis ticks and tick labels, shared by the dashboard (charts.js, theme.js) and the
+// HTML report (report/report.js, which server/report_assets.py inlines with this
+// module into the report's one-file page). So this module imports nothing and
+// declares its exports as `export function` / `export const` statements, the
+// forms the inlining turns back into plain declarations.
 
 /** A short form of a long dotted parameter name for axis ticks: the last parts. */
 export function shortName(name, maxLen = 22) {

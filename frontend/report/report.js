@@ -1,8 +1,8 @@
 // The HTML report's page script: draws the four charts of a recorded run from the
-// JSON in #report-data. server/report.py inlines it, after ticks.js, into the one
-// self-contained file `gradient-inspector export --format html` writes: the import
-// below is dropped there (the names are then ticks.js's own, in the same scope).
-// Run data: numbers, or "nan" / "inf" / "-inf" strings for non-finite values.
+// JSON in #report-data (numbers, or "nan" / "inf" / "-inf" for non-finite values).
+// The report is one offline file, so server/report_assets.py inlines this module
+// with ticks.js as one classic script: the import below becomes a destructuring of
+// what ticks.js exports (it accepts only this one form of import).
 
 import { decadeTicks, logTicks, sparseTicks } from "../ticks.js";
 
