@@ -6,7 +6,7 @@ over HTTP mid-run, so the run has a hook change; then the real CLI exports it wi
 file itself is aborted and recorded: the page must draw its four charts with no console error
 and no network attempt, and list the clip_norm change in its hook-change table.
 
-A second run, written through the Store API, carries hostile names (a parameter called
+A second run, written through the HistoryStore API, carries hostile names (a parameter called
 `</script><script>...`, a hook target with an `<img onerror>`): nothing of it may run.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from server import cli
-from server.storage import Store
+from server.storage import HistoryStore
 from tests import support
 
 from .conftest import REPO, DemoServer, cli_command
@@ -179,7 +179,7 @@ def test_default_output_is_run_id_html_in_the_current_directory(
 
 def test_hostile_names_are_escaped_and_nothing_of_them_runs(tmp_path: Path, new_page: Any) -> None:
     db = tmp_path / "hostile.sqlite"
-    store = Store(db)
+    store = HistoryStore(db)
     evil = "</script><script>window.pwned = 1</script>"
     names = [f"{evil}.weight", "<img src=x onerror=window.pwned=2>.bias"]
     run = store.new_run(params=[{"name": n, "shape": [4], "numel": 4, "module": "m"} for n in names],

@@ -2,7 +2,7 @@
 the file while a run records it, the server thread crashes in user mode.
 
 The faults are injected three ways (tests run as root, so file permissions cannot): the
-store's own fault hook (`Store.fault`, called before each commit), SQLite's `max_page_count`
+store's own fault hook (`HistoryStore.fault`, called before each commit), SQLite's `max_page_count`
 on the writer's connection (a full database: SQLITE_FULL from SQLite itself), and a file-size
 limit (`RLIMIT_FSIZE`) on a `gradient-inspector demo` process (a full disk: EFBIG from the
 kernel), lifted from outside with `prlimit`.
@@ -31,7 +31,7 @@ from websockets.sync.client import connect
 
 import inspector
 import server.storage
-from server.storage import Store
+from server.storage import HistoryStore
 
 from .conftest import REPO, free_port, wait_until
 
@@ -192,7 +192,7 @@ def test_a_full_disk_file_size_limit_in_a_demo_process(tmp_path):
             proc.wait(5)
         proc.stderr.close()
     assert proc.returncode in (0, -signal.SIGTERM), proc.returncode  # uvicorn re-raises SIGTERM once shut down
-    store = Store(db, read_only=True)
+    store = HistoryStore(db, read_only=True)
     try:
         run = store.latest_run_id()
         steps = store.steps("snapshots", run)
@@ -292,7 +292,7 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
         final = insp.step
     finally:
         insp.close()
-    store = Store(db, read_only=True)
+    store = HistoryStore(db, read_only=True)
     try:
         run = store.latest_run_id()
         steps = store.steps("snapshots", run)
@@ -314,7 +314,7 @@ def test_stopping_the_demo_records_the_last_steps(live):
     srv.insp.subscribe(lambda kind, payload: time.sleep(0.002))  # lag on purpose
     srv.wait_step(srv.insp.step + 200)
     srv.stop()
-    store = Store(srv.db, read_only=True)
+    store = HistoryStore(srv.db, read_only=True)
     try:
         run = store.latest_run_id()
         assert store.steps("snapshots", run)[-1] == srv.insp.step

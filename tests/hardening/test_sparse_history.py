@@ -10,7 +10,7 @@ import torch
 
 import inspector
 from inspector import scenarios
-from server.storage import Store
+from server.storage import HistoryStore
 
 from .conftest import wait_until
 from .tools import thinning_bound
@@ -21,7 +21,7 @@ W = 64  # a small full window, so a few thousand steps span several octaves
 SLACK = 256  # rows newer than the last thinning pass (it runs each time the newest step moved 256 on)
 
 
-def record(store: Store, run: int, steps: list[int]) -> None:
+def record(store: HistoryStore, run: int, steps: list[int]) -> None:
     for s in steps:
         store.add_snapshot(run, {"step": s, "time": float(s), "events": []})
         if s % 128 < (steps[1] - steps[0]):
@@ -47,7 +47,7 @@ def check(kept: list[int], newest: int, cadence: int) -> None:
 
 
 def test_odd_steps_only(tmp_path):
-    store = Store(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
+    store = HistoryStore(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
     store.start_writer()
     run = store.new_run(params=[], modules=[""])
     recorded = list(range(1, 8192, 2))  # every=2 starting at step 1: never a multiple of 2
@@ -62,7 +62,7 @@ def test_odd_steps_only(tmp_path):
 
 def test_every_step_is_unchanged(tmp_path):
     """The documented rule, exactly, when every step is recorded."""
-    store = Store(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
+    store = HistoryStore(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
     store.start_writer()
     run = store.new_run(params=[], modules=[""])
     recorded = list(range(1, 4097))
@@ -81,7 +81,7 @@ def test_a_sampled_run_keeps_old_history(tmp_path):
     torch.manual_seed(0)
     sc = scenarios.make("mlp", seed=0)
     insp = inspector.attach(sc.model, sc.optimizer, every=7)
-    store = Store(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
+    store = HistoryStore(tmp_path / "h.sqlite", full_window=W, flush_interval=0.01)
     store.start_writer()
     run = store.new_run(params=insp.param_info(), modules=list(insp.modules))
     published: list[int] = []

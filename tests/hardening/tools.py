@@ -131,13 +131,13 @@ def run_soak(steps: int, db: str | os.PathLike[str], *, every: int | None = 1, c
     from server.live import LiveSource
     from server.serving import ThreadedServer
     from server.settings import Settings
-    from server.storage import Store
+    from server.storage import HistoryStore
 
     torch.set_num_threads(1)  # as the demo does for mlp
     sc = scenarios.make("mlp", seed=0)
     insp = inspector.attach(sc.model, sc.optimizer, every=every)
     trainer = Trainer(sc, insp, steps_per_second=None)
-    store = Store(db)
+    store = HistoryStore(db)
     source = LiveSource(insp, mode="demo", store=store, trainer=trainer, owns_inspector=True,
                         scenario={"name": sc.name, "description": sc.description, "try_this": sc.try_this})
     app = create_app(source, Settings(port=0))

@@ -27,7 +27,7 @@ from server.demo import Trainer
 from server.live import LiveSource
 from server.serving import ThreadedServer
 from server.settings import Settings
-from server.storage import Store
+from server.storage import HistoryStore
 from tests.support import free_port, stop_process, wait_until  # noqa: F401 (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ class Live:
         self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every)
         self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
         self.db = (db if isinstance(db, Path) else tmp / f"history-{id(self)}.sqlite") if db else None
-        store = Store(self.db) if self.db else None
+        store = HistoryStore(self.db) if self.db else None
         self.settings = Settings(host=host, port=0, token=token, read_only=read_only, **settings)
         self.source = LiveSource(
             self.insp, mode="demo", store=store, read_only=read_only, trainer=self.trainer, owns_inspector=True,

@@ -75,7 +75,8 @@ def test_hook_crud_export_import(live, wait_until):
     for h in c.get("/api/hooks").json():
         assert c.delete(f"/api/hooks/{h['id']}").status_code == 204
     assert c.get("/api/hooks").json() == []
-    assert c.delete(f"/api/hooks/{hid}").status_code == 404
+    for gone in (c.delete(f"/api/hooks/{hid}"), c.patch(f"/api/hooks/{hid}", json={"enabled": True})):
+        assert gone.status_code == 404 and gone.json() == {"detail": f"no hook with id {hid!r}"}
 
 
 BAD_POSTS = [
@@ -266,10 +267,10 @@ def test_no_route_answers_500_to_odd_requests(live):
 
 
 def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
-    from server.storage import Store
+    from server.storage import HistoryStore
 
     db = tmp_path / "shared.sqlite"
-    old = Store(db)
+    old = HistoryStore(db)
     old.start_writer()
     run = old.new_run(params=[{"name": "w", "shape": [1], "numel": 1, "module": ""}], modules=[""],
                       scenario="nan", meta={"mode": "demo"})
