@@ -1,42 +1,19 @@
-"""Fixtures for the hardening tests: the server tests' own (real uvicorn on a free port in a
-thread, `gradient-inspector` subprocesses, websocket helpers), plus a few helpers shared here."""
+"""Fixtures of the hardening tests: a websocket `observer` that checks the stream as it goes, and
+a `swarm` of clients in another process. The suite-wide ones (`live`, `cli_server`) are in
+tests/fixtures.py; plain helpers in tests/support.py, tests/live.py and tools.py."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.server.conftest import (  # noqa: F401 - re-exported fixtures
-    REPO,
-    Live,
-    cli_server,
-    inbox_fixture,
-    live,
-    recv_json_fixture,
-    recv_until_fixture,
-    wait_until_fixture,
-)
-from tests.support import free_port, wait_until  # noqa: F401 - used by the tests
-
-from .tools import Swarm, rss_bytes  # noqa: F401 - used by the tests
-
-
-def quiesce(insp: Any, timeout: float = 20.0) -> int:
-    """Wait until no accepted hook change is still pending in the core (training must be running,
-    or paused: a paused training thread applies changes at once); returns `config_version`.
-
-    Reads the registry's pending queue: the public API shows the requested config, not whether
-    a removal is still pending."""
-    wait_until(lambda: not insp._reg.pending, timeout, "pending hook changes to be applied")
-    return int(insp.config_version)
+from .tools import Swarm
 
 
 class Observer(threading.Thread):
@@ -130,15 +107,3 @@ def swarm() -> Iterator[Any]:
     yield make
     for s in started:
         s.kill()
-
-
-def measure_rate(insp_step: Any, seconds: float) -> float:
-    """Steps per second over a window of `seconds` (`insp_step()` returns the current step).
-    Polled: measuring over a fixed window, not synchronizing."""
-    s0, t0 = insp_step(), time.monotonic()
-    while time.monotonic() < t0 + seconds:
-        time.sleep(0.05)
-    return (insp_step() - s0) / (time.monotonic() - t0)
-
-
-__all__ = ["REPO", "Live", "Path", "free_port", "rss_bytes", "quiesce", "measure_rate"]

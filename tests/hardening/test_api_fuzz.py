@@ -28,7 +28,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from .conftest import quiesce
+from .tools import quiesce
 
 MAX_EXAMPLES = 15
 

@@ -15,7 +15,6 @@ trained meanwhile are in the file, without a gap.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import sqlite3
@@ -32,8 +31,7 @@ from websockets.sync.client import connect
 import inspector
 import server.storage
 from server.storage import HistoryStore
-
-from .conftest import REPO, free_port, wait_until
+from tests.support import repo_env, start_demo, wait_until
 
 
 def kinds(events) -> list[str]:
@@ -138,36 +136,24 @@ def test_a_full_database_max_page_count(live, observer, monkeypatch):
     run_through_a_write_fault(srv, observer, fill_the_disk, free_the_disk, "full")
 
 
-def demo_with_a_file_size_limit(db, port: int, limit: int) -> subprocess.Popen:
+def demo_with_a_file_size_limit(db, limit: int):
     """`gradient-inspector demo` in a process whose files may not grow past `limit` bytes
     (SIGXFSZ ignored, so a write past it fails with EFBIG instead of killing the process). The
-    soft limit only: the hard one stays unlimited, so `prlimit` can lift it without privileges."""
+    soft limit only: the hard one stays unlimited, so `prlimit` can lift it without privileges.
+    Its output is not kept: a log file would be held to the same limit."""
     boot = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY)); "
             "sys.argv = ['gradient-inspector'] + sys.argv[1:]; runpy.run_module('server', run_name='__main__')")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, "-c", boot, "demo", "--db", str(db), "--port", str(port),
-                             "--steps-per-second", "50"],
-                            cwd=db.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return start_demo(None, db=db, rate=50, command=[sys.executable, "-c", boot], cwd=db.parent,
+                      env=repo_env(PYTHONDONTWRITEBYTECODE="1"))
 
 
 @pytest.mark.slow
 def test_a_full_disk_file_size_limit_in_a_demo_process(tmp_path):
     db = tmp_path / "h.sqlite"
-    port = free_port()
-    proc = demo_with_a_file_size_limit(db, port, 256 << 10)
-    c = httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=10)
+    demo = demo_with_a_file_size_limit(db, 256 << 10)
+    c = demo.client
     try:
-        def up():
-            assert proc.poll() is None, proc.stderr.read().decode(errors="replace")
-            try:
-                return c.get("/api/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, 60, "the demo server")
-
         def events(kind):
             return [e for e in c.get("/api/events").json()["events"] if e["kind"] == kind]
 
@@ -177,21 +163,14 @@ def test_a_full_disk_file_size_limit_in_a_demo_process(tmp_path):
         wait_until(lambda: c.get("/api/session").json()["training"]["step"] >= step + 20, 30, "training goes on")
         assert c.get("/api/session").json()["history"]["paused"]
         # the disk has room again
-        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        resource.prlimit(demo.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         wait_until(lambda: events("history_resumed"), 30, "history_resumed")
         assert len(events("history_paused")) == 1
         last = c.get("/api/session").json()["training"]["step"]
         wait_until(lambda: c.get("/api/session").json()["training"]["step"] >= last + 5, 30, "more steps")
     finally:
-        c.close()
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        proc.stderr.close()
-    assert proc.returncode in (0, -signal.SIGTERM), proc.returncode  # uvicorn re-raises SIGTERM once shut down
+        code = demo.stop(20)
+    assert code in (0, -signal.SIGTERM), code  # uvicorn re-raises SIGTERM once shut down
     store = HistoryStore(db, read_only=True)
     try:
         run = store.latest_run_id()
@@ -233,7 +212,7 @@ def test_replay_and_export_read_the_file_while_a_run_records_it(cli_server, tmp_
     assert replay.client.post("/api/training/pause").status_code == 403
     out = subprocess.run([sys.executable, "-m", "server", "export", str(db), "--format", "jsonl"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=repo_env())
     assert out.returncode == 0, out.stderr
     assert sum(1 for line in out.stdout.splitlines() if '"step"' in line) >= 20
     runs = demo.client.get("/api/runs").json()["runs"]

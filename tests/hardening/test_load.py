@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from .conftest import quiesce, rss_bytes
+from tests.support import wait_until
+
+from .tools import quiesce, rss_bytes
 
 RATE = 25.0  # steps per second: the demo's cap, well under what mlp reaches here (about 100)
 
@@ -32,7 +34,7 @@ def sample(seconds: float, step, probe) -> float:
 
 
 @pytest.mark.slow
-def test_twenty_clients_in_another_process(live, swarm, wait_until):
+def test_twenty_clients_in_another_process(live, swarm):
     srv = live("mlp", rate=RATE)
     srv.wait_step(5)
     step = lambda: srv.insp.step  # noqa: E731

@@ -16,6 +16,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from server import security
+from tests.live import Inbox
+from tests.support import wait_until
 
 
 @pytest.mark.parametrize("host", [
@@ -98,10 +100,10 @@ def test_a_chunked_body_past_the_limit_is_refused(live):
     assert srv.insp.hooks() == [] and srv.http().get("/api/health").status_code == 200
 
 
-def test_the_frame_limit_at_its_edge(live, inbox):
+def test_the_frame_limit_at_its_edge(live):
     srv = live()
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         box.next(lambda m: m["type"] == "hello")
         frame = '{"type": "subscribe", "request_id": "edge", "pad": "'
         frame += "x" * ((64 << 10) - len(frame) - 2) + '"}'
@@ -113,7 +115,7 @@ def test_the_frame_limit_at_its_edge(live, inbox):
         assert box.reply("after")["type"] == "ack"
 
 
-def test_the_command_budget_is_per_client_address(live, wait_until):
+def test_the_command_budget_is_per_client_address(live):
     srv = live(commands_per_second=5)
     c = srv.http()
     other = httpx.Client(base_url=srv.base, trust_env=False, timeout=10,

@@ -11,8 +11,8 @@ import torch
 import inspector
 from inspector import scenarios
 from server.storage import HistoryStore
+from tests.support import wait_until
 
-from .conftest import wait_until
 from .tools import thinning_bound
 
 W = 64  # a small full window, so a few thousand steps span several octaves

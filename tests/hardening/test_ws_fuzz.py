@@ -16,7 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
-from .conftest import quiesce, wait_until
+from tests.live import Inbox
+from tests.support import wait_until
+
+from .tools import quiesce
 
 KNOWN_TYPES = ["add_hook", "update_hook", "remove_hook", "pause", "resume", "step", "rate", "subscribe"]
 FIELDS = ["kind", "target", "params", "point", "enabled", "id", "position", "steps_per_second", "max_rate", "hist"]
@@ -128,13 +131,13 @@ ERRORS: list[tuple[str, Any]] = [
 ]
 
 
-def test_malformed_commands_get_an_error_and_change_nothing(live, inbox, observer):
+def test_malformed_commands_get_an_error_and_change_nothing(live, observer):
     srv = live(commands_per_second=10_000)
     srv.wait_step(3)
     obs = observer(srv.ws_url)
     version, hooks = state_of(srv)
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         assert box.next(lambda m: True)["type"] == "hello"
         for text, rid in ERRORS:
             assert len(text.encode()) <= 64 << 10, len(text)
@@ -193,14 +196,14 @@ def test_frames_that_close_only_their_socket(live, observer):
     still_fine(srv, obs)
 
 
-def test_bursts(live, inbox, observer, wait_until):
+def test_bursts(live, observer):
     """Within the budget (bursts of 100) every command is answered, in order, none dropped;
     past it, that socket is closed and the others stream on."""
     srv = live(commands_per_second=50)
     srv.wait_step(3)
     obs = observer(srv.ws_url)
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         box.next(lambda m: m["type"] == "hello")
         texts = []
         for i in range(90):
@@ -298,12 +301,12 @@ def encode(cmd: dict[str, Any]) -> str:
 
 
 @pytest.mark.slow
-def test_random_commands(live, inbox, observer):
+def test_random_commands(live, observer):
     srv = live(commands_per_second=10_000)
     srv.wait_step(3)
     obs = observer(srv.ws_url)
     with srv.ws() as ws:
-        run_random(srv, ws, inbox(ws))
+        run_random(srv, ws, Inbox(ws))
     reset(srv)
     still_fine(srv, obs, steps=3)
 
@@ -347,13 +350,13 @@ def run_random(srv, ws, box) -> None:
     assert not any(m["type"] == "error" and m.get("status") == 500 for m in box.all)
 
 
-def test_lifting_a_tiny_rate_cap_takes_effect_at_once(live, inbox):
+def test_lifting_a_tiny_rate_cap_takes_effect_at_once(live):
     """`subscribe` with a tiny `max_rate` (one snapshot every ~1e300 s), then `max_rate: null`:
     snapshots flow again at once, not after the old cap's wait."""
     srv = live(rate=50.0)
     srv.wait_step(2)
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         box.next(lambda m: m["type"] == "hello")
         ws.send(json.dumps({"type": "subscribe", "request_id": "slow", "max_rate": 1e-300}))
         assert box.reply("slow")["type"] == "ack"

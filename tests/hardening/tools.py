@@ -1,5 +1,6 @@
 """Shared by the hardening tests and bench/load.py, bench/soak.py: a websocket client swarm in
-another process, process memory, and the history store's documented size bounds."""
+another process, process memory, waiting for the core's hook changes, and the history store's
+documented size bounds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,6 +91,18 @@ class Swarm:
                     pass
 
 
+
+
+# -- the core's hook changes --------------------------------------------------------------------------
+
+def quiesce(insp: Any, timeout: float = 20.0) -> int:
+    """Wait until no accepted hook change is still pending in the core (training must be running,
+    or paused: a paused training thread applies changes at once); returns `config_version`.
+
+    Reads the registry's pending queue: the public API shows the requested config, not whether
+    a removal is still pending."""
+    wait_until(lambda: not insp._reg.pending, timeout, "pending hook changes to be applied")
+    return int(insp.config_version)
 
 
 # -- the history store's documented bounds (server/storage.py, "Thinning rule") -------------------------

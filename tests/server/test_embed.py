@@ -19,6 +19,7 @@ from torch import nn
 from websockets.sync.client import connect
 
 import inspector
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,7 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def test_serve_beside_a_users_loop(tmp_path, wait_until):
+def test_serve_beside_a_users_loop(tmp_path):
     model, opt = tiny()
     insp = inspector.attach(model, opt, every=1)
     url = insp.serve(port=0, db=str(tmp_path / "user.sqlite"))
@@ -86,7 +87,7 @@ def test_a_taken_port_is_a_clear_error_and_training_goes_on():
             assert insp.step == 3
 
 
-def test_a_crash_of_the_server_thread_is_reported_and_training_goes_on(monkeypatch, wait_until):
+def test_a_crash_of_the_server_thread_is_reported_and_training_goes_on(monkeypatch):
     async def boom(self):
         raise RuntimeError("boom")
 

@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from tests.live import recv_until
+from tests.support import wait_until
+
 
 def strict(text: str):
     """Parse JSON that must not hold NaN/Infinity literals."""
@@ -33,7 +36,7 @@ def test_health_session_targets_runs(live):
     assert runs == [{**runs[0], "id": 1, "scenario": "mlp", "params": 4, "live": True}]
 
 
-def test_hook_crud_export_import(live, wait_until):
+def test_hook_crud_export_import(live):
     srv = live()
     c = srv.http()
     r = c.post("/api/hooks", json={"kind": "clip_value", "target": "0.*", "params": {"threshold": 0.5}})
@@ -154,7 +157,7 @@ def test_more_invalid_inputs_and_step_keeps_going(live):
     assert srv.insp.config_version == version
 
 
-def test_training_control_and_rate(live, wait_until):
+def test_training_control_and_rate(live):
     srv = live(rate=20.0)
     c = srv.http()
     srv.wait_step(1)
@@ -172,7 +175,7 @@ def test_training_control_and_rate(live, wait_until):
     assert c.post("/api/training/rate", json={"steps_per_second": None}).json() == {"steps_per_second": None}
 
 
-def test_snapshots_since_limit_points_and_late_loss(live, wait_until):
+def test_snapshots_since_limit_points_and_late_loss(live):
     srv = live(rate=100.0)
     c = srv.http()
     srv.wait_step(40)
@@ -195,7 +198,7 @@ def test_snapshots_since_limit_points_and_late_loss(live, wait_until):
     assert steps == list(range(1, steps[-1] + 1))
 
 
-def test_events_since(live, wait_until):
+def test_events_since(live):
     srv = live()
     c = srv.http()
     srv.insp.add_event("history_paused", reason="test")
@@ -290,7 +293,7 @@ def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
     assert c.get("/api/session").json()["run_id"] == 2
 
 
-def test_training_state_changes_are_pushed_to_every_socket(live, recv_until):
+def test_training_state_changes_are_pushed_to_every_socket(live):
     """Pause, single step, resume and rate from HTTP reach a websocket client as `training` messages."""
     srv = live(rate=20.0)
     c = srv.http()

@@ -9,6 +9,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from server import security
+from tests.live import Inbox
 
 
 def refused(srv, status: int, **kwargs) -> None:
@@ -63,7 +64,7 @@ def test_tokens_are_compared_in_constant_time(live, monkeypatch):
     assert calls
 
 
-def test_foreign_origin_is_refused_on_commands_and_the_socket(live, wait_until):
+def test_foreign_origin_is_refused_on_commands_and_the_socket(live):
     srv = live()
     c = srv.http()
     evil = {"origin": "http://evil.example"}
@@ -115,7 +116,7 @@ def test_text_plain_posts_change_nothing(live):
     assert srv.insp.hooks() == [] and srv.insp.state["state"] == "running"
 
 
-def test_read_only_refuses_every_command(live, inbox):
+def test_read_only_refuses_every_command(live):
     srv = live(read_only=True)
     c = srv.http()
     srv.wait_step(2)
@@ -134,7 +135,7 @@ def test_read_only_refuses_every_command(live, inbox):
     assert c.get("/api/session").json()["read_only"] is True
     assert c.get("/api/hooks").status_code == 200
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         assert box.next(lambda m: True)["type"] == "hello"
         for i, cmd in enumerate([{"type": "add_hook", "kind": "freeze"}, {"type": "pause"},
                                  {"type": "remove_hook", "id": "h1"}]):

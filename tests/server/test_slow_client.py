@@ -13,6 +13,8 @@ import time
 import pytest
 from websockets.sync.client import connect
 
+from tests.support import wait_until
+
 RATE = 100.0  # steps per second: fast enough to fill the stalled socket's kernel buffers in seconds
 
 
@@ -67,7 +69,7 @@ def step_rate(insp, seconds: float) -> float:
 
 
 @pytest.mark.slow
-def test_a_stalled_client_slows_neither_training_nor_readers(live, wait_until):
+def test_a_stalled_client_slows_neither_training_nor_readers(live):
     srv = live(rate=RATE)
     srv.wait_step(5)
     reader = Reader(srv.ws_url)
@@ -78,14 +80,14 @@ def test_a_stalled_client_slows_neither_training_nor_readers(live, wait_until):
 
     stalled = stalled_socket(srv.port)
     try:
-        check_stalled(srv, reader, stalled, wait_until, base_rate, base)
+        check_stalled(srv, reader, stalled, base_rate, base)
     finally:  # no socket left open when an assertion fails midway
         stalled.close()
         reader.stop.set()
         reader.join(5)
 
 
-def check_stalled(srv, reader, stalled, wait_until, base_rate, base):
+def check_stalled(srv, reader, stalled, base_rate, base):
     slow = wait_until(lambda: [c for c in srv.source_clients() if c.sent >= 1], what="the stalled client")[0]
     # the server's buffers toward it fill up: its pending snapshot now gets replaced (coalesced)
     wait_until(lambda: slow.coalesced > 0, timeout=90, what="coalescing for the stalled client")

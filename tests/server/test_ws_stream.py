@@ -7,6 +7,9 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from tests.live import Inbox, recv_json, recv_until
+from tests.support import wait_until
+
 THRESHOLD = 1e-3  # far below the mlp's raw gradient abs-max (about 1)
 TARGETED = ("0.weight", "0.bias")
 
@@ -22,7 +25,7 @@ def snapshot_after(box, *, config_version: int, step: int = 0) -> dict:
     )["data"]
 
 
-def test_hello_then_snapshots_in_order(live, recv_json, recv_until):
+def test_hello_then_snapshots_in_order(live):
     srv = live()
     srv.wait_step(3)
     with srv.ws() as ws:
@@ -42,14 +45,14 @@ def test_hello_then_snapshots_in_order(live, recv_json, recv_until):
         assert seen == sorted(seen) and len(set(seen)) == 5
 
 
-def test_clip_value_added_over_the_socket_bounds_final_not_raw(live, inbox, recv_json):
+def test_clip_value_added_over_the_socket_bounds_final_not_raw(live):
     srv = live()
     srv.wait_step(2)
     names = list(srv.insp.params)
     idx = [names.index(n) for n in TARGETED]
     other = [i for i in range(len(names)) if i not in idx]
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         assert box.next(lambda m: True)["type"] == "hello"
         send(ws, type="add_hook", request_id="r1", kind="clip_value", target="0.*",
              params={"threshold": THRESHOLD})
@@ -111,12 +114,12 @@ INVALID = [
 ]
 
 
-def test_invalid_commands_get_an_error_naming_the_field_and_change_nothing(live, inbox):
+def test_invalid_commands_get_an_error_naming_the_field_and_change_nothing(live):
     srv = live()
     start = srv.wait_step(2)
     version = srv.insp.config_version
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         box.next(lambda m: m["type"] == "hello")
         for text, rid, loc in INVALID:
             ws.send(text)
@@ -135,7 +138,7 @@ def test_invalid_commands_get_an_error_naming_the_field_and_change_nothing(live,
     assert srv.insp.hooks() == []
 
 
-def test_subscribe_caps_the_rate_and_asks_for_histograms(live, recv_json, recv_until):
+def test_subscribe_caps_the_rate_and_asks_for_histograms(live):
     srv = live(rate=100.0)
     with srv.ws() as ws:
         recv_json(ws)
@@ -160,11 +163,11 @@ def test_subscribe_caps_the_rate_and_asks_for_histograms(live, recv_json, recv_u
     assert "2.weight" not in srv.insp.hist_params
 
 
-def test_training_commands_over_the_socket(live, inbox, wait_until):
+def test_training_commands_over_the_socket(live):
     srv = live()
     srv.wait_step(2)
     with srv.ws() as ws:
-        box = inbox(ws)
+        box = Inbox(ws)
         send(ws, type="pause", request_id="p")
         assert box.reply("p")["result"]["state"] == "paused"
         held = wait_until(lambda: srv.insp.state["state"] == "paused" and srv.insp.step)
@@ -181,7 +184,7 @@ def test_training_commands_over_the_socket(live, inbox, wait_until):
 
 
 @pytest.mark.parametrize("frame", [b"\x00binary", "x" * (100 << 10)], ids=["binary", "oversized"])
-def test_binary_and_oversized_frames_close_the_socket_with_1008(live, recv_json, frame):
+def test_binary_and_oversized_frames_close_the_socket_with_1008(live, frame):
     srv = live()
     with srv.ws() as ws:
         recv_json(ws)
@@ -195,7 +198,7 @@ def test_binary_and_oversized_frames_close_the_socket_with_1008(live, recv_json,
     srv.wait_step(srv.insp.step + 2)
 
 
-def test_a_command_flood_closes_that_socket_only(live, recv_json, recv_until):
+def test_a_command_flood_closes_that_socket_only(live):
     srv = live()
     with srv.ws() as other, srv.ws() as ws:
         recv_json(other)

@@ -1,23 +1,20 @@
-"""Fixtures for the server tests: real uvicorn servers on free ports, real websocket clients.
+"""An in-process server for the tests, and the websocket readers they use with it.
 
-A server runs in a thread of the test process (`live`), waited on through uvicorn's
-`started` flag, or as a `gradient-inspector` subprocess (`cli_server`), waited on by
-polling /api/health against a deadline. Conditions are waited on, never slept for.
+`Live` trains a demo scenario in a thread and serves it with a real uvicorn server on a free
+127.0.0.1 port (a `ThreadedServer` in this process, waited on through uvicorn's `started`
+flag), so a test reaches both ends: the HTTP and websocket API, and the core (`insp`).
+The `live` fixture (tests/fixtures.py) makes them and stops them after the test.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from websockets.sync.client import ClientConnection, connect
 
 import inspector
@@ -28,11 +25,7 @@ from server.live import LiveSource
 from server.serving import ThreadedServer
 from server.settings import Settings
 from server.storage import HistoryStore
-from tests.support import free_port, stop_process, wait_until  # noqa: F401 (re-exported to the tests)
-
-REPO = Path(__file__).resolve().parents[2]
-
-
+from tests.support import wait_until
 
 
 def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
@@ -132,97 +125,3 @@ class Live:
             except Exception:
                 pass
         self.server.stop()
-
-
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """`live(scenario="mlp", rate=50.0, db=True, read_only=False, host="127.0.0.1", token=None, every=1)`."""
-    started: list[Live] = []
-
-    def make(scenario: str = "mlp", *, rate: float | None = 50.0, db: bool | Path = True, read_only: bool = False,
-             host: str = "127.0.0.1", token: str | None = None, every: int | None = 1, **settings: Any) -> Live:
-        server = Live(tmp_path, scenario, rate=rate, db=db, read_only=read_only, host=host, token=token,
-                      every=every, **settings)
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
-
-
-
-
-class CliServer:
-    """`python -m server ARGS` as a subprocess, its output captured to a file."""
-
-    def __init__(self, args: list[str], tmp: Path, *, token: str | None = None, timeout: float = 60.0) -> None:
-        self.port = free_port()
-        self.log_path = tmp / f"server-{self.port}.log"
-        self._log = open(self.log_path, "wb")
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", *args, "--port", str(self.port)],
-            cwd=tmp, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=self.base, trust_env=False, timeout=10.0, headers=headers)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if self.client.get("/api/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"server not up within {timeout} s:\n{self.log()}")
-            time.sleep(0.05)
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.client.close()
-        self._log.close()
-
-
-@pytest.fixture
-def cli_server(tmp_path: Path) -> Iterator[Callable[..., CliServer]]:
-    started: list[CliServer] = []
-
-    def make(args: list[str], **kwargs: Any) -> CliServer:
-        server = CliServer(args, tmp_path, **kwargs)
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[..., Any]:
-    return wait_until
-
-
-@pytest.fixture(name="recv_until")
-def recv_until_fixture() -> Callable[..., Any]:
-    return recv_until
-
-
-@pytest.fixture(name="inbox")
-def inbox_fixture() -> Callable[..., Inbox]:
-    return Inbox
-
-
-@pytest.fixture(name="recv_json")
-def recv_json_fixture() -> Callable[..., Any]:
-    return recv_json
