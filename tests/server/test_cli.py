@@ -62,6 +62,8 @@ def test_demo_scenarios_are_the_cores_and_only_demo_imports_torch_for_them(capsy
     from inspector.scenarios import SCENARIOS as CORE
 
     assert list(SCENARIOS) == list(CORE) and "nan" in SCENARIOS
+    demo = build_parser()._subparsers._group_actions[0].choices["demo"]
+    assert all(f"{name} (" in demo.description for name in CORE), "the description's one-line hint per scenario"
     with pytest.raises(SystemExit) as info:
         main(["demo", "--scenario", "bogus"])
     assert info.value.code == 2
