@@ -21,8 +21,6 @@ from playwright.sync_api import expect
 
 from tests import support
 
-from .conftest import DemoServer
-
 pytestmark = pytest.mark.e2e
 
 # The flow chart as drawn: its traces by name and the step it shows.
@@ -45,14 +43,14 @@ def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "cond
     return support.wait_until(pred, timeout, what, interval=0.05)
 
 
-def reset(server: DemoServer) -> None:
+def reset(server: support.ServerProcess) -> None:
     """No hooks, training running: each test starts from the same state."""
     for hook in server.get("/api/hooks"):
         server.client.delete(f"/api/hooks/{hook['id']}").raise_for_status()
     server.client.post("/api/training/resume").raise_for_status()
 
 
-def open_dashboard(page: Any, server: DemoServer) -> None:
+def open_dashboard(page: Any, server: support.ServerProcess) -> None:
     page.goto(server.url)
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     # A few streamed steps drawn: every chart that follows the newest snapshot has data.
@@ -80,7 +78,7 @@ def numbers(values: list[Any]) -> list[float]:
     return [float(v) for v in values if v is not None]
 
 
-def test_page_loads_without_console_errors_and_the_charts_get_points(demo: DemoServer, new_page: Any) -> None:
+def test_page_loads_without_console_errors_and_the_charts_get_points(demo: support.ServerProcess, new_page: Any) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
@@ -121,7 +119,7 @@ def test_page_loads_without_console_errors_and_the_charts_get_points(demo: DemoS
     assert log.errors == []
 
 
-def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(demo: DemoServer, new_page: Any) -> None:
+def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(demo: support.ServerProcess, new_page: Any) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
@@ -175,7 +173,7 @@ def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(demo
 
 
 def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothing(
-    demo: DemoServer, new_page: Any
+    demo: support.ServerProcess, new_page: Any
 ) -> None:
     reset(demo)
     hook = demo.client.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}})
@@ -227,7 +225,7 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     assert [e for e in log.errors if "status of 422" not in e] == []
 
 
-def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(demo: DemoServer, new_page: Any) -> None:
+def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(demo: support.ServerProcess, new_page: Any) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
@@ -266,8 +264,8 @@ def test_after_a_server_restart_the_page_reconnects_shows_the_new_run_and_opens_
     tmp_path: Path, new_page: Any
 ) -> None:
     db = tmp_path / "history.sqlite"
-    first = DemoServer(tmp_path, db=db)
-    second: DemoServer | None = None
+    first = support.start_demo(tmp_path, db=db)
+    second: support.ServerProcess | None = None
     try:
         page, _ = new_page()
         open_dashboard(page, first)
@@ -278,7 +276,7 @@ def test_after_a_server_restart_the_page_reconnects_shows_the_new_run_and_opens_
         status = page.get_by_test_id("connection-status")
         expect(status).not_to_have_attribute("data-state", "live")
 
-        second = DemoServer(tmp_path, db=db, port=first.port)
+        second = support.start_demo(tmp_path, db=db, port=first.port)
         new_run = second.get("/api/session")["run_id"]
         assert new_run != old_run
         expect(status).to_have_attribute("data-state", "live", timeout=40_000)
@@ -321,7 +319,7 @@ def test_a_token_url_leaves_the_address_bar_and_read_only_disables_every_control
     tmp_path: Path, new_page: Any
 ) -> None:
     token = "e2e-secret-token-0123456789abcdef"
-    server = DemoServer(tmp_path, db=tmp_path / "history.sqlite", extra=["--token", token, "--read-only"])
+    server = support.start_demo(tmp_path, db=tmp_path / "history.sqlite", extra=["--token", token, "--read-only"])
     try:
         page, log = new_page()
         page.goto(f"{server.url}?token={token}")

@@ -13,7 +13,6 @@ A second run, written through the HistoryStore API, carries hostile names (a par
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,8 +24,6 @@ import pytest
 from server import cli
 from server.storage import HistoryStore
 from tests import support
-
-from .conftest import REPO, DemoServer, cli_command
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +50,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     """A recorded exploding run with a clip_norm hook added at about step 15, stopped near step 40."""
     tmp = tmp_path_factory.mktemp("report")
     db = tmp / "history.sqlite"
-    server = DemoServer(tmp, db=db, scenario="exploding", rate=20.0)
+    server = support.start_demo(tmp, db=db, scenario="exploding", rate=20.0)
     try:
         def step() -> int:
             return int(server.get("/api/session")["training"]["step"])
@@ -77,9 +74,9 @@ def report(recorded: dict[str, Any]) -> Path:
     """The run exported by the real CLI: `gradient-inspector export DB --format html -o OUT`."""
     out = recorded["tmp"] / "shared" / "report.html"
     out.parent.mkdir()
-    proc = subprocess.run([*cli_command(), "export", str(recorded["db"]), "--format", "html", "-o", str(out)],
+    proc = subprocess.run([*support.cli_command(), "export", str(recorded["db"]), "--format", "html", "-o", str(out)],
                           cwd=recorded["tmp"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                          env=support.repo_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""  # the report went to the file, not to the terminal
     assert f"of run {recorded['run']} to {out}" in proc.stderr
