@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.support import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -232,7 +230,7 @@ def test_dockerignore_keeps_out_the_venv_git_and_build_but_not_what_the_image_co
                 if ln.strip() and not ln.lstrip().startswith("#")]
     for path in (".venv/bin/python", ".git/HEAD", "build/lib/inspector/__init__.py", "dist/x.whl",
                  "gradient_inspector.egg-info/PKG-INFO", "inspector/__pycache__/hub.cpython-311.pyc",
-                 "gradient-inspector.sqlite", "tests/unit/test_docker.py"):
+                 "gradient-inspector.sqlite", "tests/packaging/test_docker.py"):
         assert ignored(path, patterns), f"{path} would be sent to the Docker daemon"
     copied = [src for stage in parsed for rest in stage.all("COPY") if not rest.startswith("--from")
               for src in rest.split()[:-1]]
@@ -245,55 +243,11 @@ def test_dockerignore_keeps_out_the_venv_git_and_build_but_not_what_the_image_co
 
 
 # ----------------------------------------------------------------------------- the entry command, run
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
-
-
 def executable(name: str) -> str:
     beside = Path(sys.executable).parent / name  # the venv's console script
     found = str(beside) if beside.is_file() else shutil.which(name)
     assert found, f"{name} is not installed (pip install -e .)"
     return found
-
-
-class Output:
-    """A process's merged stdout/stderr, read on a thread so the pipe never fills."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def wait_for(self, pattern: str, deadline: float) -> re.Match[str]:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no line matching {pattern!r} in time; output:\n{self.text()}")
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise AssertionError(f"the process ended before printing {pattern!r}; output:\n{self.text()}")
-            m = re.search(pattern, line)
-            if m:
-                return m
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -313,23 +267,25 @@ def run_healthcheck(check: list[str], port: int) -> subprocess.CompletedProcess[
 @pytest.mark.slow
 def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_healthcheck(default_stage, tmp_path):
     argv = entry_command(default_stage)
-    port = free_port()
+    port = free_port("0.0.0.0")
     db = tmp_path / "data" / "gradient-inspector.sqlite"
     db.parent.mkdir()
     argv = replace_option(replace_option(argv, "--port", str(port)), "--db", str(db))
     argv[0] = executable(argv[0])
     assert option(argv, "--host") == "0.0.0.0"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            env=env, start_new_session=True)
-    out = Output(proc)
+    # the installed command as the image runs it: this environment, no checkout on PYTHONPATH
+    server = ServerProcess(argv, port=port, log_dir=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                           timeout=180)
     try:
-        url = out.wait_for(r"open (http://\S+)", time.monotonic() + 180).group(1)
+        # printed before the server answers its first request, so it is in the log by now
+        m = re.search(r"open (http://\S+)", server.log())
+        assert m, server.log()
+        url = m.group(1)
         parts = urllib.parse.urlsplit(url)
         assert (parts.hostname, parts.port) == ("127.0.0.1", port), url  # the address to open from here
         (token,) = urllib.parse.parse_qs(parts.query)["token"]
         assert len(token) >= 22, "at least 128 bits"
-        base = f"http://127.0.0.1:{port}"
+        base = server.base
 
         assert get(f"{base}/api/health") == (200, {"status": "ok"})
         status, body = get(f"{base}/api/session")
@@ -343,21 +299,13 @@ def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_h
         assert check.returncode == 0, check.stdout + check.stderr
         assert db.is_file()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # what `docker stop` sends to the container's PID 1
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-            raise AssertionError(f"the server ignored SIGTERM for 30 s; output:\n{out.text()}") from None
-        out.join(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        code = server.stop(30)  # SIGTERM, what `docker stop` sends to the container's PID 1
+    assert code != -signal.SIGKILL, f"the server ignored SIGTERM for 30 s; output:\n{server.log()}"
+    output = server.log()
     # uvicorn shuts down gracefully, then re-raises the signal (a container stopped this way exits 143)
-    assert code in (0, -signal.SIGTERM), out.text()
-    assert "Application shutdown complete" in out.text()
-    assert out.text().count(token) == 1, "the token is printed once, never in the access log"
+    assert code in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output
+    assert output.count(token) == 1, "the token is printed once, never in the access log"
 
     stopped = run_healthcheck(healthcheck_command(default_stage), port)
     assert stopped.returncode != 0, "the health check must fail when nothing serves"
