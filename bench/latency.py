@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,12 +24,9 @@ from pathlib import Path
 from urllib.request import urlopen
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import start_demo  # noqa: E402
 
 
 def get_json(url: str) -> dict:
@@ -111,40 +107,11 @@ def main() -> None:
         print(json.dumps(asyncio.run(client_main(args.client, args.n, args.seconds, args.warmup))))
         return
 
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "server",
-                "demo",
-                "--scenario",
-                args.scenario,
-                "--port",
-                str(port),
-                "--steps-per-second",
-                str(args.rate),
-                "--db",
-                os.path.join(tmp, "bench.sqlite"),
-            ],
-            cwd=tmp,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        base = f"http://127.0.0.1:{port}"
+        server = start_demo(Path(tmp), scenario=args.scenario, rate=args.rate,
+                            db=os.path.join(tmp, "bench.sqlite"), timeout=120)
+        port, base = server.port, server.base
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    get_json(base + "/api/health")
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("the demo server did not start") from None
-                    time.sleep(0.1)
             print(
                 f"scenario {args.scenario}, cap {args.rate:g} steps/s, {args.seconds:g} s per row, "
                 f"clients in another process; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
@@ -170,8 +137,7 @@ def main() -> None:
                 per_client = [statistics.median(x) * 1e3 for x in lat if x]
                 print(f"{'':>7} per-client median ms: min {min(per_client):.1f}, max {max(per_client):.1f}")
         finally:
-            server.terminate()
-            server.wait(15)
+            server.stop()
 
 
 if __name__ == "__main__":

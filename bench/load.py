@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.hardening.tools import Swarm, rss_bytes  # noqa: E402
+from tests.support import start_demo  # noqa: E402
 
 
 def get_json(url: str) -> dict:
@@ -44,36 +44,15 @@ def get_json(url: str) -> dict:
         return json.load(r)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Demo:
+    """The demo server (tests/support.py's `start_demo`: on a free port, up once /api/health
+    answers; its output in a log file beside the database)."""
+
     def __init__(self, scenario: str, rate: str, db: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "demo", "--scenario", scenario, "--steps-per-second", rate,
-             "--db", db, "--port", str(self.port)],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the demo exited with {self.proc.returncode}")
-            try:
-                if get_json(f"{self.base}/api/health") == {"status": "ok"}:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit("the demo did not start within 120 s")
-            time.sleep(0.2)
+        self.server = start_demo(Path(db).parent, scenario=scenario, rate=rate, db=db, cwd=REPO, timeout=120)
+        self.proc = self.server.proc
+        self.port = self.server.port
+        self.base = self.server.base
 
     def step(self) -> int:
         return int(get_json(f"{self.base}/api/session")["training"]["step"])
@@ -88,13 +67,7 @@ class Demo:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self.server.stop(30)
 
 
 def window(demo: Demo, seconds: float, rss: list[int]) -> dict[str, float]:

@@ -4,21 +4,18 @@
     .venv/bin/python scripts/screenshots.py [--scenario NAME ...] [--out docs]
 
 For each scenario it starts `gradient-inspector demo` on a free loopback port (no history
-database), opens the dashboard in Debian's Chromium (Python Playwright), drives training
-through the HTTP API the way the scenario's "try this" suggests (a hook added part-way, so
-its marker and effect show), pauses, waits until the page has drawn the last step, and
-saves `docs/dashboard-<scenario>.png`. Training is driven step by step near each hook, so
-the pictures are the same from run to run up to timing noise.
+database; tests/support.py's `start_demo`, which waits until /api/health answers), opens the
+dashboard in Debian's Chromium (Python Playwright, launched by tests/support.py's
+`launch_chromium`), drives training through the HTTP API the way the scenario's "try this"
+suggests (a hook added part-way, so its marker and effect show), pauses, waits until the page
+has drawn the last step, and saves `docs/dashboard-<scenario>.png`. Training is driven step
+by step near each hook, so the pictures are the same from run to run up to timing noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,15 +25,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+sys.path.insert(0, str(REPO))
+
+from tests.support import launch_chromium, start_demo  # noqa: E402
 
 # What each picture shows: hooks added at given steps (the scenario's "try this"), the step
 # to stop at, and the parameter whose histogram is shown.
@@ -66,19 +57,6 @@ PLANS: dict[str, dict[str, Any]] = {
         "flow": "norm",
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def chromium() -> str:
-    for candidate in (os.environ.get("GI_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
-        if candidate and Path(candidate).exists():
-            return candidate
-    sys.exit("no Chromium: run `bash scripts/setup.sh --browser` (installs Debian's chromium)")
 
 
 class Api:
@@ -124,89 +102,54 @@ class Api:
                 time.sleep(0.02)
 
 
-def start_server(scenario: str, port: int, log: Any) -> subprocess.Popen[bytes]:
-    script = Path(sys.executable).with_name("gradient-inspector")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "server"]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen(
-        [*cmd, "demo", "--scenario", scenario, "--port", str(port), "--no-db", "--steps-per-second", "10"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-    )
-
-
-def wait_healthy(api: Api, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if api.call("GET", "/api/health")["status"] == "ok":
-                return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("server did not come up")
-        time.sleep(0.1)
-
-
 def shoot(browser: Any, scenario: str, out: Path) -> Path:
     plan = PLANS[scenario]
-    port = free_port()
-    api = Api(f"http://127.0.0.1:{port}")
-    with tempfile.TemporaryFile() as log:
-        proc = start_server(scenario, port, log)
-        try:
-            wait_healthy(api, proc)
-            api.call("POST", "/api/training/pause")
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            errors: list[str] = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(api.base + "/")
-            page.get_by_test_id("connection-status").filter(has_text="live").wait_for()
-            if plan["hist"]:
-                page.get_by_test_id("hist-param").select_option(plan["hist"])
-            page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
-            for at, action, spec in plan["actions"]:
-                api.run_to(at)
-                if action == "add":
-                    hook = api.call("POST", "/api/hooks", spec)
-                    added = hook["id"]
-                elif action == "disable":
-                    api.call("PATCH", f"/api/hooks/{added}", {"enabled": False})
-            api.run_to(plan["stop"])
-            last = api.step()
-            page.wait_for_function(
-                """(last) => {
-                  const flow = document.querySelector('[data-testid="chart-flow"]');
-                  const counter = document.querySelector('[data-testid="step-counter"]');
-                  return Number(flow.dataset.step) === last && Number(counter.textContent) === last
-                    && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
-                }""",
-                arg=last,
-                timeout=60_000,
-            )
-            page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
-            # Let the throttled charts finish their last redraws.
-            page.wait_for_function(
-                """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
-                timeout=30_000,
-            )
-            page.mouse.move(0, 0)
-            page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
-            path = out / f"dashboard-{scenario}.png"
-            page.screenshot(path=str(path), full_page=True)
-            page.close()
-            if errors:
-                print(f"{scenario}: console errors: {errors}", file=sys.stderr)
-            return path
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with (tempfile.TemporaryDirectory() as log_dir,
+          start_demo(Path(log_dir), scenario=scenario, rate=10, cwd=REPO, timeout=120) as server):
+        api = Api(server.base)
+        api.call("POST", "/api/training/pause")
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(api.base + "/")
+        page.get_by_test_id("connection-status").filter(has_text="live").wait_for()
+        if plan["hist"]:
+            page.get_by_test_id("hist-param").select_option(plan["hist"])
+        page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+        for at, action, spec in plan["actions"]:
+            api.run_to(at)
+            if action == "add":
+                hook = api.call("POST", "/api/hooks", spec)
+                added = hook["id"]
+            elif action == "disable":
+                api.call("PATCH", f"/api/hooks/{added}", {"enabled": False})
+        api.run_to(plan["stop"])
+        last = api.step()
+        page.wait_for_function(
+            """(last) => {
+              const flow = document.querySelector('[data-testid="chart-flow"]');
+              const counter = document.querySelector('[data-testid="step-counter"]');
+              return Number(flow.dataset.step) === last && Number(counter.textContent) === last
+                && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
+            }""",
+            arg=last,
+            timeout=60_000,
+        )
+        page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
+        # Let the throttled charts finish their last redraws.
+        page.wait_for_function(
+            """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
+            timeout=30_000,
+        )
+        page.mouse.move(0, 0)
+        page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
+        path = out / f"dashboard-{scenario}.png"
+        page.screenshot(path=str(path), full_page=True)
+        page.close()
+        if errors:
+            print(f"{scenario}: console errors: {errors}", file=sys.stderr)
+        return path
 
 
 def main() -> int:
@@ -218,7 +161,10 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            browser = launch_chromium(p)
+        except FileNotFoundError as e:
+            sys.exit(str(e))
         try:
             for name in args.scenario or list(PLANS):
                 t0 = time.monotonic()
