@@ -42,7 +42,8 @@ export function decadeTicks(lo, hi) {
   const text = [];
   const a = Math.floor(lo);
   const b = Math.ceil(hi);
-  if (hi - lo >= 1) {
+  // A decade give or take rounding: (hi + 0.5) - (lo - 0.5) can come out a hair under 1.
+  if (hi - lo >= 1 - 1e-9) {
     const step = Math.max(1, Math.ceil((b - a) / 8));
     for (let e = a; e <= b; e += step) {
       vals.push(e);
