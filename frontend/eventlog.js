@@ -11,6 +11,7 @@ const LABELS = {
   hook_applied: ["hook", "hook"],
   nonfinite: ["NaN/Inf", "bad"],
   hook_error: ["hook error", "bad"],
+  telemetry_error: ["telemetry", "bad"],
   step_skipped: ["skipped", "warn"],
   history_paused: ["history", "warn"],
   history_resumed: ["history", "info"],

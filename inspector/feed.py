@@ -2,8 +2,13 @@
 
 The training thread calls :meth:`Feed.publish`, which appends to a deque and notifies a
 condition: O(1), never blocks on a consumer. A daemon dispatcher thread converts each
-record to its wire dict once and calls every subscriber with it. Snapshots and scalars
-may be dropped for a consumer that cannot keep up (counted); hooks and events never are.
+record to its wire dict once and calls every subscriber with it. Hooks and events are never
+dropped. Snapshots and scalars are dropped (counted in ``dropped``) for an ordinary subscriber
+once ``max_queue`` of them wait, so a slow consumer costs bounded memory; a **lossless**
+subscriber (the server's history writer, which must record every step) still gets each of
+them, late: its lag is bounded only by its own speed, so a lossless callback must be quick
+(the server's hands the record to its writer and to its per-client queues, which coalesce for
+slow browsers).
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ class Feed:
         self._cond = threading.Condition(self._lock)
         self.snapshots: deque[Snapshot] = deque(maxlen=max_snapshots)
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
-        self._queue: deque[tuple[str, Any]] = deque()
-        self._queued_data = 0
+        self._queue: deque[tuple[str, Any, bool]] = deque()  # (kind, payload, for lossless subscribers only)
+        self._queued_data = 0  # snapshot/scalars messages queued for every subscriber
         self._max_queue = max_queue
-        self._subscribers: list[Callback] = []
+        self._subscribers: list[tuple[Callback, bool]] = []  # (callback, lossless)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.dropped = 0  # snapshot/scalars messages dropped because subscribers lagged
@@ -50,12 +55,16 @@ class Feed:
                 self.events.append(payload)
             if not self._subscribers or self._closed:
                 return
+            lossless_only = False
             if kind in _DATA_KINDS:
                 if self._queued_data >= self._max_queue:
-                    self.dropped += 1
-                    return
-                self._queued_data += 1
-            self._queue.append((kind, payload))
+                    self.dropped += 1  # for the ordinary subscribers
+                    if not any(lossless for _, lossless in self._subscribers):
+                        return
+                    lossless_only = True
+                else:
+                    self._queued_data += 1
+            self._queue.append((kind, payload, lossless_only))
             self._cond.notify()
 
     def replace_snapshot(self, snap: Snapshot) -> None:
@@ -67,17 +76,19 @@ class Feed:
                     return
 
     # ------------------------------------------------------------ consumer side
-    def subscribe(self, callback: Callback) -> Callable[[], None]:
+    def subscribe(self, callback: Callback, *, lossless: bool = False) -> Callable[[], None]:
+        """Call ``callback(kind, payload)`` on the dispatcher thread; see the module docstring."""
+        entry = (callback, lossless)
         with self._cond:
-            self._subscribers.append(callback)
+            self._subscribers.append(entry)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="inspector-feed", daemon=True)
                 self._thread.start()
 
         def unsubscribe() -> None:
             with self._cond:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
 
         return unsubscribe
 
@@ -88,10 +99,10 @@ class Feed:
                     self._cond.wait()
                 if self._closed and not self._queue:
                     return
-                kind, payload = self._queue.popleft()
-                if kind in _DATA_KINDS:
+                kind, payload, lossless_only = self._queue.popleft()
+                if kind in _DATA_KINDS and not lossless_only:
                     self._queued_data -= 1
-                subs = list(self._subscribers)
+                subs = [cb for cb, lossless in self._subscribers if lossless or not lossless_only]
             if kind == "_flush":
                 payload.set()
                 continue
@@ -112,7 +123,7 @@ class Feed:
         with self._cond:
             if self._thread is None or self._closed:
                 return True
-            self._queue.append(("_flush", done))
+            self._queue.append(("_flush", done, False))
             self._cond.notify()
         return done.wait(timeout)
 

@@ -286,16 +286,19 @@ class Inspector(StepLifecycle):
         with self._feed._lock:
             return [e for e in self._feed.events if since is None or e["seq"] > since]
 
-    def subscribe(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[str, Any], None], *, lossless: bool = False) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` for every record, off the training thread.
 
-        ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict), ``"scalars"``
-        (``{"step", "loss", "scalars"}``), ``"hooks"`` (``{"config_version", "hooks"}``),
-        ``"event"`` (an event dict) or ``"training"`` (``{"state", "step", "held"}``: after a
-        pause, resume or single step, and when a pause takes hold). Errors in the callback are caught and counted. Returns
-        a function that unsubscribes.
+        ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict, shared by every consumer:
+        read-only), ``"scalars"`` (``{"step", "loss", "scalars"}``), ``"hooks"``
+        (``{"config_version", "hooks"}``), ``"event"`` (an event dict) or ``"training"``
+        (``{"state", "step", "held"}``: after a pause, resume or single step, and when a pause
+        takes hold). Errors in the callback are caught and counted. Hooks and events always
+        arrive; snapshots and scalars are dropped for a callback more than 256 of them behind,
+        unless ``lossless`` (then each arrives, late: keep such a callback quick). Returns a
+        function that unsubscribes.
         """
-        return self._feed.subscribe(callback)
+        return self._feed.subscribe(callback, lossless=lossless)
 
     def add_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record and broadcast an event (used by the server: ``server_error``, ``history_paused``...)."""

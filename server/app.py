@@ -83,9 +83,9 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
         loop = asyncio.get_running_loop()
         hub: ClientHub = app.state.hub
 
-        def publish(kind: str, payload: dict[str, Any]) -> None:  # any thread
+        def publish(kind: str, payload: dict[str, Any], data_text: str | None = None) -> None:  # any thread
             try:
-                loop.call_soon_threadsafe(hub.publish, kind, payload)
+                loop.call_soon_threadsafe(hub.publish, kind, payload, data_text)
             except RuntimeError:  # the loop has closed: the server is gone, training goes on
                 pass
 

@@ -39,9 +39,14 @@ TOO_FAR_BEHIND = WS_1013_TRY_AGAIN_LATER  # the close code of a client kicked fo
 SendText = Callable[[str], Awaitable[None]]  # a socket's send_text
 
 
-def message_text(kind: str, payload: dict[str, Any]) -> str:
-    """The wire text of a core message (`kind` as given to the subscriber)."""
+def message_text(kind: str, payload: dict[str, Any], data_text: str | None = None) -> str:
+    """The wire text of a core message (`kind` as given to the subscriber).
+
+    `data_text` is the payload already encoded (`dumps(payload)`, done once per snapshot by the
+    source and shared with the history writer): it is wrapped, not encoded again."""
     if kind in ("snapshot", "event"):
+        if data_text is not None:
+            return f'{{"type":"{kind}","data":{data_text}}}'
         return dumps({"type": kind, "data": payload})
     return dumps({"type": kind, **payload})
 
@@ -199,11 +204,11 @@ class ClientHub:
     def remove(self, client: ClientQueue) -> None:
         self.clients.pop(client.id, None)
 
-    def publish(self, kind: str, payload: dict[str, Any]) -> None:
-        """Serialize once and offer to every client."""
+    def publish(self, kind: str, payload: dict[str, Any], data_text: str | None = None) -> None:
+        """Serialize once (or wrap `data_text`, the payload already encoded) and offer to every client."""
         if not self.clients:
             return
-        text = message_text(kind, payload)
+        text = message_text(kind, payload, data_text)
         step = payload.get("step") if kind == "snapshot" else None
         seq = payload.get("seq") if kind == "event" else None
         self.published += 1

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .history import select
+from .protocol import dumps
 from .sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
 from .storage import HistoryStore
 
@@ -76,7 +77,8 @@ class LiveSource(Source):
                 meta={"mode": self.mode, "scenario": self.scenario},
             )
             self.store.start_writer(on_status=self._history_status)
-        self._unsubscribe = self.insp.subscribe(self._on_message)
+        # lossless: the history records every step; slow browsers are coalesced per client (hub.py)
+        self._unsubscribe = self.insp.subscribe(self._on_message, lossless=True)
         if self.store is not None and self.run_id is not None:
             self.store.add_hooks(self.run_id, self.insp.config_version, self.insp.hooks())
         if self.trainer is not None:
@@ -106,9 +108,10 @@ class LiveSource(Source):
                     self._recent_scalars[int(payload["step"])] = payload
                     while len(self._recent_scalars) > 4096:
                         self._recent_scalars.popitem(last=False)
+            text = dumps(payload) if kind == "snapshot" else None  # one encoding, for the history and the sockets
             if store is not None and run is not None:
                 if kind == "snapshot":
-                    store.add_snapshot(run, payload)
+                    store.add_snapshot(run, payload, text)
                 elif kind == "scalars":
                     store.add_scalars(run, payload)
                 elif kind == "event":
@@ -116,7 +119,7 @@ class LiveSource(Source):
                 elif kind == "hooks":
                     store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
             if self._publish is not None:
-                self._publish(kind, payload)
+                self._publish(kind, payload, text)
         except Exception:  # never raise into the core's dispatcher
             self.callback_errors += 1
             if self.callback_errors == 1:
@@ -158,39 +161,18 @@ class LiveSource(Source):
             return list(self.insp.params)
         return super().param_names(run)
 
-    def _late_scalars(self, snap: dict[str, Any]) -> dict[str, Any]:
-        if snap.get("loss") is not None:
-            return snap
-        with self._lock:
-            late = self._recent_scalars.get(snap.get("step", -1))
-        if late is None:
-            return snap
-        return {**snap, "loss": late.get("loss"), "scalars": {**(snap.get("scalars") or {}), **(late.get("scalars") or {})}}
-
-    def _ring(self, since: int | None, limit: int | None) -> list[dict[str, Any]]:
-        # The core converts each ring snapshot to a dict on every call: for the newest N, ask only
-        # for the steps that can hold them (N times the sampling interval), when that is enough.
-        if limit:
-            latest = self.insp.latest()
-            if latest is not None:
-                tight = int(latest["step"]) - limit * max(1, int(latest.get("sampled_every") or 1))
-                if since is None or tight > since:
-                    rows = self.insp.snapshots(tight)
-                    if len(rows) >= limit:
-                        return rows
-        return self.insp.snapshots(since)
-
     def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
                   points: int | None = None) -> list[dict[str, Any]]:
         if not self._is_current(run):
             return super().snapshots(run, since=since, limit=limit, points=points)
-        ring = {s["step"]: s for s in self._ring(since, None if points else limit)}
+        # the core's ring: each snapshot's dict converted once, late scalars already merged in
+        ring = {s["step"]: s for s in self.insp.snapshots(since)}
         first = min(ring) if ring else None
         stored = [] if self.store is None else self.store.steps("snapshots", self.run_id, since, before=first)
         chosen = select(stored + sorted(ring), limit, points)
         old = [s for s in chosen if s not in ring]
         out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
-        return out + [self._late_scalars(ring[s]) for s in chosen if s in ring]
+        return out + [ring[s] for s in chosen if s in ring]
 
     def scalars(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
                 points: int | None = None) -> list[dict[str, Any]]:
@@ -284,7 +266,7 @@ class LiveSource(Source):
             raise ApiError(409, "the step rate is set by your own training loop: rate control is demo mode only")
         self.trainer.set_rate(steps_per_second)
         if self._publish is not None:  # every page learns the new rate at once
-            self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate})
+            self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate}, None)
         return {"steps_per_second": self.trainer.rate}
 
     def set_hist(self, client_id: str, names: list[str]) -> None:

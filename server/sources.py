@@ -19,7 +19,7 @@ from typing import Any
 from .protocol import error_detail
 from .storage import HistoryStore
 
-Publish = Callable[[str, dict[str, Any]], None]  # (kind, payload): thread-safe
+Publish = Callable[[str, dict[str, Any], "str | None"], None]  # (kind, payload, payload as JSON or None): thread-safe
 
 
 class ApiError(Exception):

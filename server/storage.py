@@ -161,8 +161,9 @@ class HistoryStore(HistoryReader):
         self._writer = threading.Thread(target=self._run_writer, name="gradient-inspector-store", daemon=True)
         self._writer.start()
 
-    def add_snapshot(self, run: int, snap: dict[str, Any]) -> None:
-        self._queue.put(("snapshot", run, snap))
+    def add_snapshot(self, run: int, snap: dict[str, Any], text: str | None = None) -> None:
+        """Queue a snapshot; `text` is `dumps(snap)` when the caller already has it (encoded once)."""
+        self._queue.put(("snapshot", run, snap, text))
 
     def add_scalars(self, run: int, payload: dict[str, Any]) -> None:
         self._queue.put(("scalars", run, payload))
@@ -216,9 +217,10 @@ class HistoryStore(HistoryReader):
                 elif kind == "flush":
                     waiters.append(item[1])
                 elif kind == "snapshot":
-                    _, run, snap = item
+                    _, run, snap, text = item
                     step = int(snap.get("step", 0))
-                    snaps[(run, step)] = (dumps(snap), snap.get("time"), len(snap.get("events") or ()))
+                    snaps[(run, step)] = (text if text is not None else dumps(snap), snap.get("time"),
+                                          len(snap.get("events") or ()))
                     oldest = oldest if oldest is not None else time.monotonic()
                 elif kind == "scalars":
                     _, run, p = item

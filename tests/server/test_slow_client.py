@@ -78,17 +78,20 @@ def test_a_stalled_client_slows_neither_training_nor_readers(live):
     base_rate = step_rate(srv.insp, 2.0)
     base = reader.latencies(t_base)
 
+    wait_until(lambda: len(srv.source_clients()) == 1, what="the reader's connection")
+    known = {c.id for c in srv.source_clients()}  # the reader's queue: the stalled one is the other
     stalled = stalled_socket(srv.port)
     try:
-        check_stalled(srv, reader, stalled, base_rate, base)
+        check_stalled(srv, reader, stalled, base_rate, base, known)
     finally:  # no socket left open when an assertion fails midway
         stalled.close()
         reader.stop.set()
         reader.join(5)
 
 
-def check_stalled(srv, reader, stalled, base_rate, base):
-    slow = wait_until(lambda: [c for c in srv.source_clients() if c.sent >= 1], what="the stalled client")[0]
+def check_stalled(srv, reader, stalled, base_rate, base, known):
+    slow = wait_until(lambda: [c for c in srv.source_clients() if c.id not in known and c.sent >= 1],
+                      what="the stalled client")[0]
     # the server's buffers toward it fill up: its pending snapshot now gets replaced (coalesced)
     wait_until(lambda: slow.coalesced > 0, timeout=90, what="coalescing for the stalled client")
 

@@ -410,3 +410,26 @@ def test_close_says_when_the_last_late_records_are_lost(mlp, monkeypatch):
     with pytest.warns(RuntimeWarning, match="late records could not be sent"):
         insp.close()
     assert our_hook_count(mlp, opt) == 0
+
+
+def test_a_lossless_subscriber_gets_every_record_while_an_ordinary_one_lags():
+    from inspector.feed import Feed
+
+    feed = Feed(max_queue=4)
+    gate = threading.Event()
+    lossy: list[int] = []
+    lossless: list[int] = []
+
+    def slow(kind, payload):
+        gate.wait(10)  # the first call blocks the dispatcher: everything after it queues up
+        lossy.append(payload["step"])
+
+    feed.subscribe(slow)
+    feed.subscribe(lambda kind, payload: lossless.append(payload["step"]), lossless=True)
+    for step in range(1, 51):
+        feed.publish("scalars", {"step": step})
+    gate.set()
+    assert feed.flush()
+    assert lossless == list(range(1, 51))  # the history's view: nothing lost
+    assert feed.dropped > 0 and len(lossy) < 50 and lossy == sorted(lossy)  # bounded for the slow one
+    feed.close()
