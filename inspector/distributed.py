@@ -53,11 +53,16 @@ class ControlPlane:
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         self.broken: str | None = None
 
-    def exchange(self, hold: bool, payload: bool, next_sampled: bool, local_bad: int,
-                 local_norms: list[float] | None) -> Rows:
+    def exchange(
+        self, hold: bool, payload: bool, next_sampled: bool, local_bad: int, local_norms: list[float] | None
+    ) -> Rows:
         """One all_gather of every rank's row (the columns of :class:`Rows`)."""
         row = [0.0] * Rows.NORMS
-        row[Rows.HOLD], row[Rows.PAYLOAD], row[Rows.NEXT_SAMPLED] = float(hold), float(payload), float(next_sampled)
+        row[Rows.HOLD], row[Rows.PAYLOAD], row[Rows.NEXT_SAMPLED] = (
+            float(hold),
+            float(payload),
+            float(next_sampled),
+        )
         row[Rows.LOCAL_BAD] = float(local_bad)
         if local_norms is not None:
             row += local_norms
@@ -105,7 +110,9 @@ class Rows:
 
     def spread(self, n: int) -> dict[str, list[Any]]:
         """Per parameter: min and max of the local norms across ranks, and which rank."""
-        norms = self.rows[:, self.NORMS:self.NORMS + n]  # (world, n_params); NaN where a rank had no gradient
+        norms = self.rows[
+            :, self.NORMS : self.NORMS + n
+        ]  # (world, n_params); NaN where a rank had no gradient
         finite = torch.where(torch.isnan(norms), torch.full_like(norms, math.inf), norms)
         lo, argmin = finite.min(dim=0)
         finite_hi = torch.where(torch.isnan(norms), torch.full_like(norms, -math.inf), norms)
@@ -116,5 +123,9 @@ class Rows:
             vals = t.tolist()
             return [None if none[i] else (int(v) if idx else v) for i, v in enumerate(vals)]
 
-        return {"norm_min": clean(lo), "norm_max": clean(hi), "argmin": clean(argmin, True),
-                "argmax": clean(argmax, True)}
+        return {
+            "norm_min": clean(lo),
+            "norm_max": clean(hi),
+            "argmin": clean(argmin, True),
+            "argmax": clean(argmax, True),
+        }

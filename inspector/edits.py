@@ -25,8 +25,14 @@ __all__ = ["Edits"]
 
 
 class Edits:
-    def __init__(self, reg: Registry, hooks: TorchHooks, feed: Feed, emit: Callable[..., Any],
-                 cond: threading.Condition) -> None:
+    def __init__(
+        self,
+        reg: Registry,
+        hooks: TorchHooks,
+        feed: Feed,
+        emit: Callable[..., Any],
+        cond: threading.Condition,
+    ) -> None:
         self.reg = reg
         self.hooks = hooks
         self._feed = feed
@@ -62,14 +68,25 @@ class Edits:
             return
         self.hooks.rebuild(self.reg.applied, self.reg.fns)
         self._emit("hook_error", hook_id=spec.id, param=param, message=message, step=next_step)
-        self._emit("hook_applied", hook_id=spec.id, action="disable", before=before.to_dict(),
-                   after={**before.to_dict(), "enabled": False}, applied_step=next_step,
-                   config_version=self.reg.version)
+        self._emit(
+            "hook_applied",
+            hook_id=spec.id,
+            action="disable",
+            before=before.to_dict(),
+            after={**before.to_dict(), "enabled": False},
+            applied_step=next_step,
+            config_version=self.reg.version,
+        )
         self.publish_hooks()
 
     def publish_hooks(self, version: int | None = None) -> None:
-        self._feed.publish("hooks", {"config_version": self.reg.version if version is None else version,
-                                     "hooks": [s.to_dict() for s in self.reg.view()]})
+        self._feed.publish(
+            "hooks",
+            {
+                "config_version": self.reg.version if version is None else version,
+                "hooks": [s.to_dict() for s in self.reg.view()],
+            },
+        )
 
     def _announce(self, ch: Change, version: int, next_step: int) -> None:
         def d(x: Any) -> Any:
@@ -78,11 +95,19 @@ class Edits:
             if isinstance(x, list):
                 return [s.to_dict() for s in x]
             return x
+
         after = ch.after
         if isinstance(after, HookSpec):  # with its applied_step, as it is now in force
             after = next((s for s in self.reg.applied if s.id == after.id), after)
         elif isinstance(after, list):
             ids = {s.id for s in after}
             after = [s for s in self.reg.applied if s.id in ids]
-        self._emit("hook_applied", hook_id=ch.hook_id, action=ch.action, before=d(ch.before), after=d(after),
-                   applied_step=next_step, config_version=version)
+        self._emit(
+            "hook_applied",
+            hook_id=ch.hook_id,
+            action=ch.action,
+            before=d(ch.before),
+            after=d(after),
+            applied_step=next_step,
+            config_version=version,
+        )

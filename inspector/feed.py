@@ -114,8 +114,12 @@ class Feed:
                     self.callback_errors += 1
                     if not self._warned:
                         self._warned = True
-                        warnings.warn(f"inspector subscriber {cb!r} raised {e!r}; further errors are counted "
-                                      "in Feed.callback_errors", RuntimeWarning, stacklevel=1)
+                        warnings.warn(
+                            f"inspector subscriber {cb!r} raised {e!r}; further errors are counted "
+                            "in Feed.callback_errors",
+                            RuntimeWarning,
+                            stacklevel=1,
+                        )
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the dispatcher has delivered everything queued so far (tests, close)."""

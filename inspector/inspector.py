@@ -43,15 +43,15 @@ from .errors import AttachError, HookError, InspectorError
 from .feed import Feed
 from .handles import HookHandle
 from .lifecycle import StepLifecycle
-from .nonfinite import Findings, NonfiniteReport
+from .nonfinite import NonfiniteReport
 from .registry import PRESET_FORMAT, Registry
-from .scalars import Records, accumulate, check_scalars
+from .scalars import accumulate, check_scalars
 from .server_loader import load_server_module
 from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
 from .torch_hooks import TorchHooks
-from .wrappers import enabled_scaler, named_tensors, real_optimizer
+from .wrappers import enabled_scaler, named_tensors, param_info, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
@@ -59,13 +59,23 @@ __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 class Inspector(StepLifecycle):
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
-    def __init__(self, model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None,
-                 *, scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10,
-                 per_rank_stats: bool = True, dist_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module | Mapping[str, Tensor],
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        scaler: Any = None,
+        budget: float = 0.03,
+        every: int | None = None,
+        hist_every: int = 10,
+        per_rank_stats: bool = True,
+        dist_timeout: float = 60.0,
+    ) -> None:
         if isinstance(optimizer, list | tuple):
             raise AttachError(
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
-                "say) attach one Inspector per optimizer, each with the model part that optimizer steps")
+                "say) attach one Inspector per optimizer, each with the model part that optimizer steps"
+            )
         optimizer = real_optimizer(optimizer) if optimizer is not None else None
         check_cadence(budget, every, hist_every)
         named, module_objs = named_tensors(model)
@@ -81,39 +91,28 @@ class Inspector(StepLifecycle):
         # under torch.distributed: a control plane shared by every rank (a collective call)
         self._dist = distributed.ControlPlane(timeout=dist_timeout) if distributed.active() else None
         self.rank = self._dist.rank if self._dist is not None else 0
-        self._reg = Registry(self.params, self.modules, scaler=self._scaler is not None,
-                             distributed=self._dist is not None)
+        self._reg = Registry(
+            self.params, self.modules, scaler=self._scaler is not None, distributed=self._dist is not None
+        )
         self._feed = Feed()
         self._cadence = Cadence(float(budget), every)
-        self._hooks = TorchHooks(self.params, self._tensors, module_objs, is_sampled=lambda: self._sampled,
-                                 on_failure=self._hook_failed, on_finding=self._post_finding, scaler=self._scaler,
-                                 per_rank=self._dist is not None and per_rank_stats)
+        self._hooks = TorchHooks(
+            self.params,
+            self._tensors,
+            module_objs,
+            is_sampled=lambda: self._sampled,
+            on_failure=self._hook_failed,
+            on_finding=self._post_finding,
+            scaler=self._scaler,
+            per_rank=self._dist is not None and per_rank_stats,
+        )
         self._edits = Edits(self._reg, self._hooks, self._feed, self._event, self._cond)
         self._stats = StepStats(self.params, self._tensors)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
-        # step state
-        self._step = 0
-        self._under_way = False
-        self._sampled = True  # step 1 is always sampled
-        self._sampled_count = 1
-        self._train_tid = threading.get_ident()
-        self._t_ours = 0.0
-        self._last_boundary: float | None = None
-        self._seq = 0
-        self._step_events: list[dict[str, Any]] = []
-        self._last_scale: float | None = None
-        self._nf_pending: Findings | None = None  # under torch.distributed: reported at the boundary
-        self._rec_cur: Records = {}  # records of the step under way
-        self._rec_late: Records = {}  # records made after the last boundary, before the next forward
-        # control
-        self._paused = False
-        self._credit = 0
-        self._waiting = False
-        self._finished = False
-        self._closed = False
+        self._init_step_state()
         self._server: Any = None
 
         if optimizer is not None:
@@ -127,8 +126,10 @@ class Inspector(StepLifecycle):
         if self._closed:
             raise InspectorError("this Inspector is closed")
         if self._dist is not None and self.rank != 0 and threading.get_ident() != self._train_tid:
-            raise InspectorError("under torch.distributed, edits from another thread go to rank 0 (which serves "
-                                 f"the dashboard); this is rank {self.rank}")
+            raise InspectorError(
+                "under torch.distributed, edits from another thread go to rank 0 (which serves "
+                f"the dashboard); this is rank {self.rank}"
+            )
 
     @property
     def step(self) -> int:
@@ -156,13 +157,8 @@ class Inspector(StepLifecycle):
         return {"overhead": self._cadence.overhead, "sampled_every": self._cadence.k, **self._cadence.costs}
 
     def param_info(self) -> list[dict[str, Any]]:
-        """``[{"name", "shape", "numel", "module"}]`` in ``params`` order."""
-        out = []
-        for name, t in zip(self.params, self._tensors, strict=True):
-            module = name.rpartition(".")[0] if self._root is not None else None
-            out.append({"name": name, "shape": list(t.shape), "numel": t.numel(), "module": module,
-                        "requires_grad": t.requires_grad, "dtype": str(t.dtype).removeprefix("torch.")})
-        return out
+        """``[{"name", "shape", "numel", "module", "requires_grad", "dtype"}]`` in ``params`` order."""
+        return param_info(self.params, self._tensors, modules=self._root is not None)
 
     def match_targets(self, glob: str, point: str = "pre_step") -> list[str]:
         """The names ``glob`` matches at ``point`` (module names for "module", else parameter names)."""
@@ -173,8 +169,16 @@ class Inspector(StepLifecycle):
         return match(self.modules if point == "module" else self.params, glob)
 
     # ----------------------------------------------------------------- hooks
-    def add_hook(self, kind: str | Callable[[str, Tensor], Any], target: str = "*", point: str | None = None,
-                 *, enabled: bool = True, params: Mapping[str, Any] | None = None, **kwargs: Any) -> HookHandle:
+    def add_hook(
+        self,
+        kind: str | Callable[[str, Tensor], Any],
+        target: str = "*",
+        point: str | None = None,
+        *,
+        enabled: bool = True,
+        params: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> HookHandle:
         """Add a hook; returns its handle. ``kind`` is a kind name or your own callable.
 
         The kind's parameters come as keywords (``add_hook("clip_value", threshold=1.0)``) or as a
@@ -203,12 +207,21 @@ class Inspector(StepLifecycle):
             self._submit(change)
             return HookHandle(self, spec.id)
 
-    def update_hook(self, hook_id: str, *, params: Mapping[str, Any] | None = None, enabled: bool | None = None,
-                    target: str | None = None, position: int | None = None) -> dict[str, Any]:
+    def update_hook(
+        self,
+        hook_id: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        target: str | None = None,
+        position: int | None = None,
+    ) -> dict[str, Any]:
         """Change a hook as one edit: ``params`` are merged (only the given keys change)."""
         with self._lock:
             self._check_open()
-            _, change = self._reg.update(hook_id, params=params, enabled=enabled, target=target, position=position)
+            _, change = self._reg.update(
+                hook_id, params=params, enabled=enabled, target=target, position=position
+            )
             if change is not None:
                 self._submit(change)
             return self.hook_spec(hook_id)
@@ -286,7 +299,9 @@ class Inspector(StepLifecycle):
         with self._feed._lock:
             return [e for e in self._feed.events if since is None or e["seq"] > since]
 
-    def subscribe(self, callback: Callable[[str, Any], None], *, lossless: bool = False) -> Callable[[], None]:
+    def subscribe(
+        self, callback: Callable[[str, Any], None], *, lossless: bool = False
+    ) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` for every record, off the training thread.
 
         ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict, shared by every consumer:
@@ -344,42 +359,15 @@ class Inspector(StepLifecycle):
             self._cond.notify_all()
         return self._publish_training()
 
-    def begin_step(self) -> None:
-        """Mark a step as under way, as the root module's forward pre-hook does.
-
-        Only needed in loops that never call the attached root module itself (they call a
-        submodule): records made after this attach to the coming step, and edits that register
-        torch hooks are applied now, before the backward.
-        """
-        self._on_forward_pre(self._root, ())  # type: ignore[arg-type]
-
-    def finish(self) -> None:
-        """Training is over (state ``finished``); edits from other threads apply at once from now.
-
-        ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
-        """
-        with self._cond:
-            self._finished = True
-            self._train_tid = threading.get_ident()
-            self._drain_locked(torch_ok=True)
-        self._flush_late()
-
-    def mark_step(self) -> None:
-        """The step boundary for loops without a torch optimizer.
-
-        Call it after ``backward()`` (and your own update): it runs the ``pre_step`` hooks on
-        the gradients, takes the statistics and publishes the snapshot.
-        """
-        if self._optimizer is not None:
-            raise InspectorError("mark_step() is for loops without a torch optimizer: here optimizer.step() "
-                                 "is the boundary")
-        self._train_tid = threading.get_ident()
-        self._pre_step_work()
-        self._boundary()
-
     # ----------------------------------------------------------------- serving
-    def serve(self, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-              read_only: bool = False, db: str | os.PathLike[str] | bool | None = None) -> str | None:
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
+        read_only: bool = False,
+        db: str | os.PathLike[str] | bool | None = None,
+    ) -> str | None:
         """Serve the dashboard from a background thread of this process; returns its URL.
 
         Loads the ``server`` package shipped with ``inspector`` (even when the working
@@ -400,7 +388,9 @@ class Inspector(StepLifecycle):
             return None  # under torch.distributed only rank 0 serves
         if self._server is not None:
             return str(self._server.url)
-        self._server = load_server_module("embed").start(self, host=host, port=port, token=token, read_only=read_only, db=db)
+        self._server = load_server_module("embed").start(
+            self, host=host, port=port, token=token, read_only=read_only, db=db
+        )
         return str(self._server.url)
 
     def wait(self) -> None:
@@ -432,8 +422,11 @@ class Inspector(StepLifecycle):
         try:
             self._flush_late()
         except Exception as e:  # the last late records are lost, but close() must finish: say so
-            warnings.warn(f"inspector: the last step's late records could not be sent ({e!r})", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"inspector: the last step's late records could not be sent ({e!r})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -456,9 +449,17 @@ class Inspector(StepLifecycle):
         return f"<Inspector {len(self.params)} params, step {self._step}, {len(self._reg.requested)} hooks>"
 
 
-def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optimizer | None = None, *,
-           scaler: Any = None, budget: float = 0.03, every: int | None = None, hist_every: int = 10,
-           per_rank_stats: bool = True, dist_timeout: float = 60.0) -> Inspector:
+def attach(
+    model: nn.Module | Mapping[str, Tensor],
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    scaler: Any = None,
+    budget: float = 0.03,
+    every: int | None = None,
+    hist_every: int = 10,
+    per_rank_stats: bool = True,
+    dist_timeout: float = 60.0,
+) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
     Args:
@@ -483,5 +484,13 @@ def attach(model: nn.Module | Mapping[str, Tensor], optimizer: torch.optim.Optim
     Returns:
         The :class:`Inspector`; also a context manager that closes it.
     """
-    return Inspector(model, optimizer, scaler=scaler, budget=budget, every=every, hist_every=hist_every,
-                     per_rank_stats=per_rank_stats, dist_timeout=dist_timeout)
+    return Inspector(
+        model,
+        optimizer,
+        scaler=scaler,
+        budget=budget,
+        every=every,
+        hist_every=hist_every,
+        per_rank_stats=per_rank_stats,
+        dist_timeout=dist_timeout,
+    )

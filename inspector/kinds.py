@@ -79,7 +79,11 @@ KINDS: dict[str, KindDef] = {
             "clip_value",
             _PRE_POST,
             "Clamp every gradient element to [-threshold, threshold] (torch.nn.utils.clip_grad_value_).",
-            (ParamDef("threshold", "number", "largest allowed |element|", required=True, exclusive_minimum=0),),
+            (
+                ParamDef(
+                    "threshold", "number", "largest allowed |element|", required=True, exclusive_minimum=0
+                ),
+            ),
         ),
         KindDef(
             "clip_norm",
@@ -88,10 +92,21 @@ KINDS: dict[str, KindDef] = {
             "mode 'global' takes one norm over all targets together; 'per_tensor' clips each on its own.",
             (
                 ParamDef("max_norm", "number", "largest allowed norm", required=True, exclusive_minimum=0),
-                ParamDef("mode", "string", "one norm over all targets, or one per tensor", default="global",
-                         enum=("global", "per_tensor")),
-                ParamDef("norm_type", "number", "p of the p-norm; inf for the max-norm", default=2.0,
-                         exclusive_minimum=0, allow_inf=True),
+                ParamDef(
+                    "mode",
+                    "string",
+                    "one norm over all targets, or one per tensor",
+                    default="global",
+                    enum=("global", "per_tensor"),
+                ),
+                ParamDef(
+                    "norm_type",
+                    "number",
+                    "p of the p-norm; inf for the max-norm",
+                    default=2.0,
+                    exclusive_minimum=0,
+                    allow_inf=True,
+                ),
             ),
             rule=_clip_norm_rule,
         ),
@@ -119,8 +134,15 @@ KINDS: dict[str, KindDef] = {
             ("pre_step", "post_accumulate", "module"),
             "Find non-finite gradients and name them; 'report' only, 'zero' the whole gradient of each "
             "affected parameter, or 'skip' the optimizer step (every gradient set to None).",
-            (ParamDef("action", "string", "what to do on a non-finite gradient", default="report",
-                      enum=("report", "zero", "skip")),),
+            (
+                ParamDef(
+                    "action",
+                    "string",
+                    "what to do on a non-finite gradient",
+                    default="report",
+                    enum=("report", "zero", "skip"),
+                ),
+            ),
             rule=_nan_guard_rule,
         ),
         KindDef(
@@ -136,7 +158,11 @@ KINDS: dict[str, KindDef] = {
             "module_log",
             ("module",),
             "Log the norm of each target module's grad_output (and grad_input if asked).",
-            (ParamDef("grad_input", "boolean", "also log the gradient w.r.t. the module's inputs", default=False),),
+            (
+                ParamDef(
+                    "grad_input", "boolean", "also log the gradient w.r.t. the module's inputs", default=False
+                ),
+            ),
             modifies=False,
         ),
         KindDef(

@@ -1,9 +1,11 @@
 """The step lifecycle of an :class:`~inspector.Inspector`: when edits apply, the step hooks, the
 ``pre_step`` work and the boundary (with its pause hold, and its exchange under ``torch.distributed``).
 
-:class:`StepLifecycle` is the Inspector's base class: the Inspector (``inspector.py``) holds the
-public API and builds the state declared below; this class is what runs inside the user's
-``optimizer.step()`` and root forward. In order, one step:
+:class:`StepLifecycle` is the Inspector's base class: the Inspector (``inspector.py``) holds
+most of the public API and builds its parts; this class declares and initialises the step and
+control state, holds what runs inside the user's ``optimizer.step()`` and root forward, and the
+public calls for loops that must tell us where a step starts or ends (``begin_step``,
+``mark_step``, ``finish``). In order, one step:
 
 1. ``_on_forward_pre`` (the root module's forward pre-hook): the step is under way; late
    records of the previous step are flushed; pending edits that register torch hooks apply.
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 
 from . import distributed
 from .edits import Edits
+from .errors import InspectorError
 from .feed import Feed
 from .nonfinite import Findings, NonfiniteReport
 from .ops import NanFinding, apply_pre_step
@@ -83,6 +86,62 @@ class StepLifecycle:
     _finished: bool
     _closed: bool
 
+    def _init_step_state(self) -> None:
+        """The state declared above, as it is before the first step."""
+        self._step = 0
+        self._under_way = False
+        self._sampled = True  # step 1 is always sampled
+        self._sampled_count = 1
+        self._train_tid = threading.get_ident()
+        self._t_ours = 0.0
+        self._last_boundary = None
+        self._seq = 0
+        self._step_events = []
+        self._last_scale = None
+        self._nf_pending = None
+        self._rec_cur = {}
+        self._rec_late = {}
+        self._paused = False
+        self._credit = 0
+        self._waiting = False
+        self._finished = False
+        self._closed = False
+
+    # ================================================================= loops that need telling
+    def begin_step(self) -> None:
+        """Mark a step as under way, as the root module's forward pre-hook does.
+
+        Only needed in loops that never call the attached root module itself (they call a
+        submodule): records made after this attach to the coming step, and edits that register
+        torch hooks are applied now, before the backward.
+        """
+        self._on_forward_pre(self._root, ())  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        """Training is over (state ``finished``); edits from other threads apply at once from now.
+
+        ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
+        """
+        with self._cond:
+            self._finished = True
+            self._train_tid = threading.get_ident()
+            self._drain_locked(torch_ok=True)
+        self._flush_late()
+
+    def mark_step(self) -> None:
+        """The step boundary for loops without a torch optimizer.
+
+        Call it after ``backward()`` (and your own update): it runs the ``pre_step`` hooks on
+        the gradients, takes the statistics and publishes the snapshot.
+        """
+        if self._optimizer is not None:
+            raise InspectorError(
+                "mark_step() is for loops without a torch optimizer: here optimizer.step() is the boundary"
+            )
+        self._train_tid = threading.get_ident()
+        self._pre_step_work()
+        self._boundary()
+
     def _training_state(self) -> dict[str, Any]:
         with self._lock:
             s = "finished" if (self._finished or self._closed) else ("paused" if self._paused else "running")
@@ -110,7 +169,11 @@ class StepLifecycle:
             self._drain_locked(torch_ok=True)
         elif self._waiting:
             self._cond.notify_all()  # the paused training thread applies it
-        elif self._root is not None and not self._under_way and not any(c.touches_torch() for c in self._reg.pending):
+        elif (
+            self._root is not None
+            and not self._under_way
+            and not any(c.touches_torch() for c in self._reg.pending)
+        ):
             self._drain_locked(torch_ok=False)  # pre_step only, between steps: safe from this thread
 
     def _drain_locked(self, *, torch_ok: bool) -> None:
@@ -253,10 +316,17 @@ class StepLifecycle:
         if sampled:
             try:
                 snap = self._stats.snapshot(
-                    step=step, config_version=self._reg.version, records=rec, events=events, ranks=ranks,
-                    states=list(self._hooks.states.values()), hooks=self._hooks,
-                    lr=learning_rates(self._optimizer), sampled_every=self._cadence.k,
-                    overhead=self._cadence.overhead)
+                    step=step,
+                    config_version=self._reg.version,
+                    records=rec,
+                    events=events,
+                    ranks=ranks,
+                    states=list(self._hooks.states.values()),
+                    hooks=self._hooks,
+                    lr=learning_rates(self._optimizer),
+                    sampled_every=self._cadence.k,
+                    overhead=self._cadence.overhead,
+                )
             except Exception as e:  # never take training down for telemetry
                 self._event("telemetry_error", message=f"the snapshot could not be built: {e!r}", step=step)
         self._stats.end_step()
@@ -299,7 +369,9 @@ class StepLifecycle:
         with self._feed._lock:
             snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
         if snap is not None:
-            new = replace(snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals})
+            new = replace(
+                snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals}
+            )
             self._feed.replace_snapshot(new)
         self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
 
@@ -319,9 +391,15 @@ class StepLifecycle:
         with_norms = first and sampled and self._hooks.per_rank
         norms = None
         if with_norms:
-            norms = raw.local_norms if raw is not None and raw.local_norms is not None else [math.nan] * len(self.params)
+            norms = (
+                raw.local_norms
+                if raw is not None and raw.local_norms is not None
+                else [math.nan] * len(self.params)
+            )
         try:
-            rows = plane.exchange(hold, payload, next_sampled, raw.local_bad if raw is not None else -1, norms)
+            rows = plane.exchange(
+                hold, payload, next_sampled, raw.local_bad if raw is not None else -1, norms
+            )
             changes = None
             if rows.payload:
                 with self._lock:
@@ -329,9 +407,13 @@ class StepLifecycle:
                 changes = plane.broadcast(mine)
         except Exception as e:
             plane.broken = f"{type(e).__name__}: {e}"
-            self._event("distributed_error", step=step, rank=plane.rank,
-                        message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
-                                "hook edits and pauses with the others")
+            self._event(
+                "distributed_error",
+                step=step,
+                rank=plane.rank,
+                message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
+                "hook edits and pauses with the others",
+            )
             return None, False
         with self._cond:
             if changes is not None:
@@ -345,9 +427,13 @@ class StepLifecycle:
             bad_ranks = rows.bad_ranks()
             if self._nf_pending is not None or bad_ranks:
                 found = self._nf_pending or Findings()
-                if not found.bad and bad_ranks:  # non-finite locally, finite after the all-reduce: still worth a word
+                if (
+                    not found.bad and bad_ranks
+                ):  # non-finite locally, finite after the all-reduce: still worth a word
                     found.bad = [rows.local_bad(bad_ranks[0])]
-                self._nonfinite.step(found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks)
+                self._nonfinite.step(
+                    found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks
+                )
             self._nf_pending = None
         return (rows.spread(len(self.params)) if with_norms else None), rows.hold
 
@@ -362,7 +448,11 @@ class StepLifecycle:
                         self._waiting = True
                         self._cond.notify_all()
                         self._publish_training()
-                    self._cond.wait_for(lambda: bool(self._reg.pending) or not self._paused or self._credit > 0
-                                        or self._closed, timeout=distributed.HEARTBEAT)
+                    self._cond.wait_for(
+                        lambda: (
+                            bool(self._reg.pending) or not self._paused or self._credit > 0 or self._closed
+                        ),
+                        timeout=distributed.HEARTBEAT,
+                    )
             _, hold = self._dist_exchange(step, False, first=False)
         self._waiting = False

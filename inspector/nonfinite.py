@@ -64,14 +64,33 @@ class NonfiniteReport:
 
     def post_accumulate(self, f: NanFinding, action: str, step: int) -> None:
         """A ``post_accumulate`` ``nan_guard`` found ``f`` (reported at once)."""
-        self._emit("nonfinite", step=step, param=f.name, rank=0, nan=f.nan, inf=f.inf, action_taken=action,
-                   point="post_accumulate")
+        self._emit(
+            "nonfinite",
+            step=step,
+            param=f.name,
+            rank=0,
+            nan=f.nan,
+            inf=f.inf,
+            action_taken=action,
+            point="post_accumulate",
+        )
 
-    def step(self, found: Findings, step: int, *, rank: int | None = 0, all_ranks: list[int] | None = None) -> None:
+    def step(
+        self, found: Findings, step: int, *, rank: int | None = 0, all_ranks: list[int] | None = None
+    ) -> None:
         """Report one step's findings: module flags, then the first non-finite parameter."""
         for m in found.bad_modules:
-            self._emit("nonfinite", step=step, param=None, module=m, rank=rank, nan=None, inf=None,
-                       action_taken="report", point="module")
+            self._emit(
+                "nonfinite",
+                step=step,
+                param=None,
+                module=m,
+                rank=rank,
+                nan=None,
+                inf=None,
+                action_taken="report",
+                point="module",
+            )
         if not found.bad:
             self._last, self._streak = None, 0
             return
@@ -80,9 +99,19 @@ class NonfiniteReport:
         if name != self._last or self._streak % NONFINITE_REPEAT == 0:
             nan, inf = found.counts.get(first, (None, None))
             extra = {"ranks": all_ranks} if all_ranks is not None else {}
-            self._emit("nonfinite", step=step, param=name, rank=rank, nan=nan, inf=inf,
-                       action_taken=found.actions.get(first, "none"), point="pre_step", **extra,
-                       params=[self._params[i] for i in found.bad[:16]], n_params=len(found.bad),
-                       streak=self._streak + 1)
+            self._emit(
+                "nonfinite",
+                step=step,
+                param=name,
+                rank=rank,
+                nan=nan,
+                inf=inf,
+                action_taken=found.actions.get(first, "none"),
+                point="pre_step",
+                **extra,
+                params=[self._params[i] for i in found.bad[:16]],
+                n_params=len(found.bad),
+                streak=self._streak + 1,
+            )
         self._last = name
         self._streak += 1

@@ -89,10 +89,14 @@ def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mod
         total = stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         return [coef.to(g.device, g.dtype) for g in grads]
-    return [torch.clamp(max_norm / (n + 1e-6), max=1.0).to(g.dtype) for n, g in zip(norms, grads, strict=True)]
+    return [
+        torch.clamp(max_norm / (n + 1e-6), max=1.0).to(g.dtype) for n, g in zip(norms, grads, strict=True)
+    ]
 
 
-def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) -> list[NanFinding] | bool | None:
+def apply_pre_step(
+    state: HookState, targets: list[ParamTarget], measure: bool
+) -> list[NanFinding] | bool | None:
     """Apply one enabled ``pre_step`` hook to all of its targets that have a dense gradient.
 
     Returns, for ``nan_guard``, the non-finite findings (a list), or ``True`` when the step
@@ -125,7 +129,10 @@ def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) 
             coefs = _clip_norm_coefs(grads, float(p["max_norm"]), float(p["norm_type"]), p["mode"])
             if measure:
                 changed = torch.stack(
-                    [(c < 1).float().to(grads[0].device) * g.numel() for c, g in zip(coefs, grads, strict=True)]
+                    [
+                        (c < 1).float().to(grads[0].device) * g.numel()
+                        for c, g in zip(coefs, grads, strict=True)
+                    ]
                 ).sum()
             torch._foreach_mul_(grads, coefs)
         elif kind == "scale":
@@ -142,8 +149,10 @@ def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) 
         elif kind == "noise":
             std = float(p["std"])
             if std > 0:
-                noise = [torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype)
-                         for g in grads]
+                noise = [
+                    torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype)
+                    for g in grads
+                ]
                 torch._foreach_add_(grads, noise, alpha=std)
                 changed = _numel(grads)
         elif kind == "nan_guard":
@@ -168,10 +177,12 @@ def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) 
                 state.fn(t.name, t.param)
             if snap is not None:
                 now = [t.param.grad for t in tg]
-                changed = torch.stack([
-                    (a != b).sum().float() if b is not None else torch.tensor(float(a.numel()))
-                    for a, b in zip(snap, now, strict=True)
-                ]).sum()
+                changed = torch.stack(
+                    [
+                        (a != b).sum().float() if b is not None else torch.tensor(float(a.numel()))
+                        for a, b in zip(snap, now, strict=True)
+                    ]
+                ).sum()
                 grads = [g for g in now if g is not None] or grads
     if measure:
         assert before is not None
@@ -211,8 +222,10 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
         elif spec.kind == "noise":
             std = float(p["std"])
             if std > 0:
-                g.add_(torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype),
-                       alpha=std)
+                g.add_(
+                    torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype),
+                    alpha=std,
+                )
                 changed = float(g.numel())
         elif spec.kind == "nan_guard":
             n = torch.linalg.vector_norm(g.float())
@@ -234,7 +247,9 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
     return finding
 
 
-def _add_effect(state: HookState, changed: Tensor | float, before_sq: Tensor | float, after_sq: Tensor | float) -> None:
+def _add_effect(
+    state: HookState, changed: Tensor | float, before_sq: Tensor | float, after_sq: Tensor | float
+) -> None:
     state.changed = state.changed + changed
     state.before_sq = state.before_sq + before_sq
     state.after_sq = state.after_sq + after_sq

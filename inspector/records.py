@@ -49,8 +49,13 @@ class HookSpec:
 
     def preset(self) -> dict[str, Any]:
         """The spec without id, position and applied_step: what presets store."""
-        return {"kind": self.kind, "target": self.target, "point": self.point,
-                "params": jsonsafe(dict(self.params)), "enabled": self.enabled}
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "point": self.point,
+            "params": jsonsafe(dict(self.params)),
+            "enabled": self.enabled,
+        }
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(HookSpec))

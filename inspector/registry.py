@@ -50,8 +50,14 @@ def _content(s: HookSpec) -> tuple[Any, ...]:
 
 
 class Registry:
-    def __init__(self, param_names: list[str], module_names: list[str], *, scaler: bool = False,
-                 distributed: bool = False) -> None:
+    def __init__(
+        self,
+        param_names: list[str],
+        module_names: list[str],
+        *,
+        scaler: bool = False,
+        distributed: bool = False,
+    ) -> None:
         self.param_names = param_names
         self.module_names = module_names
         self.scaler = scaler
@@ -67,8 +73,15 @@ class Registry:
     def _names_for(self, point: str) -> tuple[list[str], str]:
         return (self.module_names, "module") if point == "module" else (self.param_names, "parameter")
 
-    def validate(self, kind: Any, target: Any, point: Any, params: Any, enabled: Any,
-                 fn: Callable[..., Any] | None = None) -> tuple[str, str, str, dict[str, Any], bool]:
+    def validate(
+        self,
+        kind: Any,
+        target: Any,
+        point: Any,
+        params: Any,
+        enabled: Any,
+        fn: Callable[..., Any] | None = None,
+    ) -> tuple[str, str, str, dict[str, Any], bool]:
         kind = check_kind(kind)
         if kind == "python" and fn is None:
             raise HookError(("kind",), "python hooks are added from Python: insp.add_hook(fn, target=...)")
@@ -78,17 +91,24 @@ class Registry:
         if not isinstance(enabled, bool):
             raise HookError(("enabled",), f"must be true or false (got {enabled!r})")
         if point == "post_accumulate" and self.scaler and modifies(kind, params):
-            raise HookError(("point",), "a GradScaler is attached: at post_accumulate the gradients are still "
-                            "scaled, so a modifying hook there would act on scaled values; use pre_step, "
-                            "which runs after unscaling")
+            raise HookError(
+                ("point",),
+                "a GradScaler is attached: at post_accumulate the gradients are still "
+                "scaled, so a modifying hook there would act on scaled values; use pre_step, "
+                "which runs after unscaling",
+            )
         if point == "post_accumulate" and self.distributed and kind == "clip_norm":
-            raise HookError(("point",), "under DDP, post_accumulate runs on each rank's local gradient before "
-                            "the all-reduce, so a norm clip there differs per rank; use pre_step")
+            raise HookError(
+                ("point",),
+                "under DDP, post_accumulate runs on each rank's local gradient before "
+                "the all-reduce, so a norm clip there differs per rank; use pre_step",
+            )
         return kind, target, point, params, enabled
 
     # ---------------------------------------------------------------- edits
-    def _commit(self, action: str, hook_id: str | None, before: Any, after: Any,
-                config: list[HookSpec]) -> Change:
+    def _commit(
+        self, action: str, hook_id: str | None, before: Any, after: Any, config: list[HookSpec]
+    ) -> Change:
         config = [replace(s, position=i) if s.position != i else s for i, s in enumerate(config)]
         self.requested = config
         change = Change(action, hook_id, before, after, tuple(config))
@@ -101,8 +121,15 @@ class Registry:
                 return s
         raise HookNotFound(hook_id)
 
-    def add(self, kind: Any, target: Any = "*", point: Any = None, params: Any = None,
-            enabled: Any = True, fn: Callable[..., Any] | None = None) -> tuple[HookSpec, Change]:
+    def add(
+        self,
+        kind: Any,
+        target: Any = "*",
+        point: Any = None,
+        params: Any = None,
+        enabled: Any = True,
+        fn: Callable[..., Any] | None = None,
+    ) -> tuple[HookSpec, Change]:
         kind, target, point, params, enabled = self.validate(kind, target, point, params, enabled, fn)
         spec = HookSpec(f"h{self._next_id}", kind, point, target, params, enabled, len(self.requested))
         self._next_id += 1
@@ -111,8 +138,15 @@ class Registry:
         change = self._commit("add", spec.id, None, spec, [*self.requested, spec])
         return change.config[-1], change
 
-    def update(self, hook_id: str, *, params: Mapping[str, Any] | None = None, enabled: Any = None,
-               target: Any = None, position: Any = None) -> tuple[HookSpec, Change | None]:
+    def update(
+        self,
+        hook_id: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        enabled: Any = None,
+        target: Any = None,
+        position: Any = None,
+    ) -> tuple[HookSpec, Change | None]:
         old = self.get(hook_id)
         if params is not None and not isinstance(params, Mapping):
             raise HookError(("params",), f"must be an object (got {params!r})")
@@ -120,21 +154,25 @@ class Registry:
         new_target = old.target if target is None else target
         new_enabled = old.enabled if enabled is None else enabled
         kind, new_target, point, merged, new_enabled = self.validate(
-            old.kind, new_target, old.point, merged, new_enabled, self.fns.get(hook_id))
+            old.kind, new_target, old.point, merged, new_enabled, self.fns.get(hook_id)
+        )
         order = [s for s in self.requested if s.id != hook_id]
         index = old.position
         if position is not None:
             if isinstance(position, bool) or not isinstance(position, int):
                 raise HookError(("position",), f"must be an integer (got {position!r})")
             if not 0 <= position < len(self.requested):
-                raise HookError(("position",), f"must be between 0 and {len(self.requested) - 1} (got {position})")
+                raise HookError(
+                    ("position",), f"must be between 0 and {len(self.requested) - 1} (got {position})"
+                )
             index = position
         new = replace(old, target=new_target, params=merged, enabled=new_enabled, applied_step=None)
         if _content(new) == _content(old) and index == old.position:
             return old, None  # nothing changes: no change, no version bump
         order.insert(index, new)
-        only_enabled = (replace(new, enabled=old.enabled) == replace(old, applied_step=None)
-                        and index == old.position)
+        only_enabled = (
+            replace(new, enabled=old.enabled) == replace(old, applied_step=None) and index == old.position
+        )
         action = ("enable" if new_enabled else "disable") if only_enabled else "update"
         change = self._commit(action, hook_id, old, new, order)
         return self.get(hook_id), change
@@ -148,9 +186,11 @@ class Registry:
         if isinstance(preset, Mapping):
             extra = set(preset) - {"hooks", "format", "version"}
             if extra:
-                raise HookError((sorted(extra)[0],), "unknown key in preset (allowed: format, version, hooks)")
+                raise HookError(
+                    (sorted(extra)[0],), "unknown key in preset (allowed: format, version, hooks)"
+                )
         if not isinstance(items, list):
-            raise HookError(("hooks",), "a preset is a list of hooks or {\"hooks\": [...]}")
+            raise HookError(("hooks",), 'a preset is a list of hooks or {"hooks": [...]}')
         new: list[HookSpec] = []
         next_id = self._next_id
         for i, item in enumerate(items):
@@ -159,7 +199,9 @@ class Registry:
                     raise HookError((), f"must be an object (got {item!r})")
                 extra = set(item) - _PRESET_KEYS
                 if extra:
-                    raise HookError((sorted(extra)[0],), f"unknown key (allowed: {', '.join(sorted(_PRESET_KEYS))})")
+                    raise HookError(
+                        (sorted(extra)[0],), f"unknown key (allowed: {', '.join(sorted(_PRESET_KEYS))})"
+                    )
                 if "kind" not in item:
                     raise HookError(("kind",), "required")
                 if "target" not in item:
@@ -167,7 +209,12 @@ class Registry:
                 if item["kind"] == "python":
                     raise HookError(("kind",), "python hooks cannot be imported from a preset")
                 kind, target, point, params, enabled = self.validate(
-                    item["kind"], item["target"], item.get("point"), item.get("params", {}), item.get("enabled", True))
+                    item["kind"],
+                    item["target"],
+                    item.get("point"),
+                    item.get("params", {}),
+                    item.get("enabled", True),
+                )
             except HookError as e:
                 raise HookError(("hooks", i, *e.loc), e.msg) from None
             new.append(HookSpec(f"h{next_id}", kind, point, target, params, enabled, i))
@@ -212,8 +259,10 @@ class Registry:
 
     def disable_now(self, hook_id: str) -> HookSpec | None:
         """Disable a failing hook everywhere at once (training thread, inside a step)."""
+
         def off(specs: Any) -> Any:
             return tuple(replace(s, enabled=False) if s.id == hook_id else s for s in specs)
+
         before = next((s for s in self.applied if s.id == hook_id), None)
         if before is None or not before.enabled:
             return None

@@ -27,7 +27,9 @@ def check_scalars(scalars: Mapping[str, Any]) -> dict[str, float | Tensor]:
     for k, v in scalars.items():
         if isinstance(v, Tensor):
             if v.numel() != 1:
-                raise HookError(("scalars", k), f"must be a number or a one-element tensor (got shape {tuple(v.shape)})")
+                raise HookError(
+                    ("scalars", k), f"must be a number or a one-element tensor (got shape {tuple(v.shape)})"
+                )
             vals[k] = v.detach().reshape(()).float()
         elif isinstance(v, int | float) and not isinstance(v, bool):
             vals[k] = float(v)
@@ -52,4 +54,6 @@ def host_means(records: Records) -> dict[str, float]:
     tens = [records[k][0] for k in keys if isinstance(records[k][0], Tensor)]
     host = torch.stack([t.to(tens[0].device) for t in tens]).tolist() if tens else []
     it = iter(host)
-    return {k: (next(it) if isinstance(records[k][0], Tensor) else records[k][0]) / records[k][1] for k in keys}
+    return {
+        k: (next(it) if isinstance(records[k][0], Tensor) else records[k][0]) / records[k][1] for k in keys
+    }

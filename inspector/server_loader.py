@@ -32,7 +32,9 @@ def _server_package() -> ModuleType:
             return importlib.import_module("server")
     if _ALIAS in sys.modules:
         return sys.modules[_ALIAS]
-    spec = importlib.util.spec_from_file_location(_ALIAS, here / "__init__.py", submodule_search_locations=[str(here)])
+    spec = importlib.util.spec_from_file_location(
+        _ALIAS, here / "__init__.py", submodule_search_locations=[str(here)]
+    )
     if spec is None or spec.loader is None:
         raise InspectorError(f"the server package is missing from {here}")
     mod = importlib.util.module_from_spec(spec)

@@ -80,8 +80,9 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], 
     return means, stds
 
 
-def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, raw_finite: bool = False,
-               final_finite: bool = False) -> Tensor:
+def histograms(
+    raw: Tensor, final: Tensor | None, bins: int = 64, *, raw_finite: bool = False, final_finite: bool = False
+) -> Tensor:
     """Histograms of ``raw`` and ``final`` over common edges, entirely on device.
 
     Returns a float32 tensor ``[lo, hi, raw_counts(bins), final_counts(bins)]``; the edges

@@ -169,10 +169,21 @@ class StepStats:
             raw_finite = math.isfinite(raw.norms.get(i, math.nan))
             # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
             # non-finite, and only a host read could tell
-            pack.add(f"hist:{i}", histograms(g_raw, dense(g) if g is not None else None, HIST_BINS,
-                                             raw_finite=raw_finite, final_finite=raw_finite and not hooks_ran))
-        self._meta = {"fin_idx": [i for i, _ in fin], "dense_idx": [fin[k][0] for k in strided],
-                      "hist_idx": list(raw.hist_raw)}
+            pack.add(
+                f"hist:{i}",
+                histograms(
+                    g_raw,
+                    dense(g) if g is not None else None,
+                    HIST_BINS,
+                    raw_finite=raw_finite,
+                    final_finite=raw_finite and not hooks_ran,
+                ),
+            )
+        self._meta = {
+            "fin_idx": [i for i, _ in fin],
+            "dense_idx": [fin[k][0] for k in strided],
+            "hist_idx": list(raw.hist_raw),
+        }
         self._pack = pack
 
     def end_step(self) -> None:
@@ -186,9 +197,20 @@ class StepStats:
         self.end_step()
         self._param_buf = None
 
-    def snapshot(self, *, step: int, config_version: int, records: dict[str, list[Any]],
-                 events: list[dict[str, Any]], ranks: dict[str, Any] | None, states: Iterable[HookState],
-                 hooks: TorchHooks, lr: list[float], sampled_every: int, overhead: float | None) -> Snapshot:
+    def snapshot(
+        self,
+        *,
+        step: int,
+        config_version: int,
+        records: dict[str, list[Any]],
+        events: list[dict[str, Any]],
+        ranks: dict[str, Any] | None,
+        states: Iterable[HookState],
+        hooks: TorchHooks,
+        lr: list[float],
+        sampled_every: int,
+        overhead: float | None,
+    ) -> Snapshot:
         """The sampled step's snapshot, with its one host transfer."""
         pack = self._pack or Pack()
         meta = self._meta if self._pack is not None else {}
@@ -203,8 +225,13 @@ class StepStats:
         eff_ids = []
         for st in states:
             if st.measured:
-                pack.add(f"eff:{st.spec.id}", [torch.as_tensor(x, dtype=torch.float32)
-                                                for x in (st.changed, st.before_sq, st.after_sq)])
+                pack.add(
+                    f"eff:{st.spec.id}",
+                    [
+                        torch.as_tensor(x, dtype=torch.float32)
+                        for x in (st.changed, st.before_sq, st.after_sq)
+                    ],
+                )
                 eff_ids.append(st.spec.id)
         mod_keys = sorted(hooks.mod_sq)
         pack.add("modules", [hooks.mod_sq[k] for k in mod_keys])
@@ -226,8 +253,10 @@ class StepStats:
         grad_norm_raw = scatter(raw_idx, list(raw_norms.values()))
         grad_norm = scatter(fin_idx, data.get("final_norm"))
         std = scatter(dense_idx, data.get("std"))
-        std = [None if (v is not None and math.isnan(v) and self.tensors[i].numel() == 1) else v
-               for i, v in enumerate(std)]
+        std = [
+            None if (v is not None and math.isnan(v) and self.tensors[i].numel() == 1) else v
+            for i, v in enumerate(std)
+        ]
         nan_count: list[int | None] = [None] * n
         inf_count: list[int | None] = [None] * n
         for i in raw_idx:
@@ -252,32 +281,53 @@ class StepStats:
         effects = {}
         for hid in eff_ids:
             changed, bsq, asq = data[f"eff:{hid}"]
-            effects[hid] = {"changed": int(changed) if math.isfinite(changed) else changed,
-                            "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None}
+            effects[hid] = {
+                "changed": int(changed) if math.isfinite(changed) else changed,
+                "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None,
+            }
         hist = {}
         for i in meta.get("hist_idx", []):
             h = data[f"hist:{i}"]
             lo, hi = h[0], h[1]
             edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
-            hist[self.params[i]] = {"edges": edges, "raw": h[2:2 + HIST_BINS], "final": h[2 + HIST_BINS:]}
+            hist[self.params[i]] = {"edges": edges, "raw": h[2 : 2 + HIST_BINS], "final": h[2 + HIST_BINS :]}
         modules: dict[str, dict[str, float]] = {}
         for (name, which), v in zip(mod_keys, data.get("modules", []), strict=True):
-            modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = math.sqrt(v)
+            modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = (
+                math.sqrt(v)
+            )
 
         def total(vals: list[float | None]) -> float | None:
             xs = [v for v in vals if v is not None]
             return math.sqrt(sum(v * v for v in xs)) if xs else None
 
         return Snapshot(
-            step=step, time=time.time(), config_version=config_version, loss=loss, scalars=scalars, lr=lr,
-            grad_norm_raw=grad_norm_raw, grad_norm=grad_norm,
-            grad_mean=scatter(dense_idx, data.get("mean")), grad_std=std,
+            step=step,
+            time=time.time(),
+            config_version=config_version,
+            loss=loss,
+            scalars=scalars,
+            lr=lr,
+            grad_norm_raw=grad_norm_raw,
+            grad_norm=grad_norm,
+            grad_mean=scatter(dense_idx, data.get("mean")),
+            grad_std=std,
             grad_absmax_raw=scatter(raw_idx, data.get("raw_absmax")),
             grad_absmax=scatter(fin_idx, data.get("final_absmax")),
-            nan_count=nan_count, inf_count=inf_count, param_norm=list(data["param_norm"]),
-            update_ratio=update_ratio, total_norm_raw=total(grad_norm_raw), total_norm=total(grad_norm),
-            hook_effects=effects, hist=hist, modules=modules, ranks=ranks, sampled_every=sampled_every,
-            overhead=overhead, events=events)
+            nan_count=nan_count,
+            inf_count=inf_count,
+            param_norm=list(data["param_norm"]),
+            update_ratio=update_ratio,
+            total_norm_raw=total(grad_norm_raw),
+            total_norm=total(grad_norm),
+            hook_effects=effects,
+            hist=hist,
+            modules=modules,
+            ranks=ranks,
+            sampled_every=sampled_every,
+            overhead=overhead,
+            events=events,
+        )
 
 
 def learning_rates(optimizer: Any) -> list[float]:

@@ -140,6 +140,6 @@ class Pack:
         out, i = {}, 0
         for name, part in zip(self._names, self._parts, strict=True):
             n = part.numel()
-            out[name] = host[i:i + n]
+            out[name] = host[i : i + n]
             i += n
         return out

@@ -73,9 +73,18 @@ class TorchHooks:
         per_rank: keep each parameter's local gradient norm (DDP's per-rank spread).
     """
 
-    def __init__(self, params: list[str], tensors: list[Tensor], modules: Mapping[str, nn.Module], *,
-                 is_sampled: Callable[[], bool], on_failure: FailCallback, on_finding: FindingCallback,
-                 scaler: Any = None, per_rank: bool = False) -> None:
+    def __init__(
+        self,
+        params: list[str],
+        tensors: list[Tensor],
+        modules: Mapping[str, nn.Module],
+        *,
+        is_sampled: Callable[[], bool],
+        on_failure: FailCallback,
+        on_finding: FindingCallback,
+        scaler: Any = None,
+        per_rank: bool = False,
+    ) -> None:
         self.params = params
         self.tensors = tensors
         self.modules = modules
@@ -123,7 +132,9 @@ class TorchHooks:
                 for name in match(list(self.modules), s.target):
                     module.setdefault(name, []).append(st)
                 continue
-            targets = tuple(ParamTarget(index[n], n, self.tensors[index[n]]) for n in match(self.params, s.target))
+            targets = tuple(
+                ParamTarget(index[n], n, self.tensors[index[n]]) for n in match(self.params, s.target)
+            )
             if s.point == "pre_step":
                 pre.append((st, targets))
             else:
@@ -131,8 +142,9 @@ class TorchHooks:
                     if t.param.requires_grad:
                         post.setdefault(t.index, []).append((st, t))
         self.states = states
-        self.plan = Plan(tuple(pre), {i: tuple(v) for i, v in post.items()},
-                         {n: tuple(v) for n, v in module.items()})
+        self.plan = Plan(
+            tuple(pre), {i: tuple(v) for i, v in post.items()}, {n: tuple(v) for n, v in module.items()}
+        )
         self.dirty = True
 
     def sync(self) -> None:
@@ -173,7 +185,9 @@ class TorchHooks:
         """Modules whose ``grad_output`` was seen this step and that a ``module`` ``nan_guard`` watches."""
         if not self.mod_bad:
             return []
-        return [n for n in self.mod_bad if any(st.spec.kind == "nan_guard" for st in self.plan.module.get(n, ()))]
+        return [
+            n for n in self.mod_bad if any(st.spec.kind == "nan_guard" for st in self.plan.module.get(n, ()))
+        ]
 
     # ------------------------------------------------------------ the hooks themselves
     def _post_hook(self, i: int) -> Callable[[Tensor], None]:
@@ -188,6 +202,7 @@ class TorchHooks:
                 if finding is not None:
                     self._on_finding(finding, st.spec.params["action"])
             self.spent += time.perf_counter() - t0
+
         return hook
 
     def _module_hook(self, name: str) -> Callable[..., None]:
@@ -197,7 +212,9 @@ class TorchHooks:
                 sts = self.plan.module.get(name, ())
                 guard = any(st.spec.kind == "nan_guard" for st in sts)
                 log = self._is_sampled() and any(st.spec.kind == "module_log" for st in sts)
-                want_in = log and any(st.spec.kind == "module_log" and st.spec.params["grad_input"] for st in sts)
+                want_in = log and any(
+                    st.spec.kind == "module_log" and st.spec.params["grad_input"] for st in sts
+                )
                 if torch.is_grad_enabled() and (guard or log):
                     for t in _tensors_in(output):
                         if t.requires_grad:
@@ -210,6 +227,7 @@ class TorchHooks:
                 for st in self.plan.module.get(name, ()):
                     self._on_failure(st.spec, name, e)
             self.spent += time.perf_counter() - t0
+
         return hook
 
     def _module_grad_hook(self, name: str, which: str) -> Callable[[Tensor], None]:
@@ -231,6 +249,7 @@ class TorchHooks:
                 for st in self.plan.module.get(name, ()):
                     self._on_failure(st.spec, name, e)
             self.spent += time.perf_counter() - t0
+
         return hook
 
     def _local_hook(self, i: int) -> Callable[[Tensor], None]:
@@ -238,5 +257,8 @@ class TorchHooks:
             g = param.grad
             if g is not None:
                 with torch.no_grad():
-                    self.local_sq[i] = dense(g).detach().float().pow(2).sum()  # accumulated in place: last wins
+                    self.local_sq[i] = (
+                        dense(g).detach().float().pow(2).sum()
+                    )  # accumulated in place: last wins
+
         return hook

@@ -21,7 +21,14 @@ from torch import Tensor, nn
 
 from .errors import AttachError
 
-__all__ = ["enabled_scaler", "named_tensors", "real_optimizer", "strip_prefixes", "wrapper_prefixes"]
+__all__ = [
+    "enabled_scaler",
+    "named_tensors",
+    "param_info",
+    "real_optimizer",
+    "strip_prefixes",
+    "wrapper_prefixes",
+]
 
 _MAX_WRAPPERS = 8  # wrappers of wrappers, but never a cycle
 
@@ -30,7 +37,7 @@ def strip_prefixes(name: str, prefixes: Iterable[str]) -> str:
     """Remove wrapper prefixes that the model had at attach time (``module.`` for DDP, ...)."""
     for p in prefixes:
         if name.startswith(p):
-            name = name[len(p):]
+            name = name[len(p) :]
         elif name + "." == p:  # the wrapper module itself
             return ""
     return name
@@ -68,10 +75,28 @@ def named_tensors(model: Any) -> tuple[list[tuple[str, Tensor]], dict[str, nn.Mo
                 raise AttachError(f"{name!r} is not a leaf tensor: only leaves accumulate .grad")
             named.append((name, t))
     else:
-        raise AttachError(f"model must be an nn.Module or a dict of named leaf tensors, got {type(model).__name__}")
+        raise AttachError(
+            f"model must be an nn.Module or a dict of named leaf tensors, got {type(model).__name__}"
+        )
     if not named:
         raise AttachError("the model has no parameters to inspect")
     return named, modules
+
+
+def param_info(params: list[str], tensors: list[Tensor], *, modules: bool) -> list[dict[str, Any]]:
+    """Each parameter's name, shape, numel, module (its name's prefix; None for a dict of tensors),
+    requires_grad and dtype."""
+    return [
+        {
+            "name": name,
+            "shape": list(t.shape),
+            "numel": t.numel(),
+            "module": name.rpartition(".")[0] if modules else None,
+            "requires_grad": t.requires_grad,
+            "dtype": str(t.dtype).removeprefix("torch."),
+        }
+        for name, t in zip(params, tensors, strict=True)
+    ]
 
 
 def real_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -83,8 +108,10 @@ def real_optimizer(optimizer: Any) -> torch.optim.Optimizer:
             break
         found = inner
     if not isinstance(found, torch.optim.Optimizer):
-        raise AttachError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} "
-                          "(wrappers are looked through via .optimizer)")
+        raise AttachError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} "
+            "(wrappers are looked through via .optimizer)"
+        )
     return found
 
 

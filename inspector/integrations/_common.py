@@ -16,7 +16,9 @@ from torch import nn
 
 from ..inspector import Inspector, attach
 
-_ATTACH_OPTIONS = frozenset(p for p in inspect.signature(attach).parameters if p not in ("model", "optimizer"))
+_ATTACH_OPTIONS = frozenset(
+    p for p in inspect.signature(attach).parameters if p not in ("model", "optimizer")
+)
 
 
 def load_preset(hooks: Any) -> Any:
@@ -41,13 +43,26 @@ class Session:
         attach_kwargs: passed to :func:`inspector.attach` (``every``, ``budget``, ``scaler``...).
     """
 
-    def __init__(self, *, serve: bool, host: str, port: int, token: str | None, read_only: bool, db: Any,
-                 wait: bool, hooks: Any, on_attach: Callable[[Inspector], None] | None,
-                 attach_kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        *,
+        serve: bool,
+        host: str,
+        port: int,
+        token: str | None,
+        read_only: bool,
+        db: Any,
+        wait: bool,
+        hooks: Any,
+        on_attach: Callable[[Inspector], None] | None,
+        attach_kwargs: Mapping[str, Any],
+    ) -> None:
         unknown = sorted(set(attach_kwargs) - _ATTACH_OPTIONS)
         if unknown:
-            raise TypeError(f"unknown option {unknown[0]!r}: the options are serve, host, port, token, read_only, "
-                            f"db, wait, hooks, on_attach, and inspector.attach's {sorted(_ATTACH_OPTIONS)}")
+            raise TypeError(
+                f"unknown option {unknown[0]!r}: the options are serve, host, port, token, read_only, "
+                f"db, wait, hooks, on_attach, and inspector.attach's {sorted(_ATTACH_OPTIONS)}"
+            )
         if on_attach is not None and not callable(on_attach):
             raise TypeError(f"on_attach must be callable, got {type(on_attach).__name__}")
         self.serve = serve

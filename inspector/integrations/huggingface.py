@@ -24,8 +24,9 @@ from ._common import Session
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError as e:
-    raise ImportError("inspector.integrations.huggingface needs transformers: "
-                      "pip install 'gradient-inspector[hf]'") from e
+    raise ImportError(
+        "inspector.integrations.huggingface needs transformers: pip install 'gradient-inspector[hf]'"
+    ) from e
 
 __all__ = ["GradientInspectorCallback"]
 
@@ -82,12 +83,32 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         Trainer logs is its own pre-clip norm.)
     """
 
-    def __init__(self, *, serve: bool = False, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, read_only: bool = False, db: Any = None, wait: bool = False,
-                 hooks: Any = None, on_attach: Callable[[Inspector], None] | None = None,
-                 **attach_kwargs: Any) -> None:
-        self._session = Session(serve=serve, host=host, port=port, token=token, read_only=read_only, db=db,
-                                wait=wait, hooks=hooks, on_attach=on_attach, attach_kwargs=attach_kwargs)
+    def __init__(
+        self,
+        *,
+        serve: bool = False,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
+        read_only: bool = False,
+        db: Any = None,
+        wait: bool = False,
+        hooks: Any = None,
+        on_attach: Callable[[Inspector], None] | None = None,
+        **attach_kwargs: Any,
+    ) -> None:
+        self._session = Session(
+            serve=serve,
+            host=host,
+            port=port,
+            token=token,
+            read_only=read_only,
+            db=db,
+            wait=wait,
+            hooks=hooks,
+            on_attach=on_attach,
+            attach_kwargs=attach_kwargs,
+        )
         self._forward_handle: Any = None
         self._losses: list[torch.Tensor] = []
         self._partial = False  # the losses are shares of the step's (num_items_in_batch): sum, not mean
@@ -110,8 +131,15 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         self._session.close()
 
     # ------------------------------------------------------------------ Trainer events
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: nn.Module | None = None, optimizer: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if model is None or optimizer is None:
             raise RuntimeError("the Trainer passed no model or optimizer to on_train_begin")
         self._remove_forward_hook()
@@ -123,8 +151,9 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         self._loss_scale = max(int(world), 1)
         self._forward_handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
-    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                              **kwargs: Any) -> None:
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         insp = self._session.inspector
         if insp is None or not self._losses:
             return
@@ -132,8 +161,14 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         insp.record(loss=losses.sum() * self._loss_scale if self._partial else losses.mean())
         self._losses.clear()
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         insp = self._session.inspector
         if insp is None or self._model_gives_loss or not logs:
             return
@@ -141,8 +176,9 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         if isinstance(loss, int | float) and not isinstance(loss, bool):
             insp.record(loss=float(loss))
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                     **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._remove_forward_hook()
         self._session.finish()
 

@@ -27,8 +27,10 @@ except ImportError:  # the older, standalone package
     try:
         from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[no-redef]
     except ImportError as e:
-        raise ImportError("inspector.integrations.lightning needs PyTorch Lightning: "
-                          "pip install 'gradient-inspector[lightning]'") from e
+        raise ImportError(
+            "inspector.integrations.lightning needs PyTorch Lightning: "
+            "pip install 'gradient-inspector[lightning]'"
+        ) from e
 
 __all__ = ["GradientInspectorCallback"]
 
@@ -84,13 +86,34 @@ class GradientInspectorCallback(Callback):  # type: ignore[misc]
         changed or turned off from the dashboard while training runs.
     """
 
-    def __init__(self, *, serve: bool = False, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, read_only: bool = False, db: Any = None, wait: bool = False,
-                 hooks: Any = None, on_attach: Callable[[Inspector], None] | None = None,
-                 optimizer_index: int | None = None, **attach_kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        serve: bool = False,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
+        read_only: bool = False,
+        db: Any = None,
+        wait: bool = False,
+        hooks: Any = None,
+        on_attach: Callable[[Inspector], None] | None = None,
+        optimizer_index: int | None = None,
+        **attach_kwargs: Any,
+    ) -> None:
         super().__init__()
-        self._session = Session(serve=serve, host=host, port=port, token=token, read_only=read_only, db=db,
-                                wait=wait, hooks=hooks, on_attach=on_attach, attach_kwargs=attach_kwargs)
+        self._session = Session(
+            serve=serve,
+            host=host,
+            port=port,
+            token=token,
+            read_only=read_only,
+            db=db,
+            wait=wait,
+            hooks=hooks,
+            on_attach=on_attach,
+            attach_kwargs=attach_kwargs,
+        )
         self.optimizer_index = optimizer_index
         self._losses: list[torch.Tensor] = []
         self._recorded_step = 0
@@ -117,25 +140,30 @@ class GradientInspectorCallback(Callback):  # type: ignore[misc]
         index = self.optimizer_index
         if index is None:
             if len(optimizers) > 1:
-                raise AttachError(f"the trainer has {len(optimizers)} optimizers: pick one with "
-                                  "GradientInspectorCallback(optimizer_index=i), one callback per optimizer")
+                raise AttachError(
+                    f"the trainer has {len(optimizers)} optimizers: pick one with "
+                    "GradientInspectorCallback(optimizer_index=i), one callback per optimizer"
+                )
             index = 0
         if not 0 <= index < len(optimizers):
             raise AttachError(f"optimizer_index {index} is out of range: the trainer has {len(optimizers)}")
         precision = getattr(trainer.strategy, "precision_plugin", None)
-        insp = self._session.open(pl_module, optimizers[index],
-                                  scaler=enabled_scaler(getattr(precision, "scaler", None)))
+        insp = self._session.open(
+            pl_module, optimizers[index], scaler=enabled_scaler(getattr(precision, "scaler", None))
+        )
         self._losses.clear()
         self._recorded_step = insp.step
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         insp = self._session.inspector
         if insp is not None:
             begin_step(insp, pl_module)
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         insp = self._session.inspector
         if insp is None:
             return
