@@ -41,10 +41,14 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)))
+    model = DDP(
+        nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(64, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen)) for _ in range(8)]
+    batches = [
+        (torch.randn(64, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen)) for _ in range(8)
+    ]
 
     def steps(n: int) -> float:
         t0 = time.perf_counter()
@@ -71,8 +75,10 @@ def rank_main(args: argparse.Namespace) -> None:
             times[name].append(t)
             ratios[name].append(t / plain)
     if rank == 0:
-        print(f"2 ranks, gloo, CPU, 1 thread each; MLP 256-512-512-10 (0.4M params), Adam, batch 64;"
-              f" {args.blocks} blocks x {args.steps} steps")
+        print(
+            f"2 ranks, gloo, CPU, 1 thread each; MLP 256-512-512-10 (0.4M params), Adam, batch 64;"
+            f" {args.blocks} blocks x {args.steps} steps"
+        )
         print(f"{'variant':38s} {'median step':>12s} {'median ratio':>13s}")
         for name in VARIANTS:
             r = f"{statistics.median(ratios[name]):.3f}" if ratios[name] else "1 (base)"
@@ -97,8 +103,17 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    cmd = [sys.executable, __file__, "--rank-main", "--blocks", str(args.blocks), "--steps", str(args.steps),
-           "--warmup", str(args.warmup)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--rank-main",
+        "--blocks",
+        str(args.blocks),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
     procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}) for r in (0, 1)]
     sys.exit(max(p.wait() for p in procs))
 

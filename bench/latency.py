@@ -94,8 +94,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rate", type=float, default=50.0, help="training steps per second (default 50)")
-    parser.add_argument("--clients", default="0,1,10",
-                        help="client counts to measure (default 0,1,10; 0: the step rate with no client)")
+    parser.add_argument(
+        "--clients",
+        default="0,1,10",
+        help="client counts to measure (default 0,1,10; 0: the step rate with no client)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per count (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds dropped first (default 2)")
     parser.add_argument("--scenario", default="mlp", help="demo scenario (default mlp)")
@@ -108,8 +111,13 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_demo(Path(tmp), scenario=args.scenario, rate=args.rate,
-                            db=os.path.join(tmp, "bench.sqlite"), timeout=120)
+        server = start_demo(
+            Path(tmp),
+            scenario=args.scenario,
+            rate=args.rate,
+            db=os.path.join(tmp, "bench.sqlite"),
+            timeout=120,
+        )
         port, base = server.port, server.base
         try:
             print(

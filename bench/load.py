@@ -79,13 +79,18 @@ def window(demo: Demo, seconds: float, rss: list[int]) -> dict[str, float]:
         time.sleep(min(2.0, max(0.0, t0 + seconds - time.monotonic())))  # a measurement window
     s1, c1 = demo.step(), demo.cpu()
     steps = s1 - s0
-    return {"rate": steps / (time.monotonic() - t0), "steps": steps,
-            "cpu_per_step": (c1 - c0) / steps if steps else float("nan")}
+    return {
+        "rate": steps / (time.monotonic() - t0),
+        "steps": steps,
+        "cpu_per_step": (c1 - c0) / steps if steps else float("nan"),
+    }
 
 
 def show(label: str, w: dict[str, float]) -> None:
-    print(f"  {label:11s} {w['rate']:8.3f} steps/s ({w['steps']} steps), server CPU {w['cpu_per_step'] * 1e3:.1f} ms/step",
-          flush=True)
+    print(
+        f"  {label:11s} {w['rate']:8.3f} steps/s ({w['steps']} steps), server CPU {w['cpu_per_step'] * 1e3:.1f} ms/step",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     db = str(Path(tempfile.mkdtemp(prefix="gi-load-")) / "load.sqlite")
     n = args.readers + args.slow + args.stalled + args.reconnect
-    print(f"load: {args.scenario}, --steps-per-second {args.rate}, {n} clients, windows of {args.seconds:.0f} s",
-          flush=True)
+    print(
+        f"load: {args.scenario}, --steps-per-second {args.rate}, {n} clients, windows of {args.seconds:.0f} s",
+        flush=True,
+    )
     demo = Demo(args.scenario, args.rate, db)
     fails: list[str] = []
     offs: list[dict[str, float]] = []
@@ -121,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         offs.append(window(demo, args.seconds, rss_first))
         show("no clients", offs[-1])
         for _ in range(args.rounds):
-            crowd = Swarm(f"ws://127.0.0.1:{demo.port}/ws", readers=args.readers, slow=args.slow,
-                          stalled=args.stalled, reconnect=args.reconnect, reconnect_delay=args.reconnect_delay,
-                          timeout=300)
+            crowd = Swarm(
+                f"ws://127.0.0.1:{demo.port}/ws",
+                readers=args.readers,
+                slow=args.slow,
+                stalled=args.stalled,
+                reconnect=args.reconnect,
+                reconnect_delay=args.reconnect_delay,
+                timeout=300,
+            )
             crowd.start()
             ons.append(window(demo, args.seconds, rss_on))
             reports.append(crowd.finish())
@@ -134,20 +147,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         demo.stop()
 
-    ratios = [on["rate"] / statistics.mean([a["rate"], b["rate"]])
-              for on, a, b in zip(ons, offs[:-1], offs[1:], strict=True)]
-    cpu = [on["cpu_per_step"] / statistics.mean([a["cpu_per_step"], b["cpu_per_step"]])
-           for on, a, b in zip(ons, offs[:-1], offs[1:], strict=True)]
-    print(f"\nstep rate with {n} clients / without: median {statistics.median(ratios):.2f} "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); without clients "
-          f"{statistics.median(o['rate'] for o in offs):.3f} steps/s, with {statistics.median(o['rate'] for o in ons):.3f}")
-    print(f"server CPU per step with / without: median {statistics.median(cpu):.2f} "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in cpu)})")
+    ratios = [
+        on["rate"] / statistics.mean([a["rate"], b["rate"]])
+        for on, a, b in zip(ons, offs[:-1], offs[1:], strict=True)
+    ]
+    cpu = [
+        on["cpu_per_step"] / statistics.mean([a["cpu_per_step"], b["cpu_per_step"]])
+        for on, a, b in zip(ons, offs[:-1], offs[1:], strict=True)
+    ]
+    print(
+        f"\nstep rate with {n} clients / without: median {statistics.median(ratios):.2f} "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); without clients "
+        f"{statistics.median(o['rate'] for o in offs):.3f} steps/s, with {statistics.median(o['rate'] for o in ons):.3f}"
+    )
+    print(
+        f"server CPU per step with / without: median {statistics.median(cpu):.2f} "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in cpu)})"
+    )
     rss_base, rss_load, rss_after = rss_first, rss_on, rss_off
     report = {"stalled": reports[-1]["stalled"], "clients": [c for r in reports for c in r["clients"]]}
     growth = max(rss_load + rss_after) - max(rss_base)
-    print(f"server RSS: {max(rss_base) / 2**20:.0f} MiB in the first window, {max(rss_load) / 2**20:.0f} MiB at most "
-          f"with clients, {rss_after[-1] / 2**20:.0f} MiB at the end")
+    print(
+        f"server RSS: {max(rss_base) / 2**20:.0f} MiB in the first window, {max(rss_load) / 2**20:.0f} MiB at most "
+        f"with clients, {rss_after[-1] / 2**20:.0f} MiB at the end"
+    )
     by_kind: dict[str, list[dict]] = {}
     for c in report["clients"]:
         by_kind.setdefault(c["kind"], []).append(c)
@@ -155,12 +178,16 @@ def main(argv: list[str] | None = None) -> int:
             fails.append(f"{c['kind']} {c['index']}: {c['violations'][:2]} {c['errors'][:2]}")
     hellos = sorted(h for c in report["clients"] for h in c["hello_s"])
     for kind, cs in by_kind.items():
-        print(f"  {kind:9s}: snapshots {[c['snapshots'] for c in cs]}, closes {[c['close_codes'] for c in cs]}"
-              + (f", cycles {[c['cycles'] for c in cs]}" if kind == "reconnect" else "")
-              + f", last step seen {max((c['last_step'] or 0) for c in cs)} of {final}")
+        print(
+            f"  {kind:9s}: snapshots {[c['snapshots'] for c in cs]}, closes {[c['close_codes'] for c in cs]}"
+            + (f", cycles {[c['cycles'] for c in cs]}" if kind == "reconnect" else "")
+            + f", last step seen {max((c['last_step'] or 0) for c in cs)} of {final}"
+        )
     if hellos:
-        print(f"  hello: {len(hellos)}, p50 {hellos[len(hellos) // 2]:.3f} s, "
-              f"p95 {hellos[int(len(hellos) * 0.95)]:.3f} s")
+        print(
+            f"  hello: {len(hellos)}, p50 {hellos[len(hellos) // 2]:.3f} s, "
+            f"p95 {hellos[int(len(hellos) * 0.95)]:.3f} s"
+        )
     print(f"  stalled clients (never read): {report['stalled']}")
     if growth > 256 << 20:
         fails.append(f"server RSS grew by {growth / 2**20:.0f} MiB")

@@ -53,26 +53,39 @@ def main(argv: list[str] | None = None) -> int:
     def progress(s: dict) -> None:
         if s["t"] - last[0] >= 30 or s["t"] < 1:
             last[0] = s["t"]
-            print(f"  {s['t']:7.1f} s  step {s['step']:7d}  RSS {mib(s['rss'])}  db {mib(s['db'])} "
-                  f"(+wal {mib(s['wal'])})  rows {s['snapshot_rows']}/{s['scalar_rows']}  "
-                  f"writer queue {s['writer_queue']}  clients {s['clients']}", flush=True)
+            print(
+                f"  {s['t']:7.1f} s  step {s['step']:7d}  RSS {mib(s['rss'])}  db {mib(s['db'])} "
+                f"(+wal {mib(s['wal'])})  rows {s['snapshot_rows']}/{s['scalar_rows']}  "
+                f"writer queue {s['writer_queue']}  clients {s['clients']}",
+                flush=True,
+            )
 
     t0 = time.monotonic()
     result = run_soak(args.steps, db, every=args.every, sample_s=args.sample_seconds, progress=progress)
     s = result["summary"]
     fails = check_soak(result)
     clients = s.pop("clients") or {}
-    print(f"\n{s['steps']} steps in {s['seconds']:.0f} s ({s['steps_per_second']:.0f} steps/s); "
-          f"{time.monotonic() - t0:.0f} s in all")
-    print(f"RSS: {mib(s['rss_start'])} at the first sample, {mib(s['rss_max'])} at most, {mib(s['rss_end'])} at the end")
-    print(f"database: {mib(s['db_bytes'])} (+ WAL {mib(s['wal_bytes'])}); snapshots {s['snapshot_rows']} rows "
-          f"(bound {s['snapshot_bound']}, payload {mib(s['snapshot_payload'])}), scalars {s['scalar_rows']} rows "
-          f"(bound {s['scalar_bound']}, payload {mib(s['scalar_payload'])})")
-    print(f"queues: writer at most {s['max_writer_queue']} items; a client at most {s['max_controls']} control "
-          f"messages / {s['max_backlog_bytes']} bytes waiting")
+    print(
+        f"\n{s['steps']} steps in {s['seconds']:.0f} s ({s['steps_per_second']:.0f} steps/s); "
+        f"{time.monotonic() - t0:.0f} s in all"
+    )
+    print(
+        f"RSS: {mib(s['rss_start'])} at the first sample, {mib(s['rss_max'])} at most, {mib(s['rss_end'])} at the end"
+    )
+    print(
+        f"database: {mib(s['db_bytes'])} (+ WAL {mib(s['wal_bytes'])}); snapshots {s['snapshot_rows']} rows "
+        f"(bound {s['snapshot_bound']}, payload {mib(s['snapshot_payload'])}), scalars {s['scalar_rows']} rows "
+        f"(bound {s['scalar_bound']}, payload {mib(s['scalar_payload'])})"
+    )
+    print(
+        f"queues: writer at most {s['max_writer_queue']} items; a client at most {s['max_controls']} control "
+        f"messages / {s['max_backlog_bytes']} bytes waiting"
+    )
     for c in clients.get("clients", []):
-        print(f"  client {c['kind']}: {c['snapshots']} snapshots, cycles {c['cycles']}, closes {c['close_codes']}, "
-              f"order violations {len(c['violations'])}, errors {c['errors'][:1]}")
+        print(
+            f"  client {c['kind']}: {c['snapshots']} snapshots, cycles {c['cycles']}, closes {c['close_codes']}, "
+            f"order violations {len(c['violations'])}, errors {c['errors'][:1]}"
+        )
         if c["violations"] or c["errors"]:
             fails.append(f"client {c['kind']}: {c['violations'][:2]} {c['errors'][:2]}")
     if args.json:

@@ -22,13 +22,19 @@ import inspector
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=3000, help="training steps (default 3000)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (another one needs a token)")
     parser.add_argument("--port", type=int, default=8000, help="dashboard port (default 8000; 0: any free)")
     parser.add_argument("--db", default=None, help="history file (default ./gradient-inspector.sqlite)")
-    parser.add_argument("--delay", type=float, default=0.02,
-                        help="seconds to sleep per step, so a person can follow (default 0.02)")
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.02,
+        help="seconds to sleep per step, so a person can follow (default 0.02)",
+    )
     parser.add_argument("--no-wait", action="store_true", help="exit when training ends")
     args = parser.parse_args()
 

@@ -33,7 +33,10 @@ from tests.support import launch_chromium, start_demo  # noqa: E402
 # to stop at, and the parameter whose histogram is shown.
 PLANS: dict[str, dict[str, Any]] = {
     "mlp": {
-        "actions": [(40, "add", {"kind": "noise", "target": "*", "params": {"std": 3.0}}), (80, "disable", None)],
+        "actions": [
+            (40, "add", {"kind": "noise", "target": "*", "params": {"std": 3.0}}),
+            (80, "disable", None),
+        ],
         "stop": 130,
         "hist": "0.weight",
         "flow": "norm",
@@ -104,8 +107,10 @@ class Api:
 
 def shoot(browser: Any, scenario: str, out: Path) -> Path:
     plan = PLANS[scenario]
-    with (tempfile.TemporaryDirectory() as log_dir,
-          start_demo(Path(log_dir), scenario=scenario, rate=10, cwd=REPO, timeout=120) as server):
+    with (
+        tempfile.TemporaryDirectory() as log_dir,
+        start_demo(Path(log_dir), scenario=scenario, rate=10, cwd=REPO, timeout=120) as server,
+    ):
         api = Api(server.base)
         api.call("POST", "/api/training/pause")
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -169,8 +174,10 @@ def main() -> int:
             for name in args.scenario or list(PLANS):
                 t0 = time.monotonic()
                 path = shoot(browser, name, args.out)
-                print(f"{name}: {path.relative_to(REPO) if path.is_relative_to(REPO) else path} "
-                      f"({time.monotonic() - t0:.0f} s)")
+                print(
+                    f"{name}: {path.relative_to(REPO) if path.is_relative_to(REPO) else path} "
+                    f"({time.monotonic() - t0:.0f} s)"
+                )
         finally:
             browser.close()
     return 0

@@ -21,9 +21,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": p.ErrorBody, "description": "foreign Origin or Host, or a command on a read-only server"},
 }
 _INVALID = {422: {"model": p.ErrorBody, "description": "invalid input: `detail` names the field"}}
-_COMMAND = {**_INVALID, 413: {"model": p.ErrorBody, "description": "body too large"},
-            415: {"model": p.ErrorBody, "description": "the body is not JSON"},
-            429: {"model": p.ErrorBody, "description": "too many commands"}}
+_COMMAND = {
+    **_INVALID,
+    413: {"model": p.ErrorBody, "description": "body too large"},
+    415: {"model": p.ErrorBody, "description": "the body is not JSON"},
+    429: {"model": p.ErrorBody, "description": "too many commands"},
+}
 _UNKNOWN = {404: {"model": p.ErrorBody, "description": "unknown id or run"}}
 
 router = APIRouter(prefix="/api", responses=_ERRORS)
@@ -35,12 +38,16 @@ def get_source(request: Request) -> Source:
 
 SourceDep = Annotated[Source, Depends(get_source)]
 SQLITE_MAX = 2**63 - 1  # the largest SQLite INTEGER: a bigger id or step would be a 500 (OverflowError)
-RunQuery = Annotated[int | None, Query(ge=0, le=SQLITE_MAX,
-                                       description="a run id; the current (or replayed) run when absent")]
-SinceQuery = Annotated[int | None, Query(ge=-1, le=SQLITE_MAX,
-                                         description="only items after this step (seq for events)")]
+RunQuery = Annotated[
+    int | None, Query(ge=0, le=SQLITE_MAX, description="a run id; the current (or replayed) run when absent")
+]
+SinceQuery = Annotated[
+    int | None, Query(ge=-1, le=SQLITE_MAX, description="only items after this step (seq for events)")
+]
 LimitQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="only the newest N")]
-PointsQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")]
+PointsQuery = Annotated[
+    int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")
+]
 
 
 @router.get("/health", response_model=p.Health, tags=["server"])
@@ -61,7 +68,9 @@ def runs(source: SourceDep) -> dict[str, Any]:
     return {"runs": source.runs()}
 
 
-@router.get("/targets", response_model=None, tags=["hooks"], responses={200: {"model": p.Targets}, **_INVALID})
+@router.get(
+    "/targets", response_model=None, tags=["hooks"], responses={200: {"model": p.Targets}, **_INVALID}
+)
 def targets(
     source: SourceDep,
     glob: Annotated[str, Query(max_length=256, description="fnmatchcase pattern over full dotted names")],
@@ -77,15 +86,32 @@ def list_hooks(source: SourceDep) -> list[dict[str, Any]]:
     return source.hooks()
 
 
-@router.post("/hooks", response_model=None, status_code=201, tags=["hooks"], responses={201: {"model": p.HookSpec}, **_COMMAND})
+@router.post(
+    "/hooks",
+    response_model=None,
+    status_code=201,
+    tags=["hooks"],
+    responses={201: {"model": p.HookSpec}, **_COMMAND},
+)
 def add_hook(source: SourceDep, body: p.HookCreate) -> dict[str, Any]:
     """Add a hook. The core validates kind, params, point and target; nothing changes on error."""
-    return source.add_hook(body.kind, target=body.target, point=body.point, enabled=body.enabled,
-                           params=body.params)
+    return source.add_hook(
+        body.kind, target=body.target, point=body.point, enabled=body.enabled, params=body.params
+    )
 
 
-@router.get("/hooks/export", response_model=None, tags=["hooks"], responses={200: {"content": {
-    "application/json": {}, "text/x-python": {}}, "description": "a preset, or Python code"}, **_INVALID})
+@router.get(
+    "/hooks/export",
+    response_model=None,
+    tags=["hooks"],
+    responses={
+        200: {
+            "content": {"application/json": {}, "text/x-python": {}},
+            "description": "a preset, or Python code",
+        },
+        **_INVALID,
+    },
+)
 def export_hooks(source: SourceDep, format: Literal["json", "python"] = "json") -> Any:
     """The hooks as a preset (JSON, for `/api/hooks/import` and `demo --hooks`), or as Python code
     that recreates them with `insp.add_hook(...)`."""
@@ -95,58 +121,103 @@ def export_hooks(source: SourceDep, format: Literal["json", "python"] = "json") 
     return preset
 
 
-@router.post("/hooks/import", response_model=None, tags=["hooks"], responses={200: {"model": list[p.HookSpec]}, **_COMMAND})
+@router.post(
+    "/hooks/import",
+    response_model=None,
+    tags=["hooks"],
+    responses={200: {"model": list[p.HookSpec]}, **_COMMAND},
+)
 def import_hooks(source: SourceDep, preset: Annotated[p.Preset, Body()]) -> list[dict[str, Any]]:
     """Replace every hook with a preset, as one change (all validated first)."""
     return source.import_hooks(preset)
 
 
-@router.patch("/hooks/{hook_id}", response_model=None, tags=["hooks"], responses={200: {"model": p.HookSpec}, **_COMMAND, **_UNKNOWN})
+@router.patch(
+    "/hooks/{hook_id}",
+    response_model=None,
+    tags=["hooks"],
+    responses={200: {"model": p.HookSpec}, **_COMMAND, **_UNKNOWN},
+)
 def update_hook(source: SourceDep, hook_id: str, body: p.HookPatch) -> dict[str, Any]:
     """One change: merge `params` (only the given keys change), enable/disable, retarget, or move."""
-    return source.update_hook(hook_id, params=body.params, enabled=body.enabled, target=body.target,
-                              position=body.position)
+    return source.update_hook(
+        hook_id, params=body.params, enabled=body.enabled, target=body.target, position=body.position
+    )
 
 
-@router.delete("/hooks/{hook_id}", response_model=None, status_code=204, tags=["hooks"], responses={**_UNKNOWN, 429: _COMMAND[429]})
+@router.delete(
+    "/hooks/{hook_id}",
+    response_model=None,
+    status_code=204,
+    tags=["hooks"],
+    responses={**_UNKNOWN, 429: _COMMAND[429]},
+)
 def remove_hook(source: SourceDep, hook_id: str) -> Response:
     source.remove_hook(hook_id)
     return Response(status_code=204)
 
 
-@router.post("/training/rate", response_model=None, tags=["training"],
-             responses={409: {"model": p.ErrorBody, "description": "not a demo"}, **_COMMAND})
+@router.post(
+    "/training/rate",
+    response_model=None,
+    tags=["training"],
+    responses={409: {"model": p.ErrorBody, "description": "not a demo"}, **_COMMAND},
+)
 def training_rate(source: SourceDep, body: p.RateBody) -> dict[str, Any]:
     """The demo's steps-per-second cap (`null`: none). Takes effect at once."""
     return source.set_rate(body.steps_per_second)
 
 
-@router.post("/training/{action}", status_code=202, response_model=None, tags=["training"],
-             responses={202: {"model": p.TrainingState}, 429: _COMMAND[429], **_INVALID})
+@router.post(
+    "/training/{action}",
+    status_code=202,
+    response_model=None,
+    tags=["training"],
+    responses={202: {"model": p.TrainingState}, 429: _COMMAND[429], **_INVALID},
+)
 def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> dict[str, Any]:
     """Pause, resume, or run exactly one step then pause. No body needed."""
     return source.training_command(action)
 
 
-@router.get("/snapshots", response_model=None, tags=["history"],
-            responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN})
-def snapshots(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, points: PointsQuery = None,
-              run: RunQuery = None) -> dict[str, Any]:
+@router.get(
+    "/snapshots",
+    response_model=None,
+    tags=["history"],
+    responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN},
+)
+def snapshots(
+    source: SourceDep,
+    since: SinceQuery = None,
+    limit: LimitQuery = None,
+    points: PointsQuery = None,
+    run: RunQuery = None,
+) -> dict[str, Any]:
     """Snapshots with step > since, oldest first: the newest `limit`, then `points` spread evenly."""
     rows = source.snapshots(run, since=since, limit=limit, points=points)
     return {"params": source.param_names(run), "snapshots": rows}
 
 
 @router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
-def scalars(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, points: PointsQuery = None,
-            run: RunQuery = None) -> dict[str, Any]:
+def scalars(
+    source: SourceDep,
+    since: SinceQuery = None,
+    limit: LimitQuery = None,
+    points: PointsQuery = None,
+    run: RunQuery = None,
+) -> dict[str, Any]:
     """Loss and scalars of every recorded step (also the steps the sampler skipped)."""
     return {"scalars": source.scalars(run, since=since, limit=limit, points=points)}
 
 
-@router.get("/events", response_model=None, tags=["history"],
-            responses={200: {"model": p.EventPage}, **_INVALID, **_UNKNOWN})
-def events(source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None,
-           run: RunQuery = None) -> dict[str, Any]:
+@router.get(
+    "/events",
+    response_model=None,
+    tags=["history"],
+    responses={200: {"model": p.EventPage}, **_INVALID, **_UNKNOWN},
+)
+def events(
+    source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, run: RunQuery = None
+) -> dict[str, Any]:
     """Events with seq > since, oldest first."""
     return {"events": source.events(run, since=since, limit=limit)}

@@ -112,9 +112,14 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     read_only = settings.read_only or source.read_only
     app.add_middleware(
         SecurityMiddleware,  # type: ignore[arg-type]
-        guard=Guard(token=settings.token, loopback=settings.loopback, read_only=read_only,
-                    max_body=settings.max_body, rate=settings.commands_per_second,
-                    burst=2 * settings.commands_per_second),
+        guard=Guard(
+            token=settings.token,
+            loopback=settings.loopback,
+            read_only=read_only,
+            max_body=settings.max_body,
+            rate=settings.commands_per_second,
+            burst=2 * settings.commands_per_second,
+        ),
     )
     _add_error_handlers(app)
     app.include_router(api.router)
@@ -144,7 +149,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:  # a bug: say so, never a bare 500
-        log.exception("gradient-inspector server: unexpected error on %s %s", request.method, request.url.path)
+        log.exception(
+            "gradient-inspector server: unexpected error on %s %s", request.method, request.url.path
+        )
         return StrictJSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
 
@@ -155,15 +162,23 @@ def _add_pages(app: FastAPI) -> None:
         if root is None:
             return StrictJSONResponse(
                 {"detail": "the dashboard's files are missing (frontend/index.html); the API is at /docs"},
-                status_code=404)
-        return FileResponse(root / "index.html", media_type="text/html", headers={"cache-control": "no-cache"})
+                status_code=404,
+            )
+        return FileResponse(
+            root / "index.html", media_type="text/html", headers={"cache-control": "no-cache"}
+        )
 
     @app.get("/static/{path:path}", include_in_schema=False)
     def static(path: str) -> Response:
         root = frontend_dir()
         target = (root / path).resolve() if root is not None else None
-        if (root is None or target is None or not target.is_relative_to(root.resolve()) or not target.is_file()
-                or target.suffix in (".py", ".pyc")):
+        if (
+            root is None
+            or target is None
+            or not target.is_relative_to(root.resolve())
+            or not target.is_file()
+            or target.suffix in (".py", ".pyc")
+        ):
             return StrictJSONResponse({"detail": f"no such file: /static/{path}"}, status_code=404)
         media = "text/javascript" if target.suffix in (".js", ".mjs") else None
         return FileResponse(target, media_type=media, headers={"cache-control": "no-cache"})
@@ -172,8 +187,9 @@ def _add_pages(app: FastAPI) -> None:
     def plotly() -> Response:
         path = plotly_js()
         if path is None:
-            return StrictJSONResponse({"detail": "plotly.js not found in the installed plotly package"},
-                                      status_code=404)
+            return StrictJSONResponse(
+                {"detail": "plotly.js not found in the installed plotly package"}, status_code=404
+            )
         return FileResponse(path, media_type="text/javascript", headers={"cache-control": "max-age=86400"})
 
     @app.get("/docs-assets/{name}", include_in_schema=False)

@@ -78,25 +78,37 @@ def _port(text: str) -> int:
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"bind address (default {DEFAULT_HOST}; anything else requires a token)")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)")
-    p.add_argument("--token", default=os.environ.get("GRADIENT_INSPECTOR_TOKEN") or None,
-                   help="access token (default: $GRADIENT_INSPECTOR_TOKEN if set; else none on loopback, "
-                        "generated for any other --host)")
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"bind address (default {DEFAULT_HOST}; anything else requires a token)",
+    )
+    p.add_argument(
+        "--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: any free)"
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("GRADIENT_INSPECTOR_TOKEN") or None,
+        help="access token (default: $GRADIENT_INSPECTOR_TOKEN if set; else none on loopback, "
+        "generated for any other --host)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gradient-inspector", description=DESCRIPTION, epilog=SECURITY,
+        prog="gradient-inspector",
+        description=DESCRIPTION,
+        epilog=SECURITY,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="{demo,replay,export}")
 
     demo = sub.add_parser(
-        "demo", help="train a built-in scenario and serve the dashboard",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SECURITY,
+        "demo",
+        help="train a built-in scenario and serve the dashboard",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SECURITY,
         description=(
             "Train a built-in scenario in a background thread and serve the dashboard.\n\n"
             "Scenarios: mlp (a small MLP, nothing wrong), exploding (gradients blow up: try clip_norm),\n"
@@ -108,49 +120,85 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     # a metavar, so that argparse lists the choices (and imports the core) only when help is printed
-    demo.add_argument("--scenario", choices=SCENARIOS, default="mlp", metavar="NAME",
-                      help="which scenario: %(choices)s (default mlp)")
+    demo.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="mlp",
+        metavar="NAME",
+        help="which scenario: %(choices)s (default mlp)",
+    )
     _add_server_options(demo)
-    demo.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
-                      help=f"history database, a new run in it per start (default ./{DEFAULT_DB})")
+    demo.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        metavar="FILE",
+        help=f"history database, a new run in it per start (default ./{DEFAULT_DB})",
+    )
     demo.add_argument("--no-db", action="store_true", help="keep no history on disk")
-    demo.add_argument("--read-only", action="store_true",
-                      help="serve the dashboard and the stream, answer every command with 403")
-    demo.add_argument("--steps-per-second", type=_rate, default=10.0, metavar="X",
-                      help="cap on training speed (default 10; 0 for none); the page can change it")
-    demo.add_argument("--hooks", metavar="PRESET.json",
-                      help="start with these hooks (a preset, as GET /api/hooks/export writes it)")
+    demo.add_argument(
+        "--read-only",
+        action="store_true",
+        help="serve the dashboard and the stream, answer every command with 403",
+    )
+    demo.add_argument(
+        "--steps-per-second",
+        type=_rate,
+        default=10.0,
+        metavar="X",
+        help="cap on training speed (default 10; 0 for none); the page can change it",
+    )
+    demo.add_argument(
+        "--hooks",
+        metavar="PRESET.json",
+        help="start with these hooks (a preset, as GET /api/hooks/export writes it)",
+    )
     demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
-    demo.add_argument("--threads", type=int, default=None, metavar="N",
-                      help="torch CPU threads (default: 1 for mlp, exploding and nan, whose layers are too small "
-                           "to gain from more; torch's default for tiny_gpt)")
+    demo.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads (default: 1 for mlp, exploding and nan, whose layers are too small "
+        "to gain from more; torch's default for tiny_gpt)",
+    )
 
     replay = sub.add_parser(
-        "replay", help="serve a recorded run, read-only", epilog=SECURITY,
+        "replay",
+        help="serve a recorded run, read-only",
+        epilog=SECURITY,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a recorded run from a database, read-only: the page can browse every run in "
-                    "the file. Nothing is added to the file.",
+        "the file. Nothing is added to the file.",
     )
-    replay.add_argument("file", nargs="?", default=DEFAULT_DB, metavar="FILE",
-                        help=f"the database (default ./{DEFAULT_DB})")
-    replay.add_argument("--run", type=int, default=None, metavar="ID", help="the run to open (default: the latest)")
+    replay.add_argument(
+        "file", nargs="?", default=DEFAULT_DB, metavar="FILE", help=f"the database (default ./{DEFAULT_DB})"
+    )
+    replay.add_argument(
+        "--run", type=int, default=None, metavar="ID", help="the run to open (default: the latest)"
+    )
     _add_server_options(replay)
 
     export = sub.add_parser(
-        "export", help="write a recorded run as CSV, JSON Lines or an HTML report",
+        "export",
+        help="write a recorded run as CSV, JSON Lines or an HTML report",
         description="Write a recorded run. csv: one row per (step, parameter). jsonl: one JSON object a "
-                    "line: the run, its hook changes, its events, its snapshots. html: one self-contained "
-                    "report to share (about 5 MB: plotly.js is inlined; opens offline in any browser) with "
-                    "the run's charts (loss, global grad norm, per-parameter norms, abs-max and update "
-                    "ratios, at most 2000 steps, evenly spaced), its hook-change log and its events.",
+        "line: the run, its hook changes, its events, its snapshots. html: one self-contained "
+        "report to share (about 5 MB: plotly.js is inlined; opens offline in any browser) with "
+        "the run's charts (loss, global grad norm, per-parameter norms, abs-max and update "
+        "ratios, at most 2000 steps, evenly spaced), its hook-change log and its events.",
     )
-    export.add_argument("file", nargs="?", default=DEFAULT_DB, metavar="FILE",
-                        help=f"the database (default ./{DEFAULT_DB})")
+    export.add_argument(
+        "file", nargs="?", default=DEFAULT_DB, metavar="FILE", help=f"the database (default ./{DEFAULT_DB})"
+    )
     export.add_argument("--run", type=int, default=None, metavar="ID", help="the run (default: the latest)")
     export.add_argument("--format", choices=("csv", "jsonl", "html"), required=True, help="output format")
-    export.add_argument("-o", "--output", metavar="OUT",
-                        help="output file (default: standard output for csv and jsonl; run-ID.html in the "
-                             "current directory for html; '-' for standard output)")
+    export.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="output file (default: standard output for csv and jsonl; run-ID.html in the "
+        "current directory for html; '-' for standard output)",
+    )
     return parser
 
 
@@ -190,8 +238,10 @@ def _serve(app: Any, settings: Any, lines: list[str]) -> int:
     port = sock.getsockname()[1]
     print(f"gradient-inspector: open {settings.url(port)}", flush=True)
     if settings.host.strip("[]") in ("0.0.0.0", "::"):
-        print("gradient-inspector: listening on every interface; from another machine use this host's address",
-              flush=True)
+        print(
+            "gradient-inspector: listening on every interface; from another machine use this host's address",
+            flush=True,
+        )
     for line in lines:
         print(f"gradient-inspector: {line}", flush=True)
     uvicorn.Server(uvicorn_config(app, settings, quiet=False)).run(sockets=[sock])
@@ -241,8 +291,15 @@ def run_demo(args: argparse.Namespace) -> int:
         raise _Fail(str(e)) from None
     scenario = {"name": sc.name, "description": sc.description, "try_this": getattr(sc, "try_this", None)}
     trainer = Trainer(sc, insp, steps_per_second=args.steps_per_second)
-    source = LiveSource(insp, mode="demo", store=store, read_only=args.read_only, trainer=trainer,
-                        scenario=scenario, owns_inspector=True)
+    source = LiveSource(
+        insp,
+        mode="demo",
+        store=store,
+        read_only=args.read_only,
+        trainer=trainer,
+        scenario=scenario,
+        owns_inspector=True,
+    )
     lines = [f"scenario {sc.name}: {sc.description}"]
     lines.append(f"history in {os.path.abspath(args.db)}" if store is not None else "no history (--no-db)")
     try:
@@ -277,8 +334,11 @@ def run_replay(args: argparse.Namespace) -> int:
         store.close()
         raise _Fail(str(e.detail)) from None
     try:
-        return _serve(create_app(source, settings), settings,
-                      [f"replaying run {source.run_id} of {os.path.abspath(args.file)} (read-only)"])
+        return _serve(
+            create_app(source, settings),
+            settings,
+            [f"replaying run {source.run_id} of {os.path.abspath(args.file)} (read-only)"],
+        )
     except _Fail:
         store.close()
         raise
@@ -292,7 +352,9 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         run = args.run if args.run is not None else store.latest_run_id()
         if run is None or store.run(run) is None:
-            raise _Fail(f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run")
+            raise _Fail(
+                f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run"
+            )
         write = {"csv": write_csv, "jsonl": write_jsonl, "html": write_html}[args.format]
         if args.format == "html" and not args.output:
             args.output = f"run-{run}.html"  # a 5 MB page on a terminal helps nobody

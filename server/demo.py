@@ -35,8 +35,9 @@ class Trainer:
         reset_after: consecutive non-finite losses before the scenario is reset.
     """
 
-    def __init__(self, scenario: Any, insp: Any, *, steps_per_second: float | None = 10.0,
-                 reset_after: int = 30) -> None:
+    def __init__(
+        self, scenario: Any, insp: Any, *, steps_per_second: float | None = 10.0, reset_after: int = 30
+    ) -> None:
         self.scenario = scenario
         self.insp = insp
         self.reset_after = reset_after
@@ -83,7 +84,8 @@ class Trainer:
                     self.resets += 1
                     self.scenario.reset()
                     self.insp.add_event(
-                        "scenario_reset", step=self.insp.step,
+                        "scenario_reset",
+                        step=self.insp.step,
                         reason=f"loss non-finite for {self.reset_after} steps: fresh weights, same hooks",
                     )
                 rate = self._rate

@@ -19,8 +19,16 @@ from .protocol import dumps, jsonsafe
 from .storage import HistoryStore
 
 PER_PARAM = (
-    "grad_norm_raw", "grad_norm", "grad_mean", "grad_std", "grad_absmax_raw", "grad_absmax",
-    "nan_count", "inf_count", "param_norm", "update_ratio",
+    "grad_norm_raw",
+    "grad_norm",
+    "grad_mean",
+    "grad_std",
+    "grad_absmax_raw",
+    "grad_absmax",
+    "nan_count",
+    "inf_count",
+    "param_norm",
+    "update_ratio",
 )
 PER_STEP = ("time", "config_version", "loss", "total_norm_raw", "total_norm", "sampled_every", "overhead")
 
@@ -37,8 +45,10 @@ def python_code(preset: dict[str, Any] | list[dict[str, Any]]) -> str:
         kind = spec.get("kind")
         if kind == "python":
             fn = spec.get("params", {}).get("fn") or spec.get("fn") or "your function"
-            lines.append(f"# a python hook ({fn}) on target {spec.get('target')!r}: add it yourself with "
-                         f"insp.add_hook(fn, target=...)")
+            lines.append(
+                f"# a python hook ({fn}) on target {spec.get('target')!r}: add it yourself with "
+                f"insp.add_hook(fn, target=...)"
+            )
             continue
         args = [repr(kind), f"target={spec.get('target', '*')!r}"]
         if spec.get("point"):
@@ -77,7 +87,9 @@ def write_csv(store: HistoryStore, run: int, out: IO[str]) -> int:
     for snap in _snapshots(store, run):
         step_cells = [_cell(snap.get(k)) for k in PER_STEP]
         for i, name in enumerate(names):
-            writer.writerow([snap.get("step"), *step_cells, name, *(_cell(_at(snap.get(k), i)) for k in PER_PARAM)])
+            writer.writerow(
+                [snap.get("step"), *step_cells, name, *(_cell(_at(snap.get(k), i)) for k in PER_PARAM)]
+            )
         n += 1
     return n
 
@@ -85,8 +97,10 @@ def write_csv(store: HistoryStore, run: int, out: IO[str]) -> int:
 def write_jsonl(store: HistoryStore, run: int, out: IO[str]) -> int:
     """Write a run as JSON Lines (see the module docstring); returns the number of snapshots."""
     info = store.run(run) or {}
-    out.write(dumps({"type": "run", **{k: info.get(k) for k in ("id", "started", "scenario", "params", "modules")}})
-              + "\n")
+    out.write(
+        dumps({"type": "run", **{k: info.get(k) for k in ("id", "started", "scenario", "params", "modules")}})
+        + "\n"
+    )
     for change in store.hook_changes(run):
         out.write(dumps({"type": "hooks", **change}) + "\n")
     since = -1

@@ -60,7 +60,14 @@ class HistoryReader:
         """Every run, newest first: `{"id", "started", "scenario", "steps", "params", "live"}`."""
         rows = self._all("SELECT id, started, scenario, last_step, params FROM runs ORDER BY id DESC")
         return [
-            {"id": i, "started": st, "scenario": sc, "steps": last, "params": len(json.loads(p)), "live": i == live_run}
+            {
+                "id": i,
+                "started": st,
+                "scenario": sc,
+                "steps": last,
+                "params": len(json.loads(p)),
+                "live": i == live_run,
+            }
             for i, st, sc, last, p in rows
         ]
 
@@ -72,8 +79,13 @@ class HistoryReader:
             return None
         i, st, sc, params, modules, meta, last = rows[0]
         return {
-            "id": i, "started": st, "scenario": sc, "params": json.loads(params),
-            "modules": json.loads(modules), "meta": json.loads(meta), "last_step": last,
+            "id": i,
+            "started": st,
+            "scenario": sc,
+            "params": json.loads(params),
+            "modules": json.loads(modules),
+            "meta": json.loads(meta),
+            "last_step": last,
         }
 
     def latest_run_id(self) -> int | None:
@@ -82,13 +94,24 @@ class HistoryReader:
 
     # -- snapshots and scalars -----------------------------------------------------------------------
 
-    def steps(self, table: str, run: int, since: int | None = None, before: int | None = None,
-              cap: int | None = MAX_ROWS) -> list[int]:
+    def steps(
+        self,
+        table: str,
+        run: int,
+        since: int | None = None,
+        before: int | None = None,
+        cap: int | None = MAX_ROWS,
+    ) -> list[int]:
         """Recorded steps of `table` ("snapshots" or "scalars") in (since, before), oldest first;
         the newest `cap` at most (None: all)."""
         rows = self._all(
             f"SELECT step FROM {table} WHERE run = ? AND step > ? AND step < ? ORDER BY step DESC LIMIT ?",
-            (run, -1 if since is None else since, 2**62 if before is None else before, -1 if cap is None else cap),
+            (
+                run,
+                -1 if since is None else since,
+                2**62 if before is None else before,
+                -1 if cap is None else cap,
+            ),
         )
         return [r[0] for r in reversed(rows)]
 
@@ -110,7 +133,8 @@ class HistoryReader:
         for chunk in _chunks(steps):
             marks = ",".join("?" * len(chunk))
             rows = self._all(
-                f"SELECT step, data FROM scalars WHERE run = ? AND step IN ({marks}) ORDER BY step", (run, *chunk)
+                f"SELECT step, data FROM scalars WHERE run = ? AND step IN ({marks}) ORDER BY step",
+                (run, *chunk),
             )
             out.extend({"step": s, **json.loads(d)} for s, d in rows)
         return out
@@ -151,6 +175,7 @@ class HistoryReader:
     def hook_changes(self, run: int) -> list[dict[str, Any]]:
         """Every recorded hook configuration, oldest first: `{"config_version", "time", "hooks"}`."""
         rows = self._all(
-            "SELECT config_version, time, hooks FROM hook_changes WHERE run = ? ORDER BY config_version", (run,)
+            "SELECT config_version, time, hooks FROM hook_changes WHERE run = ? ORDER BY config_version",
+            (run,),
         )
         return [{"config_version": v, "time": t, "hooks": json.loads(h)} for v, t, h in rows]

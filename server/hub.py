@@ -172,7 +172,9 @@ class ClientQueue:
                 if wait <= 0:
                     text, self.snapshot = self.snapshot, None
                     self._last_snapshot = loop.time()
-                    self._next_snapshot = self._last_snapshot + (1.0 / self.max_rate if self.max_rate else 0.0)
+                    self._next_snapshot = self._last_snapshot + (
+                        1.0 / self.max_rate if self.max_rate else 0.0
+                    )
                     await self._out(text)
             if self.scalars is not None:
                 text, self.scalars = self.scalars, None

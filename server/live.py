@@ -73,7 +73,9 @@ class LiveSource(Source):
         if self.store is not None:
             name = self.scenario["name"] if self.scenario else None
             self.run_id = self.store.new_run(
-                params=self.insp.param_info(), modules=list(self.insp.modules), scenario=name,
+                params=self.insp.param_info(),
+                modules=list(self.insp.modules),
+                scenario=name,
                 meta={"mode": self.mode, "scenario": self.scenario},
             )
             self.store.start_writer(on_status=self._history_status)
@@ -108,7 +110,9 @@ class LiveSource(Source):
                     self._recent_scalars[int(payload["step"])] = payload
                     while len(self._recent_scalars) > 4096:
                         self._recent_scalars.popitem(last=False)
-            text = dumps(payload) if kind == "snapshot" else None  # one encoding, for the history and the sockets
+            text = (
+                dumps(payload) if kind == "snapshot" else None
+            )  # one encoding, for the history and the sockets
             if store is not None and run is not None:
                 if kind == "snapshot":
                     store.add_snapshot(run, payload, text)
@@ -161,8 +165,14 @@ class LiveSource(Source):
             return list(self.insp.params)
         return super().param_names(run)
 
-    def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
-                  points: int | None = None) -> list[dict[str, Any]]:
+    def snapshots(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+    ) -> list[dict[str, Any]]:
         if not self._is_current(run):
             return super().snapshots(run, since=since, limit=limit, points=points)
         # the core's ring: each snapshot's dict converted once, late scalars already merged in
@@ -174,8 +184,14 @@ class LiveSource(Source):
         out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
         return out + [ring[s] for s in chosen if s in ring]
 
-    def scalars(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
-                points: int | None = None) -> list[dict[str, Any]]:
+    def scalars(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+    ) -> list[dict[str, Any]]:
         if not self._is_current(run):
             return super().scalars(run, since=since, limit=limit, points=points)
         with self._lock:
@@ -185,11 +201,15 @@ class LiveSource(Source):
         chosen = select(stored + sorted(recent), limit, points)
         old = [s for s in chosen if s not in recent]
         out = self.store.scalars_at(self.run_id, old) if (old and self.store is not None) else []
-        return out + [{"step": s, "loss": recent[s].get("loss"), "scalars": recent[s].get("scalars") or {}}
-                      for s in chosen if s in recent]
+        return out + [
+            {"step": s, "loss": recent[s].get("loss"), "scalars": recent[s].get("scalars") or {}}
+            for s in chosen
+            if s in recent
+        ]
 
-    def events(self, run: int | None = None, *, since: int | None = None,
-               limit: int | None = None) -> list[dict[str, Any]]:
+    def events(
+        self, run: int | None = None, *, since: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
         if not self._is_current(run):
             return super().events(run, since=since, limit=limit)
         ring = list(self.insp.events(since))
@@ -206,9 +226,16 @@ class LiveSource(Source):
         if self.store is not None:
             return super().runs()
         state = self.insp.state
-        return [{"id": self.run_id, "started": self.started,
-                 "scenario": self.scenario["name"] if self.scenario else None,
-                 "steps": state["step"], "params": len(self.insp.params), "live": True}]
+        return [
+            {
+                "id": self.run_id,
+                "started": self.started,
+                "scenario": self.scenario["name"] if self.scenario else None,
+                "steps": state["step"],
+                "params": len(self.insp.params),
+                "live": True,
+            }
+        ]
 
     def hooks(self) -> list[dict[str, Any]]:
         return self.insp.hooks()
@@ -239,9 +266,12 @@ class LiveSource(Source):
             raise read_only_error()
         return self._core(fn, *args, **kwargs)
 
-    def add_hook(self, kind: str, *, target: str, point: str | None, enabled: bool,
-                 params: dict[str, Any]) -> dict[str, Any]:
-        handle = self._command(self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params)
+    def add_hook(
+        self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        handle = self._command(
+            self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params
+        )
         return dict(handle.spec)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
@@ -263,7 +293,9 @@ class LiveSource(Source):
         if self.read_only:
             raise read_only_error()
         if self.trainer is None:
-            raise ApiError(409, "the step rate is set by your own training loop: rate control is demo mode only")
+            raise ApiError(
+                409, "the step rate is set by your own training loop: rate control is demo mode only"
+            )
         self.trainer.set_rate(steps_per_second)
         if self._publish is not None:  # every page learns the new rate at once
             self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate}, None)

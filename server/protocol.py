@@ -69,7 +69,9 @@ def pydantic_detail(errors: list[dict[str, Any]], prefix: tuple = ()) -> list[di
     out = []
     for e in errors:
         loc = [*prefix, *e.get("loc", ())]
-        out.append({"loc": [p if isinstance(p, (int, str)) else str(p) for p in loc], "msg": str(e.get("msg", ""))})
+        out.append(
+            {"loc": [p if isinstance(p, (int, str)) else str(p) for p in loc], "msg": str(e.get("msg", ""))}
+        )
     return out
 
 

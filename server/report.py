@@ -101,7 +101,9 @@ def _change_row(step: Any, action: str, hook_id: Any, before: Any, after: Any) -
         b = before if isinstance(before, list) else []
         a = after if isinstance(after, list) else []
         return {
-            "step": step, "action": action, "hook_id": ", ".join(str(s.get("id")) for s in a) or "-",
+            "step": step,
+            "action": action,
+            "hook_id": ", ".join(str(s.get("id")) for s in a) or "-",
             "kind": ", ".join(sorted({str(s.get("kind")) for s in a})) or "-",
             "target": ", ".join(sorted({str(s.get("target")) for s in a})) or "-",
             "before": "; ".join(_describe_spec(s) for s in b) or "no hooks",
@@ -122,8 +124,13 @@ def _change_row(step: Any, action: str, hook_id: Any, before: Any, after: Any) -
         b_text = _fmt_params(before.get("params")) if isinstance(before, dict) else "-"
         a_text = _fmt_params(after.get("params")) if isinstance(after, dict) else "-"
     return {
-        "step": step, "action": action, "hook_id": hook_id if hook_id is not None else spec.get("id", "-"),
-        "kind": spec.get("kind", "-"), "target": spec.get("target", "-"), "before": b_text, "after": a_text,
+        "step": step,
+        "action": action,
+        "hook_id": hook_id if hook_id is not None else spec.get("id", "-"),
+        "kind": spec.get("kind", "-"),
+        "target": spec.get("target", "-"),
+        "before": b_text,
+        "after": a_text,
     }
 
 
@@ -135,8 +142,9 @@ def _diff_configs(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[
         prev = by_id.pop(s.get("id"), None)
         if prev is None:
             rows.append(_change_row(s.get("applied_step"), "add", s.get("id"), None, s))
-        elif {k: v for k, v in prev.items() if k != "applied_step"} != {k: v for k, v in s.items()
-                                                                           if k != "applied_step"}:
+        elif {k: v for k, v in prev.items() if k != "applied_step"} != {
+            k: v for k, v in s.items() if k != "applied_step"
+        }:
             rows.append(_change_row(s.get("applied_step"), "update", s.get("id"), prev, s))
     for s in by_id.values():
         rows.append(_change_row(None, "remove", s.get("id"), s, None))
@@ -170,8 +178,12 @@ def _marker_text(ev: dict[str, Any]) -> tuple[str, str]:
     if kind == "nonfinite":
         label = "NaN" if (ev.get("nan") or 0) else "Inf" if (ev.get("inf") or 0) else "NaN/Inf"
         return label, f"step {step}: non-finite gradient<br>{html.escape(_event_detail(ev))}"
-    label = {"step_skipped": "skip", "hook_error": "error", "scenario_reset": "reset",
-             "training_error": "error"}.get(str(kind), str(kind))
+    label = {
+        "step_skipped": "skip",
+        "hook_error": "error",
+        "scenario_reset": "reset",
+        "training_error": "error",
+    }.get(str(kind), str(kind))
     return label, f"step {step}: {html.escape(str(kind))}<br>{html.escape(_event_detail(ev))}"
 
 
@@ -204,10 +216,18 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
     start_version = configs[0]["config_version"] if configs else 0
     start_hooks = configs[0]["hooks"] if configs else []
     end_hooks = configs[-1]["hooks"] if configs else []
-    applied = [e for e in events if e.get("kind") == "hook_applied"
-               and (e.get("config_version") is None or e["config_version"] > start_version)]
-    changes = [_change_row(e.get("applied_step"), str(e.get("action")), e.get("hook_id"), e.get("before"),
-                           e.get("after")) for e in applied]
+    applied = [
+        e
+        for e in events
+        if e.get("kind") == "hook_applied"
+        and (e.get("config_version") is None or e["config_version"] > start_version)
+    ]
+    changes = [
+        _change_row(
+            e.get("applied_step"), str(e.get("action")), e.get("hook_id"), e.get("before"), e.get("after")
+        )
+        for e in applied
+    ]
     if not applied and len(configs) > 1:  # no events for them: diff the recorded configurations
         for old, new in zip(configs, configs[1:], strict=False):
             changes += _diff_configs(old["hooks"], new["hooks"])
@@ -217,8 +237,14 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
     budget = min(max_points, max(MIN_POINTS, MAX_CELLS // max(1, n_params)))
     chosen = [all_steps[i] for i in pick_even(len(all_steps), budget)] if all_steps else []
     recorded = set(all_steps)
-    flagged = sorted({e["step"] for e in events if e.get("kind") in MARKER_KINDS
-                      and isinstance(e.get("step"), int) and e["step"] in recorded} - set(chosen))
+    flagged = sorted(
+        {
+            e["step"]
+            for e in events
+            if e.get("kind") in MARKER_KINDS and isinstance(e.get("step"), int) and e["step"] in recorded
+        }
+        - set(chosen)
+    )
     steps = sorted(set(chosen) | set(flagged[:MAX_EVENT_STEPS]))
     snaps = store.snapshots_at(run, steps)
     steps = [int(s["step"]) for s in snaps]
@@ -237,16 +263,24 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
     markers: list[dict[str, Any]] = []
     for row, e in zip(changes if applied else [], applied, strict=True):
         if isinstance(e.get("applied_step"), int):
-            text = (f"step {e['applied_step']}: hook {html.escape(str(row['hook_id']))} {html.escape(row['action'])}"
-                    f"<br>{html.escape(str(row['kind']))} on {html.escape(str(row['target']))}"
-                    f"<br>{html.escape(row['before'])} → {html.escape(row['after'])}")
+            text = (
+                f"step {e['applied_step']}: hook {html.escape(str(row['hook_id']))} {html.escape(row['action'])}"
+                f"<br>{html.escape(str(row['kind']))} on {html.escape(str(row['target']))}"
+                f"<br>{html.escape(row['before'])} → {html.escape(row['after'])}"
+            )
             label = row["action"] if row["action"] == "import" else f"{row['action']} {row['kind']}"
             markers.append({"step": e["applied_step"], "type": "hook", "label": label, "text": text})
     if not applied:
         for row in changes:
             if isinstance(row["step"], int):
-                markers.append({"step": row["step"], "type": "hook", "label": row["action"],
-                                "text": html.escape(f"step {row['step']}: hook {row['hook_id']} {row['action']}")})
+                markers.append(
+                    {
+                        "step": row["step"],
+                        "type": "hook",
+                        "label": row["action"],
+                        "text": html.escape(f"step {row['step']}: hook {row['hook_id']} {row['action']}"),
+                    }
+                )
     n_hook_markers = len(markers)
     for e in events:
         if e.get("kind") in MARKER_KINDS and isinstance(e.get("step"), int):
@@ -254,7 +288,7 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
             markers.append({"step": e["step"], "type": "bad", "label": label, "text": text})
     markers_dropped = max(0, len(markers) - max(MAX_MARKERS, n_hook_markers))
     if markers_dropped:  # keep every hook change, then the first of the others
-        markers = markers[:max(MAX_MARKERS, n_hook_markers)]
+        markers = markers[: max(MAX_MARKERS, n_hook_markers)]
     markers.sort(key=lambda m: m["step"])
 
     listed = [e for e in events if e.get("kind") != "hook_applied"]
@@ -263,11 +297,15 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
 
     return {
         "run": {
-            "id": info["id"], "scenario": info.get("scenario"), "mode": (info.get("meta") or {}).get("mode"),
+            "id": info["id"],
+            "scenario": info.get("scenario"),
+            "mode": (info.get("meta") or {}).get("mode"),
             "description": scenario_meta.get("description") if isinstance(scenario_meta, dict) else None,
-            "started": info.get("started"), "last_step": info.get("last_step"),
+            "started": info.get("started"),
+            "last_step": info.get("last_step"),
             "ended": snaps[-1].get("time") if snaps else None,
-            "n_tensors": n_params, "n_elements": sum(int(p.get("numel") or 0) for p in info["params"]),
+            "n_tensors": n_params,
+            "n_elements": sum(int(p.get("numel") or 0) for p in info["params"]),
             "recorded_snapshots": len(all_steps),
         },
         "made": {"tool": "gradient-inspector export", "version": version(), "time": time.time()},
@@ -290,8 +328,16 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
         "hooks_start": [_describe_spec(s) for s in start_hooks],
         "hooks_end": [f"{s.get('id')}: {_describe_spec(s)}" for s in end_hooks],
         "changes": changes,
-        "events": [{"seq": e.get("seq"), "step": e.get("step"), "kind": e.get("kind"), "time": e.get("time"),
-                    "detail": _event_detail(e)} for e in listed[:MAX_EVENT_ROWS]],
+        "events": [
+            {
+                "seq": e.get("seq"),
+                "step": e.get("step"),
+                "kind": e.get("kind"),
+                "time": e.get("time"),
+                "detail": _event_detail(e),
+            }
+            for e in listed[:MAX_EVENT_ROWS]
+        ],
         "events_total": len(listed),
     }
 
@@ -300,8 +346,13 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
 def embed_json(obj: Any) -> str:
     """Strict JSON safe inside a <script> element: `<`, `>`, `&` as \\u escapes."""
     text = json.dumps(jsonsafe(obj), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _e(v: Any) -> str:
@@ -320,41 +371,78 @@ def render(data: dict[str, Any], plotly_text: str) -> str:
     n_steps = len(data["steps"])
     facts = [
         ("Run", _e(run["id"])),
-        ("Scenario", _e(run.get("scenario") or "your own training script")
-         + (f'<br><span class="muted">{_e(run["description"])}</span>' if run.get("description") else "")),
+        (
+            "Scenario",
+            _e(run.get("scenario") or "your own training script")
+            + (f'<br><span class="muted">{_e(run["description"])}</span>' if run.get("description") else ""),
+        ),
         ("Started", _e(_fmt_time(run.get("started")))),
         ("Last snapshot", _e(_fmt_time(run.get("ended")))),
         ("Steps", f"{_e(run.get('last_step'))} (recorded snapshots: {run['recorded_snapshots']})"),
         ("Parameters", f"{run['n_tensors']} tensors, {run['n_elements']:,} elements"),
         ("Hooks at start", "<br>".join(_e(h) for h in data["hooks_start"]) or "none"),
         ("Hooks at end", "<br>".join(_e(h) for h in data["hooks_end"]) or "none"),
-        ("Made by", f"gradient-inspector export, version {_e(data['made']['version'])}, "
-                    f"{_e(_fmt_time(data['made']['time']))}"),
+        (
+            "Made by",
+            f"gradient-inspector export, version {_e(data['made']['version'])}, "
+            f"{_e(_fmt_time(data['made']['time']))}",
+        ),
     ]
     facts_html = "\n".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     notes = []
     if data["downsampled"]:
-        notes.append(f"The step charts show {n_steps:,} of the {run['recorded_snapshots']:,} recorded snapshots, "
-                     "evenly spaced (plus the steps that carry an event), to keep this file small.")
+        notes.append(
+            f"The step charts show {n_steps:,} of the {run['recorded_snapshots']:,} recorded snapshots, "
+            "evenly spaced (plus the steps that carry an event), to keep this file small."
+        )
     if data["loss_points_of"] > len(data["loss"]["steps"]) and data["loss_points_of"] > MAX_POINTS:
-        notes.append(f"The loss is shown at {len(data['loss']['steps']):,} of its "
-                     f"{data['loss_points_of']:,} recorded steps, evenly spaced.")
+        notes.append(
+            f"The loss is shown at {len(data['loss']['steps']):,} of its "
+            f"{data['loss_points_of']:,} recorded steps, evenly spaced."
+        )
     if data["markers_dropped"]:
-        notes.append(f"{data['markers_dropped']} event markers are not drawn (too many); the event list below "
-                     "has them.")
+        notes.append(
+            f"{data['markers_dropped']} event markers are not drawn (too many); the event list below "
+            "has them."
+        )
     notes_html = "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
 
-    change_rows = [[_e(c["step"]), _e(c["action"]), _e(c["hook_id"]), _e(c["kind"]), f"<code>{_e(c['target'])}</code>",
-                    f'{_e(c["before"])} <span class="arrow">→</span> {_e(c["after"])}'] for c in data["changes"]]
-    changes_html = (_table(["Step", "Action", "Hook", "Kind", "Target", "Params before → after"], change_rows,
-                           "changes") if change_rows else '<p class="muted">No hook changes during this run.</p>')
-    event_rows = [[_e(e["seq"]), _e(e["step"]), f'<span class="kind kind-{_e(e["kind"])}">{_e(e["kind"])}</span>',
-                   _e(_fmt_time(e["time"])), _e(e["detail"])] for e in data["events"]]
-    events_html = (_table(["#", "Step", "Kind", "Time", "Detail"], event_rows, "events")
-                   if event_rows else '<p class="muted">No events (no NaN/Inf, no skipped step, no hook error).</p>')
+    change_rows = [
+        [
+            _e(c["step"]),
+            _e(c["action"]),
+            _e(c["hook_id"]),
+            _e(c["kind"]),
+            f"<code>{_e(c['target'])}</code>",
+            f'{_e(c["before"])} <span class="arrow">→</span> {_e(c["after"])}',
+        ]
+        for c in data["changes"]
+    ]
+    changes_html = (
+        _table(["Step", "Action", "Hook", "Kind", "Target", "Params before → after"], change_rows, "changes")
+        if change_rows
+        else '<p class="muted">No hook changes during this run.</p>'
+    )
+    event_rows = [
+        [
+            _e(e["seq"]),
+            _e(e["step"]),
+            f'<span class="kind kind-{_e(e["kind"])}">{_e(e["kind"])}</span>',
+            _e(_fmt_time(e["time"])),
+            _e(e["detail"]),
+        ]
+        for e in data["events"]
+    ]
+    events_html = (
+        _table(["#", "Step", "Kind", "Time", "Detail"], event_rows, "events")
+        if event_rows
+        else '<p class="muted">No events (no NaN/Inf, no skipped step, no hook error).</p>'
+    )
     if data["events_total"] > len(data["events"]):
-        events_html += (f'<p class="note">Showing the first {len(data["events"]):,} of {data["events_total"]:,} '
-                        "events; `gradient-inspector export --format jsonl` has them all.</p>")
+        events_html += (
+            f'<p class="note">Showing the first {len(data["events"]):,} of {data["events_total"]:,} '
+            "events; `gradient-inspector export --format jsonl` has them all.</p>"
+        )
     no_data = "" if n_steps else '<p class="note">This run has no recorded snapshots: nothing to chart.</p>'
 
     template, css, script = page_source()

@@ -49,8 +49,10 @@ def inline_module(module: str, ticks: str) -> str:
         raise ReportError(f"report.js imports {', '.join(missing)} from ticks.js, which exports no such name")
     if re.search(r"^\s*(?:import|export)\b", f"{lib}\n{body}", re.M):
         raise ReportError("ticks.js or report.js has an import or export statement the report cannot inline")
-    script = (f'"use strict";\n(function () {{\nconst {{ {", ".join(names)} }} = (function () {{\n{lib}\n'
-              f'return {{ {", ".join(exported)} }};\n}})();\n{body}\n}})();\n')
+    script = (
+        f'"use strict";\n(function () {{\nconst {{ {", ".join(names)} }} = (function () {{\n{lib}\n'
+        f"return {{ {', '.join(exported)} }};\n}})();\n{body}\n}})();\n"
+    )
     return script.replace("</script", "<\\/script")
 
 
@@ -63,8 +65,12 @@ def page_source() -> tuple[str, str, str]:
     try:
         if root is None:
             raise FileNotFoundError("frontend/")
-        template, css, module, ticks = ((root / name).read_text(encoding="utf-8") for name in
-                                        ("report/report.html", "report/report.css", "report/report.js", "ticks.js"))
+        template, css, module, ticks = (
+            (root / name).read_text(encoding="utf-8")
+            for name in ("report/report.html", "report/report.css", "report/report.js", "ticks.js")
+        )
     except OSError as e:
-        raise ReportError(f"the report's page files are missing ({e}); reinstall gradient-inspector") from None
+        raise ReportError(
+            f"the report's page files are missing ({e}); reinstall gradient-inspector"
+        ) from None
     return template, css, inline_module(module, ticks)

@@ -148,8 +148,11 @@ class SecurityMiddleware:
                     return await self._set_cookie(send, host)
                 deny = (401, "wrong token")
             elif not self._authorized(headers, query, host):
-                deny = (401, "missing or wrong token: open the URL printed at start-up, or send "
-                             "'Authorization: Bearer TOKEN'")
+                deny = (
+                    401,
+                    "missing or wrong token: open the URL printed at start-up, or send "
+                    "'Authorization: Bearer TOKEN'",
+                )
         if deny is None and mutating and self.guard.read_only:
             deny = (403, "read-only: this server does not accept commands")
         if deny is None and mutating and not self._take(scope):
@@ -169,13 +172,21 @@ class SecurityMiddleware:
 
     # -- checks --------------------------------------------------------------------------------------
 
-    def _check(self, scope: Scope, headers: dict[str, str], host: str | None,
-               check_origin: bool) -> tuple[int, str] | None:
+    def _check(
+        self, scope: Scope, headers: dict[str, str], host: str | None, check_origin: bool
+    ) -> tuple[int, str] | None:
         if self.guard.loopback and (not host or host_name(host) not in LOOPBACK_NAMES):
-            return (403, "Host not allowed: on a loopback bind use localhost, 127.0.0.1 or [::1] "
-                         "(DNS-rebinding guard)")
+            return (
+                403,
+                "Host not allowed: on a loopback bind use localhost, 127.0.0.1 or [::1] "
+                "(DNS-rebinding guard)",
+            )
         origin = headers.get("origin")
-        if check_origin and origin is not None and not origin_matches(origin, host, scope.get("scheme", "http")):
+        if (
+            check_origin
+            and origin is not None
+            and not origin_matches(origin, host, scope.get("scheme", "http"))
+        ):
             return (403, "Origin does not match Host: commands are accepted from this server's own page only")
         return None
 
@@ -192,7 +203,7 @@ class SecurityMiddleware:
         wanted = cookie_name(host) + "="
         for part in headers.get("cookie", "").split(";"):
             part = part.strip()
-            if part.startswith(wanted) and self._valid(part[len(wanted):]):
+            if part.startswith(wanted) and self._valid(part[len(wanted) :]):
                 return True
         return False
 
@@ -229,7 +240,9 @@ class SecurityMiddleware:
         if not body:
             return body
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
-        if not (ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))):
+        if not (
+            ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+        ):
             await self._respond(send, 415, "the body must be JSON: send 'Content-Type: application/json'")
             return None
         try:
@@ -244,25 +257,51 @@ class SecurityMiddleware:
 
     async def _respond(self, send: Send, status: int, detail: Any) -> None:
         body = _detail(status, detail)
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *_EXTRA_HEADERS]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *_EXTRA_HEADERS,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def _set_cookie(self, send: Send, host: str | None) -> None:
         cookie = f"{cookie_name(host)}={self.guard.token}; HttpOnly; SameSite=Strict; Path=/"
-        await send({"type": "http.response.start", "status": 303, "headers": [
-            (b"location", b"/"), (b"set-cookie", cookie.encode("latin-1")), (b"content-length", b"0"),
-            (b"cache-control", b"no-store"), *_EXTRA_HEADERS]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", b"/"),
+                    (b"set-cookie", cookie.encode("latin-1")),
+                    (b"content-length", b"0"),
+                    (b"cache-control", b"no-store"),
+                    *_EXTRA_HEADERS,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})
 
-    async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
+    async def _refuse_socket(
+        self, scope: Scope, receive: Receive, send: Send, status: int, detail: str
+    ) -> None:
         message = await receive()  # websocket.connect
         if message["type"] != "websocket.connect":
             return
         if "websocket.http.response" in scope.get("extensions", {}):
             body = _detail(status, detail)
-            await send({"type": "websocket.http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"), *_EXTRA_HEADERS]})
+            await send(
+                {
+                    "type": "websocket.http.response.start",
+                    "status": status,
+                    "headers": [(b"content-type", b"application/json"), *_EXTRA_HEADERS],
+                }
+            )
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": WS_1008_POLICY_VIOLATION, "reason": detail[:120]})
@@ -293,8 +332,9 @@ def _with_headers(send: Send) -> Send:
 
 # `token=`, also with letters percent-encoded (`%74oken=`): the query parser decodes names, so
 # such a spelling authenticates and must not reach the access log either
-_TOKEN_RE = re.compile(r"((?:t|%74|%54)(?:o|%6f|%4f)(?:k|%6b|%4b)(?:e|%65|%45)(?:n|%6e|%4e)=)[^&\s\"']+",
-                       re.IGNORECASE)
+_TOKEN_RE = re.compile(
+    r"((?:t|%74|%54)(?:o|%6f|%4f)(?:k|%6b|%4b)(?:e|%65|%45)(?:n|%6e|%4e)=)[^&\s\"']+", re.IGNORECASE
+)
 
 
 def redact(text: str) -> str:

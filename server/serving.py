@@ -36,8 +36,11 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise PortInUse(e.errno, f"port {port} on {host} is already in use: pick another with --port "
-                                     f"(or port=...), or 0 for any free port") from e
+            raise PortInUse(
+                e.errno,
+                f"port {port} on {host} is already in use: pick another with --port "
+                f"(or port=...), or 0 for any free port",
+            ) from e
         raise
     sock.listen(2048)
     sock.setblocking(False)

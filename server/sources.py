@@ -19,7 +19,9 @@ from typing import Any
 from .protocol import error_detail
 from .storage import HistoryStore
 
-Publish = Callable[[str, dict[str, Any], "str | None"], None]  # (kind, payload, payload as JSON or None): thread-safe
+Publish = Callable[
+    [str, dict[str, Any], "str | None"], None
+]  # (kind, payload, payload as JSON or None): thread-safe
 
 
 class ApiError(Exception):
@@ -63,16 +65,29 @@ class Source:
     def param_names(self, run: int | None = None) -> list[str]:
         return [p["name"] for p in self.session(run)["params"]]
 
-    def snapshots(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
-                  points: int | None = None) -> list[dict[str, Any]]:
+    def snapshots(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+    ) -> list[dict[str, Any]]:
         return self._store().snapshots(self._run(run), since=since, limit=limit, points=points)
 
-    def scalars(self, run: int | None = None, *, since: int | None = None, limit: int | None = None,
-                points: int | None = None) -> list[dict[str, Any]]:
+    def scalars(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+    ) -> list[dict[str, Any]]:
         return self._store().scalars(self._run(run), since=since, limit=limit, points=points)
 
-    def events(self, run: int | None = None, *, since: int | None = None,
-               limit: int | None = None) -> list[dict[str, Any]]:
+    def events(
+        self, run: int | None = None, *, since: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
         return self._store().events(self._run(run), since=since, limit=limit)
 
     def runs(self) -> list[dict[str, Any]]:
@@ -91,7 +106,11 @@ class Source:
         from inspector.registry import PRESET_FORMAT
 
         specs = [HookSpec(**{k: h[k] for k in SPEC_FIELDS if k in h}) for h in self.hooks()]
-        return {"format": PRESET_FORMAT, "version": 1, "hooks": [s.preset() for s in specs if s.kind != "python"]}
+        return {
+            "format": PRESET_FORMAT,
+            "version": 1,
+            "hooks": [s.preset() for s in specs if s.kind != "python"],
+        }
 
     def targets(self, glob: str, point: str | None) -> list[str]:
         raise read_only_error()
@@ -105,8 +124,9 @@ class Source:
         }
 
     # commands: every one is refused by a read-only source
-    def add_hook(self, kind: str, *, target: str, point: str | None, enabled: bool,
-                 params: dict[str, Any]) -> dict[str, Any]:
+    def add_hook(
+        self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
+    ) -> dict[str, Any]:
         raise read_only_error()
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
@@ -157,8 +177,12 @@ class Source:
             "hook_kinds": hook_kinds(),
             "hooks": hooks,
             "config_version": version,
-            "training": {"state": "finished", "step": info["last_step"], "scenario": info["scenario"],
-                         "steps_per_second": None},
+            "training": {
+                "state": "finished",
+                "step": info["last_step"],
+                "scenario": info["scenario"],
+                "steps_per_second": None,
+            },
             "read_only": read_only,
             "scenario": info["meta"].get("scenario"),
             "history": {"db": self._store().path, "paused": None},

@@ -139,7 +139,11 @@ class HistoryStore(HistoryReader):
     # -- runs ----------------------------------------------------------------------------------------
 
     def new_run(
-        self, *, params: list[dict[str, Any]], modules: list[str], scenario: str | None = None,
+        self,
+        *,
+        params: list[dict[str, Any]],
+        modules: list[str],
+        scenario: str | None = None,
         meta: dict[str, Any] | None = None,
     ) -> int:
         """Add a run (committed at once) and return its id."""
@@ -172,7 +176,9 @@ class HistoryStore(HistoryReader):
         self._queue.put(("event", run, event))
 
     def add_hooks(self, run: int, config_version: int, hooks: list[dict[str, Any]]) -> None:
-        self._queue.put(("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()}))
+        self._queue.put(
+            ("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()})
+        )
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until everything queued so far is committed (or the writer gave up this round)."""
@@ -219,8 +225,11 @@ class HistoryStore(HistoryReader):
                 elif kind == "snapshot":
                     _, run, snap, text = item
                     step = int(snap.get("step", 0))
-                    snaps[(run, step)] = (text if text is not None else dumps(snap), snap.get("time"),
-                                          len(snap.get("events") or ()))
+                    snaps[(run, step)] = (
+                        text if text is not None else dumps(snap),
+                        snap.get("time"),
+                        len(snap.get("events") or ()),
+                    )
                     oldest = oldest if oldest is not None else time.monotonic()
                 elif kind == "scalars":
                     _, run, p = item
@@ -252,8 +261,14 @@ class HistoryStore(HistoryReader):
                 waiters.clear()
         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, snaps: OrderedDict, scalars: OrderedDict, urgent: list,
-                last_thin: dict[int, int]) -> bool:
+    def _commit(
+        self,
+        conn: sqlite3.Connection,
+        snaps: OrderedDict,
+        scalars: OrderedDict,
+        urgent: list,
+        last_thin: dict[int, int],
+    ) -> bool:
         try:
             if self.fault is not None:
                 self.fault()
@@ -282,7 +297,8 @@ class HistoryStore(HistoryReader):
                 newest[r] = max(newest.get(r, 0), s)
             for r, s in newest.items():
                 conn.execute(
-                    "UPDATE runs SET last_step = MAX(last_step, ?), updated = ? WHERE id = ?", (s, time.time(), r)
+                    "UPDATE runs SET last_step = MAX(last_step, ?), updated = ? WHERE id = ?",
+                    (s, time.time(), r),
                 )
                 if s - last_thin.get(r, 0) >= 256:
                     self._thin(conn, r, s)
@@ -334,4 +350,3 @@ class HistoryStore(HistoryReader):
                 self._on_status(kind, reason)
             except Exception:  # noqa: BLE001 - a failing reporter must not kill the writer
                 pass
-

@@ -85,7 +85,9 @@ class Connection:
             if text is None:
                 return self.client.kick(WS_1008_POLICY_VIOLATION, "binary frames are not accepted")
             if len(text) > self.settings.max_frame or len(text.encode("utf-8")) > self.settings.max_frame:
-                return self.client.kick(WS_1008_POLICY_VIOLATION, f"frame larger than {self.settings.max_frame} bytes")
+                return self.client.kick(
+                    WS_1008_POLICY_VIOLATION, f"frame larger than {self.settings.max_frame} bytes"
+                )
             if not self.budget.take():
                 return self.client.kick(WS_1008_POLICY_VIOLATION, "too many commands")
             await self.handle(text)
@@ -110,8 +112,11 @@ class Connection:
         rid = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
         kind = data.get("type")
         if kind not in COMMAND_TYPES:
-            return self.error(rid, 422, error_detail(("type",), f"unknown command {kind!r}: one of "
-                                                                 f"{', '.join(COMMAND_TYPES)}"))
+            return self.error(
+                rid,
+                422,
+                error_detail(("type",), f"unknown command {kind!r}: one of {', '.join(COMMAND_TYPES)}"),
+            )
         try:
             cmd = command_adapter.validate_python(data)
         except ValidationError as e:
@@ -129,11 +134,23 @@ class Connection:
     async def run_command(self, cmd: Any) -> Any:
         src = self.source
         if cmd.type == "add_hook":
-            return await asyncio.to_thread(src.add_hook, cmd.kind, target=cmd.target, point=cmd.point,
-                                           enabled=cmd.enabled, params=cmd.params)
+            return await asyncio.to_thread(
+                src.add_hook,
+                cmd.kind,
+                target=cmd.target,
+                point=cmd.point,
+                enabled=cmd.enabled,
+                params=cmd.params,
+            )
         if cmd.type == "update_hook":
-            return await asyncio.to_thread(src.update_hook, cmd.id, params=cmd.params, enabled=cmd.enabled,
-                                           target=cmd.target, position=cmd.position)
+            return await asyncio.to_thread(
+                src.update_hook,
+                cmd.id,
+                params=cmd.params,
+                enabled=cmd.enabled,
+                target=cmd.target,
+                position=cmd.position,
+            )
         if cmd.type == "remove_hook":
             await asyncio.to_thread(src.remove_hook, cmd.id)
             return {"id": cmd.id}

@@ -29,10 +29,28 @@ def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
 
     started: list[Live] = []
 
-    def make(scenario: str = "mlp", *, rate: float | None = 50.0, db: bool | Path = True, read_only: bool = False,
-             host: str = "127.0.0.1", token: str | None = None, every: int | None = 1, **settings: Any) -> Live:
-        server = Live(tmp_path, scenario, rate=rate, db=db, read_only=read_only, host=host, token=token,
-                      every=every, **settings)
+    def make(
+        scenario: str = "mlp",
+        *,
+        rate: float | None = 50.0,
+        db: bool | Path = True,
+        read_only: bool = False,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        every: int | None = 1,
+        **settings: Any,
+    ) -> Live:
+        server = Live(
+            tmp_path,
+            scenario,
+            rate=rate,
+            db=db,
+            read_only=read_only,
+            host=host,
+            token=token,
+            every=every,
+            **settings,
+        )
         started.append(server)
         return server
 

@@ -32,8 +32,12 @@ def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
     return json.loads(ws.recv(timeout=timeout))
 
 
-def recv_until(ws: ClientConnection, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0,
-               seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def recv_until(
+    ws: ClientConnection,
+    pred: Callable[[dict[str, Any]], bool],
+    timeout: float = 10.0,
+    seen: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Read messages until one satisfies `pred` (every message read is appended to `seen`)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -74,14 +78,27 @@ class Inbox:
                 del self.pending[:5_000]
 
     def reply(self, request_id: Any, timeout: float = 10.0) -> dict[str, Any]:
-        return self.next(lambda m: m["type"] in ("ack", "error") and m.get("request_id") == request_id, timeout)
+        return self.next(
+            lambda m: m["type"] in ("ack", "error") and m.get("request_id") == request_id, timeout
+        )
 
 
 class Live:
     """A demo scenario trained in a thread, served by a real uvicorn server on a free port."""
 
-    def __init__(self, tmp: Path, scenario: str, *, rate: float | None, db: bool | Path, read_only: bool,
-                 host: str, token: str | None, every: int | None, **settings: Any) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        scenario: str,
+        *,
+        rate: float | None,
+        db: bool | Path,
+        read_only: bool,
+        host: str,
+        token: str | None,
+        every: int | None,
+        **settings: Any,
+    ) -> None:
         self.sc = scenarios.make(scenario, seed=0)
         self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every)
         self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
@@ -89,7 +106,12 @@ class Live:
         store = HistoryStore(self.db) if self.db else None
         self.settings = Settings(host=host, port=0, token=token, read_only=read_only, **settings)
         self.source = LiveSource(
-            self.insp, mode="demo", store=store, read_only=read_only, trainer=self.trainer, owns_inspector=True,
+            self.insp,
+            mode="demo",
+            store=store,
+            read_only=read_only,
+            trainer=self.trainer,
+            owns_inspector=True,
             scenario={"name": self.sc.name, "description": self.sc.description, "try_this": self.sc.try_this},
         )
         self.app = create_app(self.source, self.settings)

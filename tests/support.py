@@ -25,8 +25,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
-               interval: float = 0.01) -> Any:
+def wait_until(
+    pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", interval: float = 0.01
+) -> Any:
     """Poll ``pred`` until it returns something truthy (returned); fail naming ``what`` after ``timeout`` s.
 
     For conditions in other threads or processes that offer nothing to await; the interval
@@ -80,8 +81,9 @@ def repo_env(**extra: str) -> dict[str, str]:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def wait_for_server(process: subprocess.Popen[Any], url: str, timeout: float = 60.0, *,
-                    output: Callable[[], str] = lambda: "") -> None:
+def wait_for_server(
+    process: subprocess.Popen[Any], url: str, timeout: float = 60.0, *, output: Callable[[], str] = lambda: ""
+) -> None:
     """Poll ``url`` until it answers 200 (datasette's ``wait_for_server``).
 
     Fails (``AssertionError``, with ``output()``: the server's output so far) as soon as
@@ -91,7 +93,9 @@ def wait_for_server(process: subprocess.Popen[Any], url: str, timeout: float = 6
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise AssertionError(f"the server exited with {process.returncode} before {url} answered:\n{output()}")
+            raise AssertionError(
+                f"the server exited with {process.returncode} before {url} answered:\n{output()}"
+            )
         try:
             with _DIRECT.open(url, timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as r:
                 if r.status == 200:
@@ -114,18 +118,33 @@ class ServerProcess:
     given), made on first use. Stop it with ``stop()``, or use it as a context manager.
     """
 
-    def __init__(self, argv: list[str], *, port: int, log_dir: Path | None, env: Mapping[str, str] | None = None,
-                 cwd: Path | str | None = None, timeout: float = 60.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        port: int,
+        log_dir: Path | None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        timeout: float = 60.0,
+        token: str | None = None,
+    ) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.url = self.base + "/"
         self.token = token
-        self.log_path = Path(log_dir) / f"server-{port}-{time.monotonic_ns()}.log" if log_dir is not None else None
+        self.log_path = (
+            Path(log_dir) / f"server-{port}-{time.monotonic_ns()}.log" if log_dir is not None else None
+        )
         self._log = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115 (closed in stop())
         try:
-            self.proc = subprocess.Popen(argv, cwd=cwd if cwd is not None else log_dir,
-                                         env=dict(repo_env() if env is None else env),
-                                         stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd if cwd is not None else log_dir,
+                env=dict(repo_env() if env is None else env),
+                stdout=self._log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
         except BaseException:
             if self._log is not None:
                 self._log.close()
@@ -171,13 +190,20 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
-def start_cli(args: Iterable[str], *, log_dir: Path | None, port: int | None = None,
-              command: list[str] | None = None, **kwargs: Any) -> ServerProcess:
+def start_cli(
+    args: Iterable[str],
+    *,
+    log_dir: Path | None,
+    port: int | None = None,
+    command: list[str] | None = None,
+    **kwargs: Any,
+) -> ServerProcess:
     """``COMMAND ARGS --port PORT`` as a `ServerProcess`: ``command`` defaults to `cli_command()`,
     ``port`` to a free one; ``kwargs`` go to `ServerProcess`."""
     port = port or free_port()
@@ -185,8 +211,15 @@ def start_cli(args: Iterable[str], *, log_dir: Path | None, port: int | None = N
     return ServerProcess(argv, port=port, log_dir=log_dir, **kwargs)
 
 
-def start_demo(log_dir: Path | None, *, scenario: str = "mlp", rate: float | str = 10.0,
-               db: Path | str | None = None, extra: Iterable[str] = (), **kwargs: Any) -> ServerProcess:
+def start_demo(
+    log_dir: Path | None,
+    *,
+    scenario: str = "mlp",
+    rate: float | str = 10.0,
+    db: Path | str | None = None,
+    extra: Iterable[str] = (),
+    **kwargs: Any,
+) -> ServerProcess:
     """``gradient-inspector demo --scenario SCENARIO --steps-per-second RATE --db DB EXTRA``
     (``--no-db`` when ``db`` is None) as a `ServerProcess`; ``kwargs`` go to `start_cli`."""
     history = ["--db", str(db)] if db is not None else ["--no-db"]

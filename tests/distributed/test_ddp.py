@@ -47,12 +47,36 @@ def last_step(out: Path, rank: int) -> int:
 
 def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
     master, http_port = free_port(), free_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2",
-           "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--steps", "300", "--rate", "40", "--out", str(tmp_path),
-                               "--port", str(http_port), "--nan-step", "12"],
-                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master),
+        "WORLD_SIZE": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "--steps",
+                "300",
+                "--rate",
+                "40",
+                "--out",
+                str(tmp_path),
+                "--port",
+                str(http_port),
+                "--nan-step",
+                "12",
+            ],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     base = f"http://127.0.0.1:{http_port}"
     c = httpx.Client(base_url=base, timeout=10)
     try:
@@ -72,7 +96,10 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
         r = c.post("/api/hooks", json={"kind": "clip_norm", "target": "*", "params": {"max_norm": 0.01}})
         assert r.status_code == 201, r.text
         applied = poll(lambda: c.get("/api/hooks").json()[-1]["applied_step"], what="applied_step")
-        poll(lambda: min(last_step(tmp_path, 0), last_step(tmp_path, 1)) >= applied + 3, what="steps after the hook")
+        poll(
+            lambda: min(last_step(tmp_path, 0), last_step(tmp_path, 1)) >= applied + 3,
+            what="steps after the hook",
+        )
 
         # pause holds both ranks at the same boundary; a single step advances both by one
         assert c.post("/api/training/pause").status_code == 202
@@ -84,8 +111,11 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
 
         held_at = poll(held, what="both ranks held")
         assert c.post("/api/training/step").status_code == 202
-        poll(lambda: held() == held_at + 1, what="one more step on both ranks",
-             show=lambda: f"held at {held_at}: {session()} {last_step(tmp_path, 0)} {last_step(tmp_path, 1)}")
+        poll(
+            lambda: held() == held_at + 1,
+            what="one more step on both ranks",
+            show=lambda: f"held at {held_at}: {session()} {last_step(tmp_path, 0)} {last_step(tmp_path, 1)}",
+        )
         assert last_step(tmp_path, 0) == last_step(tmp_path, 1) == held_at
 
         snaps = c.get("/api/snapshots", params={"limit": 20}).json()["snapshots"]
@@ -131,10 +161,29 @@ def test_a_vanishing_rank_does_not_hang_the_others(tmp_path):
     reports distributed_error, and goes on until DDP's own all-reduce fails."""
     master = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "--steps", "100", "--rate", "200", "--out", str(tmp_path),
-                               "--die-at", "20", "--dist-timeout", "5"],
-                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "--steps",
+                "100",
+                "--rate",
+                "200",
+                "--out",
+                str(tmp_path),
+                "--die-at",
+                "20",
+                "--dist-timeout",
+                "5",
+            ],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:

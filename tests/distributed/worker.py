@@ -41,7 +41,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rate", type=float, default=40.0)
     ap.add_argument("--nan-step", type=int, default=-1, help="rank 1 feeds a NaN batch at this step")
-    ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits inside optimizer.step() of this step")
+    ap.add_argument(
+        "--die-at", type=int, default=-1, help="rank 1 exits inside optimizer.step() of this step"
+    )
     ap.add_argument("--dist-timeout", type=float, default=60.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -57,14 +59,17 @@ def main() -> None:
     def grab(key):
         def hook(o, a, k):
             captured[key] = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
         return hook
 
     opt.register_step_pre_hook(grab("averaged"))  # before ours: the all-reduced, unedited gradients
     if rank == 1 and args.die_at > 0:
+
         def die(o, a, k):
             if len(captured.get("steps", [])) + 1 == args.die_at:
                 os._exit(3)  # a rank that vanishes mid-step, after DDP's all-reduce
             captured.setdefault("steps", []).append(None)
+
         opt.register_step_pre_hook(die)
     insp = inspector.attach(model, opt, every=1, dist_timeout=args.dist_timeout)
     opt.register_step_pre_hook(grab("final"))  # after ours: what the optimizer uses
@@ -83,24 +88,37 @@ def main() -> None:
         try:
             nn.functional.mse_loss(model(x), x[:, :1]).backward()
         except RuntimeError as e:  # DDP's own all-reduce fails once a peer is gone
-            (args.out / f"events{rank}.json").write_text(json.dumps({"ddp_error": str(e)[:200],
-                                                                     "events": insp.events()}))
+            (args.out / f"events{rank}.json").write_text(
+                json.dumps({"ddp_error": str(e)[:200], "events": insp.events()})
+            )
             print("PEER LOST", flush=True)
             os._exit(0)
         opt.step()
         step = insp.step
         clip_err = None
-        live = [h for h in insp.hooks() if h["kind"] == "clip_norm" and h["applied_step"] is not None
-                and h["applied_step"] <= step and h["enabled"]]
+        live = [
+            h
+            for h in insp.hooks()
+            if h["kind"] == "clip_norm"
+            and h["applied_step"] is not None
+            and h["applied_step"] <= step
+            and h["enabled"]
+        ]
         if live and all(g is not None for key in ("averaged", "final") for g in captured.get(key, [None])):
             ref = [copy.deepcopy(g) for g in captured["averaged"]]
             params = [nn.Parameter(torch.zeros_like(g)) for g in ref]
             for p, g in zip(params, ref, strict=True):
                 p.grad = g
             torch.nn.utils.clip_grad_norm_(params, live[0]["params"]["max_norm"])
-            clip_err = max(float((p.grad - f).abs().max()) for p, f in zip(params, captured["final"], strict=True))
-        out.write(json.dumps({"step": step, "sum": checksum(model), "version": insp.config_version,
-                              "clip_err": clip_err}) + "\n")
+            clip_err = max(
+                float((p.grad - f).abs().max()) for p, f in zip(params, captured["final"], strict=True)
+            )
+        out.write(
+            json.dumps(
+                {"step": step, "sum": checksum(model), "version": insp.config_version, "clip_err": clip_err}
+            )
+            + "\n"
+        )
         out.flush()
         tick.wait(1.0 / args.rate)  # a rate cap so the test can act mid-run, not a synchronisation
     insp.close()

@@ -39,7 +39,10 @@ class PageLog:
 
     def __init__(self, page: Any) -> None:
         self.errors: list[str] = []
-        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on(
+            "console",
+            lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None,
+        )
         page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
 
 

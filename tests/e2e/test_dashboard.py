@@ -78,7 +78,9 @@ def numbers(values: list[Any]) -> list[float]:
     return [float(v) for v in values if v is not None]
 
 
-def test_page_loads_without_console_errors_and_the_charts_get_points(demo: support.ServerProcess, new_page: Any) -> None:
+def test_page_loads_without_console_errors_and_the_charts_get_points(
+    demo: support.ServerProcess, new_page: Any
+) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
@@ -119,7 +121,9 @@ def test_page_loads_without_console_errors_and_the_charts_get_points(demo: suppo
     assert log.errors == []
 
 
-def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(demo: support.ServerProcess, new_page: Any) -> None:
+def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(
+    demo: support.ServerProcess, new_page: Any
+) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
@@ -145,7 +149,9 @@ def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(demo
     applied = int(row.get_by_test_id("hook-status").inner_text().split()[-1])
     assert applied <= step_at_click + 3, ("the hook took effect within a few steps", applied, step_at_click)
     hooks = demo.get("/api/hooks")
-    assert [(h["kind"], h["target"], h["params"]["threshold"]) for h in hooks] == [("clip_value", "*", threshold)]
+    assert [(h["kind"], h["target"], h["params"]["threshold"]) for h in hooks] == [
+        ("clip_value", "*", threshold)
+    ]
 
     # Every drawn step from applied_step on: final abs-max <= threshold, raw above it.
     page.wait_for_function(f"(a) => ({FLOW})().step >= a", arg=applied)
@@ -176,7 +182,9 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     demo: support.ServerProcess, new_page: Any
 ) -> None:
     reset(demo)
-    hook = demo.client.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}})
+    hook = demo.client.post(
+        "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}}
+    )
     assert hook.status_code == 201, hook.text
     hook_id = hook.json()["id"]
     page, log = new_page()
@@ -195,27 +203,35 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     field.fill("-1")
     field.press("Enter")
     # `has` locators are relative to the outer match: start them from the page.
-    error = row.locator(".field", has=page.get_by_test_id("hook-param-threshold")).get_by_test_id("field-error")
+    error = row.locator(".field", has=page.get_by_test_id("hook-param-threshold")).get_by_test_id(
+        "field-error"
+    )
     expect(error).to_have_text(reason)
     assert demo.get("/api/hooks")[0]["params"]["threshold"] == 1.0
     assert demo.get("/api/session")["config_version"] == version
 
     # The add form likewise: the reason beside its threshold field, no hook added.
-    post = demo.client.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 0}})
+    post = demo.client.post(
+        "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 0}}
+    )
     assert post.status_code == 422
     form = page.get_by_test_id("add-hook-form")
     form.get_by_test_id("add-hook-kind").select_option("clip_value")
     form.get_by_test_id("add-hook-target").fill("*")
     form.get_by_test_id("hook-param-threshold").fill("0")
     form.get_by_test_id("add-hook-submit").click()
-    form_error = form.locator(".field", has=page.get_by_test_id("hook-param-threshold")).get_by_test_id("field-error")
+    form_error = form.locator(".field", has=page.get_by_test_id("hook-param-threshold")).get_by_test_id(
+        "field-error"
+    )
     expect(form_error).to_have_text(post.json()["detail"][0]["msg"])
     # A target that matches nothing: the reason beside the target field.
     form.get_by_test_id("add-hook-target").fill("no.such.parameter")
     expect(form.get_by_test_id("add-hook-matches")).to_have_text("matches nothing")
     form.get_by_test_id("hook-param-threshold").fill("0.5")
     form.get_by_test_id("add-hook-submit").click()
-    target_error = form.locator(".field", has=page.get_by_test_id("add-hook-target")).get_by_test_id("field-error")
+    target_error = form.locator(".field", has=page.get_by_test_id("add-hook-target")).get_by_test_id(
+        "field-error"
+    )
     expect(target_error).not_to_be_empty()
     hooks = demo.get("/api/hooks")
     assert [(h["id"], h["params"]["threshold"]) for h in hooks] == [(hook_id, 1.0)]
@@ -225,21 +241,27 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     assert [e for e in log.errors if "status of 422" not in e] == []
 
 
-def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(demo: support.ServerProcess, new_page: Any) -> None:
+def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(
+    demo: support.ServerProcess, new_page: Any
+) -> None:
     reset(demo)
     page, log = new_page()
     open_dashboard(page, demo)
     counter = page.get_by_test_id("step-counter")
     start = int(counter.inner_text())
-    page.wait_for_function("(n) => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > n",
-                           arg=start)
+    page.wait_for_function(
+        "(n) => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > n", arg=start
+    )
 
     page.get_by_test_id("pause").click()
     expect(page.get_by_test_id("training-state")).to_have_text("paused")
     # The step under way still completes; then the server holds and the page shows its step.
     held = wait_until(
-        lambda: (s := demo.get("/api/session")["training"])["held"]  # the pause has taken hold
-        and counter.inner_text() == str(s["step"]) and s["step"],
+        lambda: (
+            (s := demo.get("/api/session")["training"])["held"]  # the pause has taken hold
+            and counter.inner_text() == str(s["step"])
+            and s["step"]
+        ),
         what="the page's counter to match the paused server",
     )
     page.wait_for_timeout(1500)  # observation window: 15 steps' worth at 10 steps/s, nothing may move
@@ -255,8 +277,10 @@ def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(demo: s
 
     page.get_by_test_id("resume").click()
     expect(page.get_by_test_id("training-state")).to_have_text("running")
-    page.wait_for_function("(n) => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > n + 2",
-                           arg=held + 1)
+    page.wait_for_function(
+        "(n) => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > n + 2",
+        arg=held + 1,
+    )
     assert log.errors == []
 
 
@@ -271,7 +295,9 @@ def test_after_a_server_restart_the_page_reconnects_shows_the_new_run_and_opens_
         open_dashboard(page, first)
         old_run = first.get("/api/session")["run_id"]
         expect(page.get_by_test_id("run-picker")).to_have_value(str(old_run))
-        page.wait_for_function("() => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > 15")
+        page.wait_for_function(
+            "() => Number(document.querySelector('[data-testid=\"step-counter\"]').textContent) > 15"
+        )
         first.stop()
         status = page.get_by_test_id("connection-status")
         expect(status).not_to_have_attribute("data-state", "live")
@@ -319,7 +345,9 @@ def test_a_token_url_leaves_the_address_bar_and_read_only_disables_every_control
     tmp_path: Path, new_page: Any
 ) -> None:
     token = "e2e-secret-token-0123456789abcdef"
-    server = support.start_demo(tmp_path, db=tmp_path / "history.sqlite", extra=["--token", token, "--read-only"])
+    server = support.start_demo(
+        tmp_path, db=tmp_path / "history.sqlite", extra=["--token", token, "--read-only"]
+    )
     try:
         page, log = new_page()
         page.goto(f"{server.url}?token={token}")

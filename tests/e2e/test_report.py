@@ -52,16 +52,22 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     db = tmp / "history.sqlite"
     server = support.start_demo(tmp, db=db, scenario="exploding", rate=20.0)
     try:
+
         def step() -> int:
             return int(server.get("/api/session")["training"]["step"])
 
         wait_until(lambda: step() >= 15, 60, "15 steps")
-        r = server.client.post("/api/hooks", json={"kind": "clip_norm", "target": "*",
-                                                   "params": {"max_norm": 1.0, "mode": "global"}})
+        r = server.client.post(
+            "/api/hooks",
+            json={"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0, "mode": "global"}},
+        )
         assert r.status_code == 201, r.text
         hook_id = r.json()["id"]
-        applied = wait_until(lambda: next((h["applied_step"] for h in server.get("/api/hooks")
-                                           if h["id"] == hook_id), None), 30, "the hook applied")
+        applied = wait_until(
+            lambda: next((h["applied_step"] for h in server.get("/api/hooks") if h["id"] == hook_id), None),
+            30,
+            "the hook applied",
+        )
         wait_until(lambda: step() >= 40, 60, "40 steps")
         run_id = server.get("/api/session")["run_id"]
     finally:
@@ -74,9 +80,14 @@ def report(recorded: dict[str, Any]) -> Path:
     """The run exported by the real CLI: `gradient-inspector export DB --format html -o OUT`."""
     out = recorded["tmp"] / "shared" / "report.html"
     out.parent.mkdir()
-    proc = subprocess.run([*support.cli_command(), "export", str(recorded["db"]), "--format", "html", "-o", str(out)],
-                          cwd=recorded["tmp"], capture_output=True, text=True, timeout=120,
-                          env=support.repo_env())
+    proc = subprocess.run(
+        [*support.cli_command(), "export", str(recorded["db"]), "--format", "html", "-o", str(out)],
+        cwd=recorded["tmp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=support.repo_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""  # the report went to the file, not to the terminal
     assert f"of run {recorded['run']} to {out}" in proc.stderr
@@ -105,8 +116,9 @@ def embedded(path: Path) -> dict[str, Any]:
     """The report's data, parsed as strict JSON (NaN/Infinity literals refused)."""
     text = path.read_text(encoding="utf-8")
     start = text.index('<script type="application/json" id="report-data">') + len(
-        '<script type="application/json" id="report-data">')
-    body = text[start:text.index("</script>", start)]
+        '<script type="application/json" id="report-data">'
+    )
+    body = text[start : text.index("</script>", start)]
 
     def refuse(name: str) -> Any:
         raise AssertionError(f"non-strict JSON constant {name} in the report")
@@ -124,16 +136,23 @@ def test_report_opens_offline_and_draws_every_chart_and_the_hook_change(
     data = embedded(report)
     n_steps = len(data["steps"])
     assert n_steps >= 40, n_steps
-    assert points == {"chart-norms": n_steps, "chart-heatmap": n_steps, "chart-absmax": len(data["params"]),
-                      "chart-ratio": n_steps}, points
+    assert points == {
+        "chart-norms": n_steps,
+        "chart-heatmap": n_steps,
+        "chart-absmax": len(data["params"]),
+        "chart-ratio": n_steps,
+    }, points
     # the norms chart: raw and final global norms and the loss, each with points
     lengths = page.evaluate("""() => document.getElementById("chart-norms").data
                                  .map((t) => t.y.filter((v) => v !== null).length)""")
     assert all(n > 0 for n in lengths[:3]), lengths
     # the heatmaps have real colours (log10 values), not only gaps
     for chart in ("chart-heatmap", "chart-ratio"):
-        finite = page.evaluate("""(id) => document.getElementById(id).data[0].z.flat()
-                                    .filter((v) => typeof v === "number").length""", chart)
+        finite = page.evaluate(
+            """(id) => document.getElementById(id).data[0].z.flat()
+                                    .filter((v) => typeof v === "number").length""",
+            chart,
+        )
         assert finite > 0, chart
 
     # the clip_norm change: a row of the table, and a marker on the step charts at its step
@@ -152,8 +171,13 @@ def test_report_opens_offline_and_draws_every_chart_and_the_hook_change(
     header = page.locator("dl.facts").inner_text()
     import inspector
 
-    for text in (f"Run\n{recorded['run']}", "exploding", "tensors", f"version {inspector.__version__}",
-                 "gradient-inspector export"):
+    for text in (
+        f"Run\n{recorded['run']}",
+        "exploding",
+        "tensors",
+        f"version {inspector.__version__}",
+        "gradient-inspector export",
+    ):
         assert text in header, text
 
     shot = tmp_path / "report.png"
@@ -179,24 +203,70 @@ def test_hostile_names_are_escaped_and_nothing_of_them_runs(tmp_path: Path, new_
     store = HistoryStore(db)
     evil = "</script><script>window.pwned = 1</script>"
     names = [f"{evil}.weight", "<img src=x onerror=window.pwned=2>.bias"]
-    run = store.new_run(params=[{"name": n, "shape": [4], "numel": 4, "module": "m"} for n in names],
-                        modules=["", "m"], scenario="<b>evil</b>")
+    run = store.new_run(
+        params=[{"name": n, "shape": [4], "numel": 4, "module": "m"} for n in names],
+        modules=["", "m"],
+        scenario="<b>evil</b>",
+    )
     store.start_writer()
     store.add_hooks(run, 0, [])
-    hook = {"id": "h1", "kind": "clip_value", "point": "pre_step", "target": "<img src=x onerror=window.pwned=3>",
-            "params": {"threshold": 0.5}, "enabled": True, "position": 0, "applied_step": 3}
-    store.add_event(run, {"seq": 1, "kind": "hook_applied", "time": time.time(), "hook_id": "h1", "action": "add",
-                          "before": None, "after": hook, "applied_step": 3, "config_version": 1})
+    hook = {
+        "id": "h1",
+        "kind": "clip_value",
+        "point": "pre_step",
+        "target": "<img src=x onerror=window.pwned=3>",
+        "params": {"threshold": 0.5},
+        "enabled": True,
+        "position": 0,
+        "applied_step": 3,
+    }
+    store.add_event(
+        run,
+        {
+            "seq": 1,
+            "kind": "hook_applied",
+            "time": time.time(),
+            "hook_id": "h1",
+            "action": "add",
+            "before": None,
+            "after": hook,
+            "applied_step": 3,
+            "config_version": 1,
+        },
+    )
     store.add_hooks(run, 1, [hook])
-    store.add_event(run, {"seq": 2, "kind": "nonfinite", "time": time.time(), "step": 4, "param": names[0],
-                          "rank": 0, "nan": 4, "inf": 0, "action_taken": "report"})
+    store.add_event(
+        run,
+        {
+            "seq": 2,
+            "kind": "nonfinite",
+            "time": time.time(),
+            "step": 4,
+            "param": names[0],
+            "rank": 0,
+            "nan": 4,
+            "inf": 0,
+            "action_taken": "report",
+        },
+    )
     for step in range(1, 7):
         bad = float("nan") if step == 4 else 0.5
-        store.add_snapshot(run, {"step": step, "time": time.time(), "loss": 1.0 / step,
-                                 "grad_norm_raw": [bad, 0.1], "grad_norm": [bad, 0.1],
-                                 "grad_absmax_raw": [0.9, 0.2], "grad_absmax": [0.5, 0.2],
-                                 "update_ratio": [1e-3, None], "total_norm_raw": bad, "total_norm": bad,
-                                 "events": []})
+        store.add_snapshot(
+            run,
+            {
+                "step": step,
+                "time": time.time(),
+                "loss": 1.0 / step,
+                "grad_norm_raw": [bad, 0.1],
+                "grad_norm": [bad, 0.1],
+                "grad_absmax_raw": [0.9, 0.2],
+                "grad_absmax": [0.5, 0.2],
+                "update_ratio": [1e-3, None],
+                "total_norm_raw": bad,
+                "total_norm": bad,
+                "events": [],
+            },
+        )
     store.close()
     out = tmp_path / "hostile.html"
     assert cli.main(["export", str(db), "--format", "html", "-o", str(out)]) == 0

@@ -114,7 +114,9 @@ async def reader(url: str, stats: Stats, ready: asyncio.Event, stop: asyncio.Eve
         ready.set()
 
 
-async def reconnecting(url: str, stats: Stats, ready: asyncio.Event, stop: asyncio.Event, delay: float) -> None:
+async def reconnecting(
+    url: str, stats: Stats, ready: asyncio.Event, stop: asyncio.Event, delay: float
+) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
@@ -157,8 +159,12 @@ def stalled_socket(url: str) -> socket.socket:
     sock.connect((parts.hostname, parts.port))
     key = base64.b64encode(os.urandom(16)).decode()
     path = parts.path + (f"?{parts.query}" if parts.query else "")
-    sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
-                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    sock.sendall(
+        (
+            f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
     head = b""
     while b"\r\n\r\n" not in head:
         byte = sock.recv(1)  # byte by byte: the response head and nothing after it
@@ -184,7 +190,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             ready = asyncio.Event()
             readies.append(ready)
             if kind == "reconnect":
-                tasks.append(asyncio.create_task(reconnecting(args.url, st, ready, stop, args.reconnect_delay)))
+                tasks.append(
+                    asyncio.create_task(reconnecting(args.url, st, ready, stop, args.reconnect_delay))
+                )
             else:
                 delay = args.slow_delay if kind == "slow" else 0.0
                 tasks.append(asyncio.create_task(reader(args.url, st, ready, stop, delay)))

@@ -45,7 +45,13 @@ VALID_HOOKS = [
     {"kind": "clip_norm", "target": "0.*", "params": {"max_norm": 0.5, "mode": "per_tensor"}},
     {"kind": "nan_guard", "target": "*", "params": {"action": "zero"}},
     {"kind": "module_log", "target": "*", "point": "module", "params": {"grad_input": True}},
-    {"kind": "l2", "target": "2.weight", "point": "post_accumulate", "params": {"lam": 0.01}, "enabled": False},
+    {
+        "kind": "l2",
+        "target": "2.weight",
+        "point": "post_accumulate",
+        "params": {"lam": 0.01},
+        "enabled": False,
+    },
 ]
 
 
@@ -58,21 +64,33 @@ def strategy(srv, op, mode):
     if op.label == "POST /api/hooks":
         return st.one_of(base, st.sampled_from(VALID_HOOKS).flatmap(lambda b: op.as_strategy(body=b)))
     if op.label == "POST /api/hooks/import":
-        return st.one_of(base, st.lists(st.sampled_from(VALID_HOOKS), max_size=3).flatmap(
-            lambda hooks: op.as_strategy(body={"format": "gradient-inspector/hooks", "version": 1, "hooks": hooks})))
+        return st.one_of(
+            base,
+            st.lists(st.sampled_from(VALID_HOOKS), max_size=3).flatmap(
+                lambda hooks: op.as_strategy(
+                    body={"format": "gradient-inspector/hooks", "version": 1, "hooks": hooks}
+                )
+            ),
+        )
     if "{hook_id}" in op.label:
         ids = [h["id"] for h in srv.insp.import_hooks(VALID_HOOKS[:3])]
         quiesce(srv.insp)
-        return st.one_of(base, st.sampled_from(ids).flatmap(
-            lambda i: op.as_strategy(path_parameters={"hook_id": i})))
+        return st.one_of(
+            base, st.sampled_from(ids).flatmap(lambda i: op.as_strategy(path_parameters={"hook_id": i}))
+        )
     return base
 
 
 def fuzzer(srv, session, op, mode, seen, restore):
     """A hypothesis test over one operation's cases (see the module docstring)."""
 
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              derandomize=not os.environ.get("GI_FUZZ_RANDOM"), suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=not os.environ.get("GI_FUZZ_RANDOM"),
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy(srv, op, mode))
     def run(case) -> None:
         before = (quiesce(srv.insp), srv.insp.hooks())
@@ -102,9 +120,18 @@ def test_every_route_no_5xx_and_rejections_change_nothing(live, observer):
     session.trust_env = False  # 127.0.0.1 only, never through a proxy
     ops = [r.ok() for r in schema.get_all_operations()]
     labels = {op.label for op in ops}
-    assert {"GET /api/session", "POST /api/hooks", "PATCH /api/hooks/{hook_id}", "DELETE /api/hooks/{hook_id}",
-            "POST /api/hooks/import", "POST /api/training/{action}", "POST /api/training/rate",
-            "GET /api/snapshots", "GET /api/events", "GET /api/targets"} <= labels, labels
+    assert {
+        "GET /api/session",
+        "POST /api/hooks",
+        "PATCH /api/hooks/{hook_id}",
+        "DELETE /api/hooks/{hook_id}",
+        "POST /api/hooks/import",
+        "POST /api/training/{action}",
+        "POST /api/training/rate",
+        "GET /api/snapshots",
+        "GET /api/events",
+        "GET /api/targets",
+    } <= labels, labels
     stats: dict[str, dict[int, int]] = {}
     t0 = time.monotonic()
 
@@ -131,8 +158,14 @@ def test_every_route_no_5xx_and_rejections_change_nothing(live, observer):
     for label, seen in stats.items():
         print(f"  {label}: {dict(sorted(seen.items()))}")
     # the fuzzing reached past validation on the routes that change things
-    for label in ("POST /api/hooks", "POST /api/hooks/import", "PATCH /api/hooks/{hook_id}",
-                  "DELETE /api/hooks/{hook_id}", "POST /api/training/{action}", "GET /api/snapshots"):
+    for label in (
+        "POST /api/hooks",
+        "POST /api/hooks/import",
+        "PATCH /api/hooks/{hook_id}",
+        "DELETE /api/hooks/{hook_id}",
+        "POST /api/training/{action}",
+        "GET /api/snapshots",
+    ):
         assert any(code < 300 for code in stats[f"{label} positive"]), (label, stats[f"{label} positive"])
         negative = stats[f"{label} negative"]  # (a string path parameter cannot be made schema-invalid)
         assert not negative or any(400 <= code < 500 for code in negative), (label, negative)

@@ -57,8 +57,9 @@ def run_through_a_write_fault(srv, observer, break_writes, mend_writes, reason: 
     assert history_events(srv) == []
 
     break_writes()
-    paused = wait_until(lambda: [e for e in history_events(srv) if e["kind"] == "history_paused"], 20,
-                        "history_paused")[0]
+    paused = wait_until(
+        lambda: [e for e in history_events(srv) if e["kind"] == "history_paused"], 20, "history_paused"
+    )[0]
     assert reason in paused["reason"], paused
     first = srv.insp.step
     session = c.get("/api/session").json()
@@ -79,7 +80,9 @@ def run_through_a_write_fault(srv, observer, break_writes, mend_writes, reason: 
     run = srv.source.run_id
     contiguous(store.steps("snapshots", run), 1, last - 1)
     contiguous(store.steps("scalars", run), 1, last - 2)
-    assert {"history_paused", "history_resumed"} <= set(kinds(store.events(run))), "the events are recorded too"
+    assert {"history_paused", "history_resumed"} <= set(kinds(store.events(run))), (
+        "the events are recorded too"
+    )
     assert store.dropped == 0
     obs.check()
 
@@ -141,11 +144,19 @@ def demo_with_a_file_size_limit(db, limit: int):
     (SIGXFSZ ignored, so a write past it fails with EFBIG instead of killing the process). The
     soft limit only: the hard one stays unlimited, so `prlimit` can lift it without privileges.
     Its output is not kept: a log file would be held to the same limit."""
-    boot = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY)); "
-            "sys.argv = ['gradient-inspector'] + sys.argv[1:]; runpy.run_module('server', run_name='__main__')")
-    return start_demo(None, db=db, rate=50, command=[sys.executable, "-c", boot], cwd=db.parent,
-                      env=repo_env(PYTHONDONTWRITEBYTECODE="1"))
+    boot = (
+        "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY)); "
+        "sys.argv = ['gradient-inspector'] + sys.argv[1:]; runpy.run_module('server', run_name='__main__')"
+    )
+    return start_demo(
+        None,
+        db=db,
+        rate=50,
+        command=[sys.executable, "-c", boot],
+        cwd=db.parent,
+        env=repo_env(PYTHONDONTWRITEBYTECODE="1"),
+    )
 
 
 @pytest.mark.slow
@@ -154,16 +165,23 @@ def test_a_full_disk_file_size_limit_in_a_demo_process(tmp_path):
     demo = demo_with_a_file_size_limit(db, 256 << 10)
     c = demo.client
     try:
+
         def events(kind):
             return [e for e in c.get("/api/events").json()["events"] if e["kind"] == kind]
 
-        paused = wait_until(lambda: events("history_paused"), 60, "history_paused (the WAL reaching 256 KiB)")[0]
+        paused = wait_until(
+            lambda: events("history_paused"), 60, "history_paused (the WAL reaching 256 KiB)"
+        )[0]
         assert "cannot write" in paused["reason"]
         step = c.get("/api/session").json()["training"]["step"]
-        wait_until(lambda: c.get("/api/session").json()["training"]["step"] >= step + 20, 30, "training goes on")
+        wait_until(
+            lambda: c.get("/api/session").json()["training"]["step"] >= step + 20, 30, "training goes on"
+        )
         assert c.get("/api/session").json()["history"]["paused"]
         # the disk has room again
-        resource.prlimit(demo.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        resource.prlimit(
+            demo.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
         wait_until(lambda: events("history_resumed"), 30, "history_resumed")
         assert len(events("history_paused")) == 1
         last = c.get("/api/session").json()["training"]["step"]
@@ -210,9 +228,14 @@ def test_replay_and_export_read_the_file_while_a_run_records_it(cli_server, tmp_
         hello = json.loads(ws.recv(timeout=10))
         assert hello["type"] == "hello" and hello["history"]
     assert replay.client.post("/api/training/pause").status_code == 403
-    out = subprocess.run([sys.executable, "-m", "server", "export", str(db), "--format", "jsonl"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env=repo_env())
+    out = subprocess.run(
+        [sys.executable, "-m", "server", "export", str(db), "--format", "jsonl"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=repo_env(),
+    )
     assert out.returncode == 0, out.stderr
     assert sum(1 for line in out.stdout.splitlines() if '"step"' in line) >= 20
     runs = demo.client.get("/api/runs").json()["runs"]
@@ -258,8 +281,11 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
             at_crash = insp.step
             crash.set()
             # the user's loop keeps going; nothing raises into it
-            wait_until(lambda: train(insp, 1) or any(e["kind"] == "server_error" for e in insp.events()), 30,
-                       "server_error")
+            wait_until(
+                lambda: train(insp, 1) or any(e["kind"] == "server_error" for e in insp.events()),
+                30,
+                "server_error",
+            )
         event = next(e for e in insp.events() if e["kind"] == "server_error")
         assert "injected crash" in event["message"]
         assert isinstance(insp._server.error, RuntimeError) and "injected crash" in str(insp._server.error)

@@ -45,8 +45,13 @@ def test_twenty_clients_in_another_process(live, swarm):
     def probe() -> None:
         rss.append(rss_bytes())
         clients = srv.source_clients()
-        queues.append((len(clients), max((len(c.controls) for c in clients), default=0),
-                       max((c.backlog_bytes for c in clients), default=0)))
+        queues.append(
+            (
+                len(clients),
+                max((len(c.controls) for c in clients), default=0),
+                max((c.backlog_bytes for c in clients), default=0),
+            )
+        )
         coalesced.update({c.id: c.coalesced for c in clients})
 
     base = sample(3.0, step, probe)
@@ -57,7 +62,9 @@ def test_twenty_clients_in_another_process(live, swarm):
     # a few hook changes while loaded: every reader must get every `hooks` message
     c = srv.http()
     v0 = quiesce(srv.insp)
-    hook = c.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 5.0}}).json()
+    hook = c.post(
+        "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 5.0}}
+    ).json()
     for change in ({"params": {"threshold": 4.0}}, {"enabled": False}, {"enabled": True}):
         assert c.patch(f"/api/hooks/{hook['id']}", json=change).status_code == 200
     v1 = quiesce(srv.insp)
@@ -70,11 +77,13 @@ def test_twenty_clients_in_another_process(live, swarm):
     for cl in report["clients"]:
         by_kind.setdefault(cl["kind"], []).append(cl)
     growth = max(rss) - rss_before
-    print(f"\nsteps/s: {base:.1f} without clients, {loaded:.1f} with 20, {after:.1f} after; "
-          f"RSS {rss_before / 2**20:.0f} MiB -> max {max(rss) / 2**20:.0f} MiB; "
-          f"longest control backlog {max(q[1] for q in queues)}; coalesced {sum(coalesced.values())}; "
-          f"reconnect cycles {[cl['cycles'] for cl in by_kind['reconnect']]}; "
-          f"hello p50 {sorted(h for cl in report['clients'] for h in cl['hello_s'])[len(report['clients']) // 2]:.3f} s")
+    print(
+        f"\nsteps/s: {base:.1f} without clients, {loaded:.1f} with 20, {after:.1f} after; "
+        f"RSS {rss_before / 2**20:.0f} MiB -> max {max(rss) / 2**20:.0f} MiB; "
+        f"longest control backlog {max(q[1] for q in queues)}; coalesced {sum(coalesced.values())}; "
+        f"reconnect cycles {[cl['cycles'] for cl in by_kind['reconnect']]}; "
+        f"hello p50 {sorted(h for cl in report['clients'] for h in cl['hello_s'])[len(report['clients']) // 2]:.3f} s"
+    )
 
     # loose: 2 shared cores, and each hello (200 snapshots) costs the server tens of ms of GIL
     assert loaded >= 0.5 * min(base, after), (base, loaded, after)
@@ -85,7 +94,9 @@ def test_twenty_clients_in_another_process(live, swarm):
     for cl in by_kind["reader"] + by_kind["slow"]:
         assert not cl["close_codes"], f"a reading client was closed: {cl}"
         assert cl["snapshots"] > 0
-        assert [v for v in cl["hooks_versions"] if v > v0] == list(range(v0 + 1, v1 + 1)), cl["hooks_versions"]
+        assert [v for v in cl["hooks_versions"] if v > v0] == list(range(v0 + 1, v1 + 1)), cl[
+            "hooks_versions"
+        ]
     for cl in by_kind["reader"]:
         assert cl["last_step"] >= final_step - 2 * RATE, (cl["last_step"], final_step)
     for cl in by_kind["reconnect"]:

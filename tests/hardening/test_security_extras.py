@@ -20,10 +20,23 @@ from tests.live import Inbox
 from tests.support import wait_until
 
 
-@pytest.mark.parametrize("host", [
-    "127.1", "2130706433", "0.0.0.0", "[::ffff:127.0.0.1]", "[0:0:0:0:0:0:0:1]", "localhost.localdomain",
-    "127.0.0.1.nip.io", "localhost.evil.example", "evil.example@localhost", "[::1", "::1", "127.0.0.1 ",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.1",
+        "2130706433",
+        "0.0.0.0",
+        "[::ffff:127.0.0.1]",
+        "[0:0:0:0:0:0:0:1]",
+        "localhost.localdomain",
+        "127.0.0.1.nip.io",
+        "localhost.evil.example",
+        "evil.example@localhost",
+        "[::1",
+        "::1",
+        "127.0.0.1 ",
+    ],
+)
 def test_dns_rebinding_guard_refuses_other_spellings(live, host):
     srv = live()
     c = srv.http()
@@ -59,7 +72,9 @@ def raw_request(port: int, data: bytes) -> bytes:
 def test_no_host_header_is_refused(live):
     srv = live()
     reply = raw_request(srv.port, b"GET /api/session HTTP/1.0\r\n\r\n")
-    assert reply.startswith(b"HTTP/1.1 403") or reply.startswith(b"HTTP/1.0 403") or b" 400 " in reply[:20], reply[:200]
+    assert reply.startswith(b"HTTP/1.1 403") or reply.startswith(b"HTTP/1.0 403") or b" 400 " in reply[:20], (
+        reply[:200]
+    )
     with pytest.raises(InvalidStatus) as info:
         srv.ws(additional_headers={"host": "127.0.0.1.nip.io"})
     assert info.value.response.status_code == 403
@@ -92,8 +107,10 @@ def test_a_chunked_body_past_the_limit_is_refused(live):
     """No Content-Length to refuse early: the limit holds while the body streams in."""
     srv = live()
     chunk = b"[" + b"{}," * 20000
-    head = (f"POST /api/hooks/import HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n"
-            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    head = (
+        f"POST /api/hooks/import HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(40)) + b"0\r\n\r\n"  # 2.4 MB
     reply = raw_request(srv.port, head + body)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
@@ -118,16 +135,24 @@ def test_the_frame_limit_at_its_edge(live):
 def test_the_command_budget_is_per_client_address(live):
     srv = live(commands_per_second=5)
     c = srv.http()
-    other = httpx.Client(base_url=srv.base, trust_env=False, timeout=10,
-                         transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    other = httpx.Client(
+        base_url=srv.base,
+        trust_env=False,
+        timeout=10,
+        transport=httpx.HTTPTransport(local_address="127.0.0.2"),
+    )
     try:
         codes = [c.post("/api/hooks", json={"kind": "nope"}).status_code for _ in range(30)]
         assert 429 in codes and set(codes) <= {422, 429}, codes
         assert c.get("/api/hooks").status_code == 200, "reads are not budgeted"
-        assert other.post("/api/hooks", json={"kind": "nope"}).status_code == 422, "another address has its own"
+        assert other.post("/api/hooks", json={"kind": "nope"}).status_code == 422, (
+            "another address has its own"
+        )
         assert srv.insp.hooks() == []
         # the budget refills (5 a second)
-        wait_until(lambda: c.post("/api/hooks", json={"kind": "nope"}).status_code == 422, 10, "a refilled budget")
+        wait_until(
+            lambda: c.post("/api/hooks", json={"kind": "nope"}).status_code == 422, 10, "a refilled budget"
+        )
     finally:
         other.close()
 
@@ -137,15 +162,21 @@ def test_no_cors_header_on_any_route(live, token):
     srv = live(token=token)
     c = srv.http()
     paths = ["/", "/ws", "/docs", "/openapi.json", "/vendor/plotly.min.js", "/static/app.js", "/nope"]
-    paths += [p.replace("{hook_id}", "h1").replace("{action}", "pause")
-              for p in srv.http(headers={"authorization": f"Bearer {token}"} if token else {})
-              .get("/openapi.json").json()["paths"]]
+    paths += [
+        p.replace("{hook_id}", "h1").replace("{action}", "pause")
+        for p in srv.http(headers={"authorization": f"Bearer {token}"} if token else {})
+        .get("/openapi.json")
+        .json()["paths"]
+    ]
     seen = set()
     for path in paths:
         for origin in ("http://evil.example", "null", f"http://127.0.0.1:{srv.port}"):
             for method in ("OPTIONS", "GET", "POST", "DELETE"):
-                headers = {"origin": origin, "access-control-request-method": "POST",
-                           "access-control-request-headers": "content-type, authorization"}
+                headers = {
+                    "origin": origin,
+                    "access-control-request-method": "POST",
+                    "access-control-request-headers": "content-type, authorization",
+                }
                 r = c.request(method, path, headers=headers)
                 seen.add(r.status_code)
                 leaked = [k for k in r.headers if k.lower().startswith("access-control-")]
@@ -159,8 +190,15 @@ def test_the_token_stays_out_of_the_log_however_it_is_spelled(cli_server, tmp_pa
     srv = cli_server(["demo", "--host", "0.0.0.0", "--db", str(tmp_path / "h.sqlite")])
     token = re.findall(r"http://\S+\?token=(\S+)", srv.log())[0]
     c = srv.client
-    for query in (f"token={token}", f"TOKEN={token}", f"%74oken={token}", f"%54%4F%4B%45%4E={token}",
-                  f"a=1&token={token}", f"token={token}&token={token}", f"token={token[:-1]}x"):
+    for query in (
+        f"token={token}",
+        f"TOKEN={token}",
+        f"%74oken={token}",
+        f"%54%4F%4B%45%4E={token}",
+        f"a=1&token={token}",
+        f"token={token}&token={token}",
+        f"token={token[:-1]}x",
+    ):
         c.get(f"/api/session?{query}")
         c.get(f"/nope?{query}")
     c.get("/api/session", headers={"authorization": f"Bearer {token}"})

@@ -18,9 +18,11 @@ STEPS = 5000
 def test_short_soak(tmp_path):
     result = run_soak(STEPS, tmp_path / "soak.sqlite", every=1, sample_s=1.0, timeout=240)
     s = result["summary"]
-    print(f"\n{s['steps']} steps in {s['seconds']} s; RSS {s['rss_start'] / 2**20:.0f} -> {s['rss_max'] / 2**20:.0f} MiB;"
-          f" db {s['db_bytes'] / 2**20:.1f} MiB (+wal {s['wal_bytes'] / 2**20:.1f}); rows {s['snapshot_rows']}"
-          f"/{s['snapshot_bound']} snapshots, {s['scalar_rows']}/{s['scalar_bound']} scalars")
+    print(
+        f"\n{s['steps']} steps in {s['seconds']} s; RSS {s['rss_start'] / 2**20:.0f} -> {s['rss_max'] / 2**20:.0f} MiB;"
+        f" db {s['db_bytes'] / 2**20:.1f} MiB (+wal {s['wal_bytes'] / 2**20:.1f}); rows {s['snapshot_rows']}"
+        f"/{s['snapshot_bound']} snapshots, {s['scalar_rows']}/{s['scalar_bound']} scalars"
+    )
     assert check_soak(result) == []
     assert s["snapshot_rows"] < s["steps"], "thinning ran"
     clients = s["clients"]["clients"]

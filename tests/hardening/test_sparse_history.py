@@ -43,7 +43,9 @@ def check(kept: list[int], newest: int, cadence: int) -> None:
             continue  # not yet thinned, or not a whole octave
         rows = [s for s in kept if lo_age <= newest - s < hi_age]
         expected = (hi_age - lo_age) / max(2 ** (k + 1), cadence)
-        assert len(rows) >= expected / 2, f"octave {k} (stride {2 ** (k + 1)}): {len(rows)} rows of about {expected:.0f}"
+        assert len(rows) >= expected / 2, (
+            f"octave {k} (stride {2 ** (k + 1)}): {len(rows)} rows of about {expected:.0f}"
+        )
 
 
 def test_odd_steps_only(tmp_path):

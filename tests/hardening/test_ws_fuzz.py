@@ -22,9 +22,31 @@ from tests.support import wait_until
 from .tools import quiesce
 
 KNOWN_TYPES = ["add_hook", "update_hook", "remove_hook", "pause", "resume", "step", "rate", "subscribe"]
-FIELDS = ["kind", "target", "params", "point", "enabled", "id", "position", "steps_per_second", "max_rate", "hist"]
+FIELDS = [
+    "kind",
+    "target",
+    "params",
+    "point",
+    "enabled",
+    "id",
+    "position",
+    "steps_per_second",
+    "max_rate",
+    "hist",
+]
 KINDS = ["clip_value", "clip_norm", "scale", "l2", "freeze", "nan_guard", "noise", "module_log", "python"]
-PARAM_KEYS = ["threshold", "max_norm", "mode", "norm_type", "factor", "lam", "action", "std", "seed", "grad_input"]
+PARAM_KEYS = [
+    "threshold",
+    "max_norm",
+    "mode",
+    "norm_type",
+    "factor",
+    "lam",
+    "action",
+    "std",
+    "seed",
+    "grad_input",
+]
 NAMES = ["*", "0.*", "0.weight", "2.bias", "", "0", "nothing.*", "[", "**", "x" * 300]
 
 
@@ -62,49 +84,105 @@ def still_fine(srv, obs, steps: int = 2) -> None:
 
 # -- fixed cases: every one gets an error, in order, and the socket stays open ------------------------
 
+
 def nested(depth: int, leaf: str = "1") -> str:
     return "[" * depth + leaf + "]" * depth
 
 
 ERRORS: list[tuple[str, Any]] = [
-    ("", None), (" ", None), ("{", None), ("not json", None), ('{"type": "pause"', None), ("null", None),
-    ("1", None), ('"pause"', None), ("[]", None), ("{}", None), ("\u0000", None), ("NaN", None),
-    ("\ufeff{}", None), ('{"type": "pause", "type": 3}', None),
-    (nested(20000), None),                                   # past Python's recursion limit, under 64 KiB
-    ('{"a":' * 6000 + "1" + "}" * 6000, None),              # nested objects, ~40 KiB
-    (json.dumps({"type": "add_hook", "request_id": "n1", "kind": "clip_value",
-                 "params": {"threshold": json.loads(nested(900))}}), "n1"),
-    ('{"type": "add_hook", "request_id": "n2", "kind": "clip_value", "params": {"threshold": ' + nested(5000)
-     + "}}", None),                                           # too deep: the request_id cannot be read
+    ("", None),
+    (" ", None),
+    ("{", None),
+    ("not json", None),
+    ('{"type": "pause"', None),
+    ("null", None),
+    ("1", None),
+    ('"pause"', None),
+    ("[]", None),
+    ("{}", None),
+    ("\u0000", None),
+    ("NaN", None),
+    ("\ufeff{}", None),
+    ('{"type": "pause", "type": 3}', None),
+    (nested(20000), None),  # past Python's recursion limit, under 64 KiB
+    ('{"a":' * 6000 + "1" + "}" * 6000, None),  # nested objects, ~40 KiB
+    (
+        json.dumps(
+            {
+                "type": "add_hook",
+                "request_id": "n1",
+                "kind": "clip_value",
+                "params": {"threshold": json.loads(nested(900))},
+            }
+        ),
+        "n1",
+    ),
+    (
+        '{"type": "add_hook", "request_id": "n2", "kind": "clip_value", "params": {"threshold": '
+        + nested(5000)
+        + "}}",
+        None,
+    ),  # too deep: the request_id cannot be read
     ('{"type": "add_hook", "request_id": "n3", "kind": "clip_value", "params": {"threshold": NaN}}', "n3"),
-    ('{"type": "add_hook", "request_id": "n4", "kind": "clip_value", "params": {"threshold": Infinity}}', "n4"),
+    (
+        '{"type": "add_hook", "request_id": "n4", "kind": "clip_value", "params": {"threshold": Infinity}}',
+        "n4",
+    ),
     ('{"type": "add_hook", "request_id": "n5", "kind": "clip_value", "params": {"threshold": 1e999}}', "n5"),
     ('{"type": "add_hook", "request_id": "n6", "kind": "noise", "params": {"std": 1, "seed": 1.5}}', "n6"),
-    ('{"type": "add_hook", "request_id": "n7", "kind": "noise", "params": {"std": 1, "seed": '
-     + "9" * 5000 + "}}", None),                              # past Python's int-parsing limit: unreadable
-    ('{"type": "add_hook", "request_id": "n8", "kind": "clip_norm", "params": {"max_norm": 1, '
-     '"norm_type": -0.0}}', "n8"),
+    (
+        '{"type": "add_hook", "request_id": "n7", "kind": "noise", "params": {"std": 1, "seed": '
+        + "9" * 5000
+        + "}}",
+        None,
+    ),  # past Python's int-parsing limit: unreadable
+    (
+        '{"type": "add_hook", "request_id": "n8", "kind": "clip_norm", "params": {"max_norm": 1, '
+        '"norm_type": -0.0}}',
+        "n8",
+    ),
     ('{"type": "add_hook", "request_id": "n9", "kind": "clip_value", "params": {"threshold": "1"}}', "n9"),
     ('{"type": "add_hook", "request_id": "n10", "kind": "clip_value", "params": [1]}', "n10"),
     ('{"type": "add_hook", "request_id": "n11", "kind": "clip_value", "params": null}', "n11"),
-    ('{"type": "add_hook", "request_id": "n12", "kind": "clip_value", "params": {"threshold": 1, '
-     '"enabled": false}}', "n12"),
-    ('{"type": "add_hook", "request_id": "n13", "kind": "clip_value", "target": ["*"], '
-     '"params": {"threshold": 1}}', "n13"),
-    ('{"type": "add_hook", "request_id": "n14", "kind": "clip_value", "target": "' + "*" * 257
-     + '", "params": {"threshold": 1}}', "n14"),
+    (
+        '{"type": "add_hook", "request_id": "n12", "kind": "clip_value", "params": {"threshold": 1, '
+        '"enabled": false}}',
+        "n12",
+    ),
+    (
+        '{"type": "add_hook", "request_id": "n13", "kind": "clip_value", "target": ["*"], '
+        '"params": {"threshold": 1}}',
+        "n13",
+    ),
+    (
+        '{"type": "add_hook", "request_id": "n14", "kind": "clip_value", "target": "'
+        + "*" * 257
+        + '", "params": {"threshold": 1}}',
+        "n14",
+    ),
     ('{"type": "add_hook", "request_id": "n15", "kind": "module_log", "point": "pre_step"}', "n15"),
     ('{"type": "add_hook", "request_id": "n16", "kind": "python"}', "n16"),
-    ('{"type": "add_hook", "request_id": "n17", "kind": "clip_value", "point": 7, "params": {"threshold": 1}}', "n17"),
+    (
+        '{"type": "add_hook", "request_id": "n17", "kind": "clip_value", "point": 7, "params": {"threshold": 1}}',
+        "n17",
+    ),
     ('{"type": "add_hook", "request_id": "n18", "kind": "' + "k" * 65 + '"}', "n18"),
-    ('{"type": "add_hook", "request_id": "n19", "kind": "clip_value", "params": {"threshold": 1, '
-     '"\\ud800": 1}}', "n19"),                                # a lone surrogate as a key
-    ('{"type": 5, "request_id": "t1"}', "t1"), ('{"type": null, "request_id": "t2"}', "t2"),
-    ('{"type": ["pause"], "request_id": "t3"}', "t3"), ('{"type": {"a": 1}, "request_id": "t4"}', "t4"),
-    ('{"type": "PAUSE", "request_id": "t5"}', "t5"), ('{"type": "pause ", "request_id": "t6"}', "t6"),
+    (
+        '{"type": "add_hook", "request_id": "n19", "kind": "clip_value", "params": {"threshold": 1, '
+        '"\\ud800": 1}}',
+        "n19",
+    ),  # a lone surrogate as a key
+    ('{"type": 5, "request_id": "t1"}', "t1"),
+    ('{"type": null, "request_id": "t2"}', "t2"),
+    ('{"type": ["pause"], "request_id": "t3"}', "t3"),
+    ('{"type": {"a": 1}, "request_id": "t4"}', "t4"),
+    ('{"type": "PAUSE", "request_id": "t5"}', "t5"),
+    ('{"type": "pause ", "request_id": "t6"}', "t6"),
     ('{"type": "pause", "request_id": "t7", "extra": 1}', "t7"),
-    ('{"type": "pause", "request_id": ["a"]}', None), ('{"type": "pause", "request_id": {"a": 1}}', None),
-    ('{"type": "pause", "request_id": 1.5}', None), ('{"type": "pause", "request_id": true}', None),
+    ('{"type": "pause", "request_id": ["a"]}', None),
+    ('{"type": "pause", "request_id": {"a": 1}}', None),
+    ('{"type": "pause", "request_id": 1.5}', None),
+    ('{"type": "pause", "request_id": true}', None),
     ('{"type": "pause", "request_id": "' + "r" * 129 + '"}', "r" * 129),  # too long: refused, echoed as read
     ('{"type": "update_hook", "request_id": "u1", "id": 5}', "u1"),
     ('{"type": "update_hook", "request_id": "u2", "id": ""}', "u2"),
@@ -216,7 +294,9 @@ def test_bursts(live, observer):
         for t in texts:
             ws.send(t)
         replies = [drain_reply(box) for _ in texts]
-        assert [r["request_id"] for r in replies] == [None if t == "{broken" else i for i, t in enumerate(texts)]
+        assert [r["request_id"] for r in replies] == [
+            None if t == "{broken" else i for i, t in enumerate(texts)
+        ]
         assert [r["type"] for r in replies] == ["ack" if i % 3 == 0 else "error" for i in range(90)]
     with srv.ws() as ws:
         ws.recv(timeout=10)
@@ -233,24 +313,51 @@ def test_bursts(live, observer):
 # -- hypothesis: random commands ------------------------------------------------------------------------
 
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
-    st.sampled_from(NAMES + KINDS + PARAM_KEYS + ["pre_step", "post_accumulate", "module", "global", "per_tensor",
-                                                  "report", "zero", "skip", "h1", "h2"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        NAMES
+        + KINDS
+        + PARAM_KEYS
+        + [
+            "pre_step",
+            "post_accumulate",
+            "module",
+            "global",
+            "per_tensor",
+            "report",
+            "zero",
+            "skip",
+            "h1",
+            "h2",
+        ]
+    ),
 )
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4)
-                          | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 numbers = st.one_of(st.integers(-3, 10), st.floats(-10, 10), st.sampled_from([1e-300, 1e300, 0.0, -0.0, 0.5]))
-params = st.dictionaries(st.sampled_from(PARAM_KEYS) | st.text(max_size=6),
-                         numbers | json_leaf | st.sampled_from(["global", "per_tensor", "report", "zero", "skip"]),
-                         max_size=4)
+params = st.dictionaries(
+    st.sampled_from(PARAM_KEYS) | st.text(max_size=6),
+    numbers | json_leaf | st.sampled_from(["global", "per_tensor", "report", "zero", "skip"]),
+    max_size=4,
+)
 field_values = {
-    "kind": st.sampled_from(KINDS) | json_leaf, "target": st.sampled_from(NAMES) | json_leaf,
-    "params": params | json_value, "point": st.sampled_from(["pre_step", "post_accumulate", "module"]) | json_leaf,
-    "enabled": st.booleans() | json_leaf, "id": st.sampled_from(["h1", "h2", "h3", "h4"]) | json_leaf,
-    "position": st.integers(-1, 5) | json_leaf, "steps_per_second": numbers | json_leaf,
-    "max_rate": numbers | json_leaf, "hist": st.lists(st.sampled_from(["0.weight", "2.bias", "nope"]), max_size=3)
-    | json_value,
+    "kind": st.sampled_from(KINDS) | json_leaf,
+    "target": st.sampled_from(NAMES) | json_leaf,
+    "params": params | json_value,
+    "point": st.sampled_from(["pre_step", "post_accumulate", "module"]) | json_leaf,
+    "enabled": st.booleans() | json_leaf,
+    "id": st.sampled_from(["h1", "h2", "h3", "h4"]) | json_leaf,
+    "position": st.integers(-1, 5) | json_leaf,
+    "steps_per_second": numbers | json_leaf,
+    "max_rate": numbers | json_leaf,
+    "hist": st.lists(st.sampled_from(["0.weight", "2.bias", "nope"]), max_size=3) | json_value,
 }
 garbage = st.builds(
     lambda kind, fields, extra: {"type": kind, **fields, **extra},
@@ -261,8 +368,13 @@ garbage = st.builds(
 positive = st.floats(1e-6, 1e3)
 KIND_PARAMS = {
     "clip_value": st.fixed_dictionaries({"threshold": positive}),
-    "clip_norm": st.fixed_dictionaries({"max_norm": positive}, optional={
-        "mode": st.sampled_from(["global", "per_tensor"]), "norm_type": st.sampled_from([1.0, 2.0, "inf", 0.5])}),
+    "clip_norm": st.fixed_dictionaries(
+        {"max_norm": positive},
+        optional={
+            "mode": st.sampled_from(["global", "per_tensor"]),
+            "norm_type": st.sampled_from([1.0, 2.0, "inf", 0.5]),
+        },
+    ),
     "scale": st.fixed_dictionaries({"factor": st.floats(-2, 2)}),
     "l2": st.fixed_dictionaries({"lam": st.floats(0, 1)}),
     "freeze": st.just({}),
@@ -270,28 +382,45 @@ KIND_PARAMS = {
     "noise": st.fixed_dictionaries({"std": st.floats(0, 0.1)}, optional={"seed": st.integers(0, 2**63)}),
     "module_log": st.fixed_dictionaries({}, optional={"grad_input": st.booleans()}),
 }
-add_hook = st.sampled_from(sorted(KIND_PARAMS)).flatmap(lambda kind: st.fixed_dictionaries(
-    {"type": st.just("add_hook"), "kind": st.just(kind), "params": KIND_PARAMS[kind]},
-    optional={"target": st.sampled_from(["*", "0.*", "2.weight", "nothing.*", "", "0"]),
-              "point": st.sampled_from(["pre_step", "post_accumulate", "module"]), "enabled": st.booleans()}))
+add_hook = st.sampled_from(sorted(KIND_PARAMS)).flatmap(
+    lambda kind: st.fixed_dictionaries(
+        {"type": st.just("add_hook"), "kind": st.just(kind), "params": KIND_PARAMS[kind]},
+        optional={
+            "target": st.sampled_from(["*", "0.*", "2.weight", "nothing.*", "", "0"]),
+            "point": st.sampled_from(["pre_step", "post_accumulate", "module"]),
+            "enabled": st.booleans(),
+        },
+    )
+)
 EXISTING = "<existing>"  # replaced by the id of a hook that exists when the case runs
 update_hook = st.fixed_dictionaries(
     {"type": st.just("update_hook"), "id": st.sampled_from([EXISTING, EXISTING, "h404"])},
-    optional={"params": st.dictionaries(st.sampled_from(PARAM_KEYS), numbers, max_size=2),
-              "enabled": st.booleans(), "target": st.sampled_from(["*", "2.*", "nothing.*"]),
-              "position": st.integers(0, 6)})
+    optional={
+        "params": st.dictionaries(st.sampled_from(PARAM_KEYS), numbers, max_size=2),
+        "enabled": st.booleans(),
+        "target": st.sampled_from(["*", "2.*", "nothing.*"]),
+        "position": st.integers(0, 6),
+    },
+)
 shaped = st.one_of(
-    add_hook, add_hook, update_hook,
+    add_hook,
+    add_hook,
+    update_hook,
     st.fixed_dictionaries({"type": st.just("remove_hook"), "id": st.sampled_from([EXISTING, "h404"])}),
     st.fixed_dictionaries({"type": st.sampled_from(["pause", "resume", "step"])}),
     st.fixed_dictionaries({"type": st.just("rate"), "steps_per_second": st.none() | st.floats(0.5, 500)}),
-    st.fixed_dictionaries({"type": st.just("subscribe")}, optional={
-        "max_rate": st.none() | st.floats(0.5, 1000), "hist": st.lists(st.sampled_from(["0.weight", "2.bias"]),
-                                                                       max_size=2)}),
+    st.fixed_dictionaries(
+        {"type": st.just("subscribe")},
+        optional={
+            "max_rate": st.none() | st.floats(0.5, 1000),
+            "hist": st.lists(st.sampled_from(["0.weight", "2.bias"]), max_size=2),
+        },
+    ),
 )
 # shaped commands with one field broken or one unknown field added
 mutated = st.tuples(shaped, st.sampled_from(FIELDS + ["colour", "request_id"]), json_value).map(
-    lambda t: {**t[0], t[1]: t[2]})
+    lambda t: {**t[0], t[1]: t[2]}
+)
 command = st.one_of(shaped, shaped, mutated, garbage)
 
 
@@ -316,8 +445,13 @@ def run_random(srv, ws, box) -> None:
     counter = iter(range(10**9))
     outcomes: dict[str, int] = {}
 
-    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(cmd=command, data=st.data())
     def case(cmd: dict[str, Any], data: st.DataObject) -> None:
         rid = next(counter)

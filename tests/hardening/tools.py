@@ -32,14 +32,45 @@ class Swarm:
     `start()` returns once every client has its hello; `finish()` tells it to stop and returns
     its JSON report."""
 
-    def __init__(self, url: str, *, readers: int, slow: int, stalled: int, reconnect: int,
-                 slow_delay: float = 0.2, reconnect_delay: float = 0.5, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int,
+        slow: int,
+        stalled: int,
+        reconnect: int,
+        slow_delay: float = 0.2,
+        reconnect_delay: float = 0.5,
+        timeout: float = 60.0,
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.hardening.swarm", "--url", url, "--readers", str(readers),
-             "--slow", str(slow), "--stalled", str(stalled), "--reconnect", str(reconnect),
-             "--slow-delay", str(slow_delay), "--reconnect-delay", str(reconnect_delay)],
-            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.hardening.swarm",
+                "--url",
+                url,
+                "--readers",
+                str(readers),
+                "--slow",
+                str(slow),
+                "--stalled",
+                str(stalled),
+                "--reconnect",
+                str(reconnect),
+                "--slow-delay",
+                str(slow_delay),
+                "--reconnect-delay",
+                str(reconnect_delay),
+            ],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.timeout = timeout
 
@@ -91,9 +122,8 @@ class Swarm:
                     pass
 
 
-
-
 # -- the core's hook changes --------------------------------------------------------------------------
+
 
 def quiesce(insp: Any, timeout: float = 20.0) -> int:
     """Wait until no accepted hook change is still pending in the core (training must be running,
@@ -106,6 +136,7 @@ def quiesce(insp: Any, timeout: float = 20.0) -> int:
 
 
 # -- the history store's documented bounds (server/storage.py, "Thinning rule") -------------------------
+
 
 def thinning_bound(latest: int, window: int, *, slack: int = 256 + 512) -> int:
     """The most rows the thinning rule keeps for a run whose newest step is `latest`: `window`
@@ -120,6 +151,7 @@ def thinning_bound(latest: int, window: int, *, slack: int = 256 + 512) -> int:
 
 # -- the soak (bench/soak.py, and a short form in test_soak.py) ----------------------------------------
 
+
 def file_size(path: str | os.PathLike[str]) -> int:
     try:
         return os.path.getsize(path)
@@ -127,8 +159,16 @@ def file_size(path: str | os.PathLike[str]) -> int:
         return 0
 
 
-def run_soak(steps: int, db: str | os.PathLike[str], *, every: int | None = 1, clients: bool = True,
-             sample_s: float = 2.0, progress: Any = None, timeout: float = 3600.0) -> dict[str, Any]:
+def run_soak(
+    steps: int,
+    db: str | os.PathLike[str],
+    *,
+    every: int | None = 1,
+    clients: bool = True,
+    sample_s: float = 2.0,
+    progress: Any = None,
+    timeout: float = 3600.0,
+) -> dict[str, Any]:
     """Train the `mlp` demo scenario uncapped for `steps` steps with history on, served, with
     websocket clients in another process (a reader, a slow reader, one that never reads, one
     that reconnects every 2 s); sample memory, the database and the queues every `sample_s`.
@@ -153,16 +193,23 @@ def run_soak(steps: int, db: str | os.PathLike[str], *, every: int | None = 1, c
     insp = inspector.attach(sc.model, sc.optimizer, every=every)
     trainer = Trainer(sc, insp, steps_per_second=None)
     store = HistoryStore(db)
-    source = LiveSource(insp, mode="demo", store=store, trainer=trainer, owns_inspector=True,
-                        scenario={"name": sc.name, "description": sc.description, "try_this": sc.try_this})
+    source = LiveSource(
+        insp,
+        mode="demo",
+        store=store,
+        trainer=trainer,
+        owns_inspector=True,
+        scenario={"name": sc.name, "description": sc.description, "try_this": sc.try_this},
+    )
     app = create_app(source, Settings(port=0))
     server = ThreadedServer(app, Settings(port=0), quiet=True)
     t0 = time.monotonic()
     server.start()
     crowd = None
     if clients:
-        crowd = Swarm(f"ws://127.0.0.1:{server.port}/ws", readers=1, slow=1, stalled=1, reconnect=1,
-                      reconnect_delay=2.0)
+        crowd = Swarm(
+            f"ws://127.0.0.1:{server.port}/ws", readers=1, slow=1, stalled=1, reconnect=1, reconnect_delay=2.0
+        )
         crowd.start()
     reader = sqlite3.connect(f"file:{os.fspath(db)}?mode=ro", uri=True, check_same_thread=False)
     samples: list[dict[str, Any]] = []
@@ -173,10 +220,16 @@ def run_soak(steps: int, db: str | os.PathLike[str], *, every: int | None = 1, c
         snap_rows = reader.execute("SELECT count(*) FROM snapshots WHERE run = ?", (run,)).fetchone()[0]
         scalar_rows = reader.execute("SELECT count(*) FROM scalars WHERE run = ?", (run,)).fetchone()[0]
         s = {
-            "t": round(time.monotonic() - t0, 2), "step": insp.step, "rss": rss_bytes(),
-            "db": file_size(db), "wal": file_size(f"{os.fspath(db)}-wal"),
-            "snapshot_rows": snap_rows, "scalar_rows": scalar_rows,
-            "writer_queue": store._queue.qsize(), "paused": store.paused_reason, "dropped": store.dropped,
+            "t": round(time.monotonic() - t0, 2),
+            "step": insp.step,
+            "rss": rss_bytes(),
+            "db": file_size(db),
+            "wal": file_size(f"{os.fspath(db)}-wal"),
+            "snapshot_rows": snap_rows,
+            "scalar_rows": scalar_rows,
+            "writer_queue": store._queue.qsize(),
+            "paused": store.paused_reason,
+            "dropped": store.dropped,
             "clients": len(hub_clients),
             "max_controls": max((len(c.controls) for c in hub_clients), default=0),
             "max_backlog_bytes": max((c.backlog_bytes for c in hub_clients), default=0),
@@ -210,28 +263,42 @@ def run_soak(steps: int, db: str | os.PathLike[str], *, every: int | None = 1, c
         source.stop()  # idempotent: flushes and closes the store when the lifespan did not
     final_step = insp.step
     run = source.run_id
-    rows = {t: reader.execute(f"SELECT count(*), coalesce(sum(length(data)), 0) FROM {t} WHERE run = ?",
-                              (run,)).fetchone() for t in ("snapshots", "scalars")}
+    rows = {
+        t: reader.execute(
+            f"SELECT count(*), coalesce(sum(length(data)), 0) FROM {t} WHERE run = ?", (run,)
+        ).fetchone()
+        for t in ("snapshots", "scalars")
+    }
     newest = reader.execute("SELECT max(step) FROM snapshots WHERE run = ?", (run,)).fetchone()[0]
-    with_events = reader.execute("SELECT count(*) FROM snapshots WHERE run = ? AND n_events > 0",
-                                 (run,)).fetchone()[0]
+    with_events = reader.execute(
+        "SELECT count(*) FROM snapshots WHERE run = ? AND n_events > 0", (run,)
+    ).fetchone()[0]
     reader.close()
     window = store.full_window
     summary = {
-        "steps": final_step, "every": every, "seconds": round(train_s, 1),
+        "steps": final_step,
+        "every": every,
+        "seconds": round(train_s, 1),
         "steps_per_second": round(final_step / train_s, 1),
-        "rss_start": samples[0]["rss"], "rss_max": max(s["rss"] for s in samples), "rss_end": last["rss"],
-        "db_bytes": file_size(db), "wal_bytes": file_size(f"{os.fspath(db)}-wal"),
-        "snapshot_rows": rows["snapshots"][0], "snapshot_payload": rows["snapshots"][1],
-        "scalar_rows": rows["scalars"][0], "scalar_payload": rows["scalars"][1],
+        "rss_start": samples[0]["rss"],
+        "rss_max": max(s["rss"] for s in samples),
+        "rss_end": last["rss"],
+        "db_bytes": file_size(db),
+        "wal_bytes": file_size(f"{os.fspath(db)}-wal"),
+        "snapshot_rows": rows["snapshots"][0],
+        "snapshot_payload": rows["snapshots"][1],
+        "scalar_rows": rows["scalars"][0],
+        "scalar_payload": rows["scalars"][1],
         "snapshot_bound": thinning_bound(final_step, window) + with_events,
         "scalar_bound": thinning_bound(final_step, 16 * window),
-        "newest_snapshot": newest, "snapshots_with_events": with_events,
+        "newest_snapshot": newest,
+        "snapshots_with_events": with_events,
         "max_writer_queue": max(s["writer_queue"] for s in samples),
         "max_controls": max(s["max_controls"] for s in samples),
         "max_backlog_bytes": max(s["max_backlog_bytes"] for s in samples),
         "max_clients": max(s["clients"] for s in samples),
-        "paused": [s["paused"] for s in samples if s["paused"]], "dropped": last["dropped"],
+        "paused": [s["paused"] for s in samples if s["paused"]],
+        "dropped": last["dropped"],
         "clients": report,
     }
     return {"samples": samples, "summary": summary}
@@ -265,7 +332,9 @@ def check_soak(result: dict[str, Any], *, rss_growth: int = 48 << 20, db_growth:
     quarter = next(x for x in samples if x["step"] >= s["steps"] // 4)
     half = next(x for x in samples if x["step"] >= s["steps"] // 2)
     if s["rss_max"] - quarter["rss"] > rss_growth:
-        fails.append(f"RSS grew by {(s['rss_max'] - quarter['rss']) / 2**20:.1f} MiB after step {quarter['step']}")
+        fails.append(
+            f"RSS grew by {(s['rss_max'] - quarter['rss']) / 2**20:.1f} MiB after step {quarter['step']}"
+        )
     if half["db"] and s["db_bytes"] > db_growth * half["db"]:
         fails.append(f"the database grew from {half['db']} bytes at step {half['step']} to {s['db_bytes']}")
     per_snap = s["snapshot_payload"] / max(1, s["snapshot_rows"])

@@ -19,5 +19,7 @@ def need(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            raise ImportError(f"{module} is missing: scripts/setup.sh installs the lightning and hf extras") from e
+            raise ImportError(
+                f"{module} is missing: scripts/setup.sh installs the lightning and hf extras"
+            ) from e
         pytest.skip(f"{module} is not installed (pip install -e '.[lightning,hf]')", allow_module_level=True)

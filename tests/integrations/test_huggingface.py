@@ -27,8 +27,9 @@ STEPS = 8
 
 def tiny_gpt2() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2,
-                                    bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -45,7 +46,10 @@ class PlainLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         logits = self.head(self.embed(input_ids))  # (B, T, vocab)
-        return {"loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()), "logits": logits}
+        return {
+            "loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()),
+            "logits": logits,
+        }
 
 
 MODELS = {"gpt2": tiny_gpt2, "plain": PlainLM}
@@ -59,10 +63,22 @@ def dataset(n: int = 64) -> list[dict[str, torch.Tensor]]:
 
 def train(tmp_path, callbacks, model: str = "gpt2", **args) -> transformers.Trainer:
     arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-3,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-        dataloader_num_workers=0, **args)
-    trainer = transformers.Trainer(model=MODELS[model](), args=arguments, train_dataset=dataset(), callbacks=callbacks)
+        output_dir=str(tmp_path / "out"),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        **args,
+    )
+    trainer = transformers.Trainer(
+        model=MODELS[model](), args=arguments, train_dataset=dataset(), callbacks=callbacks
+    )
     trainer.train()
     return trainer
 
@@ -101,6 +117,7 @@ def test_without_the_trainers_clipping_the_inspector_clips_and_a_hook_added_mid_
             if kind == "snapshot" and payload["step"] == 3 and not added.is_set():
                 state["hook"] = insp.add_hook("clip_value", target="*", threshold=1e-4).id
                 added.set()
+
         insp.subscribe(watch)
 
     class Gate(transformers.TrainerCallback):

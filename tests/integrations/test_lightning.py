@@ -60,9 +60,18 @@ class Regressor(pl.LightningModule):
 
 def fit(tmp_path, **trainer_kwargs) -> Regressor:
     model = Regressor()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         default_root_dir=tmp_path, **trainer_kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        **trainer_kwargs,
+    )
     trainer.fit(model)
     return model
 
@@ -82,7 +91,7 @@ def test_lightning_clips_before_the_inspector_sees_the_gradients_and_the_loss_is
         assert s["total_norm_raw"] <= CLIP * (1 + 1e-4), s["total_norm_raw"]
         assert s["total_norm"] == pytest.approx(s["total_norm_raw"])
         # the loss of the step: the mean of its two micro-batches, un-normalised
-        first, second = model.losses[2 * s["step"] - 2: 2 * s["step"]]
+        first, second = model.losses[2 * s["step"] - 2 : 2 * s["step"]]
         assert s["loss"] == pytest.approx((first + second) / 2, rel=1e-5), s["step"]
 
 
@@ -97,6 +106,7 @@ def test_without_lightnings_clipping_the_inspector_clips_and_a_hook_added_mid_tr
             if kind == "snapshot" and payload["step"] == 3 and not added.is_set():
                 state["hook"] = insp.add_hook("clip_value", target="*", threshold=1e-4).id
                 added.set()
+
         insp.subscribe(watch)
 
     class Gate(pl.Callback):

@@ -21,7 +21,16 @@ from server import cli
 SUBCOMMANDS = ("demo", "replay", "export")
 # the options DESIGN.md's CLI section promises, per subcommand
 PROMISED = {
-    "demo": ("--scenario", "--host", "--port", "--db", "--token", "--read-only", "--steps-per-second", "--hooks"),
+    "demo": (
+        "--scenario",
+        "--host",
+        "--port",
+        "--db",
+        "--token",
+        "--read-only",
+        "--steps-per-second",
+        "--hooks",
+    ),
     "replay": ("FILE", "--run", "--host", "--port", "--token"),
     "export": ("FILE", "--run", "--format", "-o"),
 }
@@ -52,8 +61,10 @@ def ran(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
     procs = {}
     for key, argv in COMMANDS.items():
         full = [script, *argv[1:]] if argv[0] == "gradient-inspector" else [sys.executable, *argv]
-        procs[key] = (full, subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             cwd=cwd))
+        procs[key] = (
+            full,
+            subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd),
+        )
     results = {}
     for key, (full, proc) in procs.items():
         out, err = proc.communicate(timeout=180)

@@ -113,7 +113,7 @@ def option(argv: list[str], name: str) -> str:
 
 def replace_option(argv: list[str], name: str, value: str) -> list[str]:
     i = argv.index(name)
-    return [*argv[: i + 1], value, *argv[i + 2:]]
+    return [*argv[: i + 1], value, *argv[i + 2 :]]
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +147,9 @@ def hadolint() -> str:
 
 
 def test_hadolint_passes():
-    out = subprocess.run([hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -226,14 +227,29 @@ def ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_keeps_out_the_venv_git_and_build_but_not_what_the_image_copies(parsed):
-    patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
-                if ln.strip() and not ln.lstrip().startswith("#")]
-    for path in (".venv/bin/python", ".git/HEAD", "build/lib/inspector/__init__.py", "dist/x.whl",
-                 "gradient_inspector.egg-info/PKG-INFO", "inspector/__pycache__/hub.cpython-311.pyc",
-                 "gradient-inspector.sqlite", "tests/packaging/test_docker.py"):
+    patterns = [
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    for path in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "build/lib/inspector/__init__.py",
+        "dist/x.whl",
+        "gradient_inspector.egg-info/PKG-INFO",
+        "inspector/__pycache__/hub.cpython-311.pyc",
+        "gradient-inspector.sqlite",
+        "tests/packaging/test_docker.py",
+    ):
         assert ignored(path, patterns), f"{path} would be sent to the Docker daemon"
-    copied = [src for stage in parsed for rest in stage.all("COPY") if not rest.startswith("--from")
-              for src in rest.split()[:-1]]
+    copied = [
+        src
+        for stage in parsed
+        for rest in stage.all("COPY")
+        if not rest.startswith("--from")
+        for src in rest.split()[:-1]
+    ]
     assert {"pyproject.toml", "README.md", "inspector", "server", "frontend"} <= set(copied)
     for src in copied:
         assert (ROOT / src).exists(), src
@@ -265,7 +281,9 @@ def run_healthcheck(check: list[str], port: int) -> subprocess.CompletedProcess[
 
 
 @pytest.mark.slow
-def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_healthcheck(default_stage, tmp_path):
+def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_healthcheck(
+    default_stage, tmp_path
+):
     argv = entry_command(default_stage)
     port = free_port("0.0.0.0")
     db = tmp_path / "data" / "gradient-inspector.sqlite"
@@ -274,8 +292,9 @@ def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_h
     argv[0] = executable(argv[0])
     assert option(argv, "--host") == "0.0.0.0"
     # the installed command as the image runs it: this environment, no checkout on PYTHONPATH
-    server = ServerProcess(argv, port=port, log_dir=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                           timeout=180)
+    server = ServerProcess(
+        argv, port=port, log_dir=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=180
+    )
     try:
         # printed before the server answers its first request, so it is in the log by now
         m = re.search(r"open (http://\S+)", server.log())

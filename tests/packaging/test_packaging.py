@@ -18,8 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_wheel_ships_frontend_and_data_found_from_a_fresh_venv(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(ROOT)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     (wheel,) = dist.glob("gradient_inspector-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "frontend/index.html" in names
@@ -44,7 +58,8 @@ def test_wheel_ships_frontend_and_data_found_from_a_fresh_venv(tmp_path):
 def test_serve_loads_our_server_even_beside_a_user_server_py(tmp_path):
     (tmp_path / "server.py").write_text("WHO = 'the user'\n")
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, urllib.request
         import torch
         import server                      # the user's own module, first on sys.path
@@ -55,9 +70,11 @@ def test_serve_loads_our_server_even_beside_a_user_server_py(tmp_path):
             with urllib.request.urlopen(url.split("?")[0].rstrip("/") + "/api/health", timeout=10) as r:
                 health = json.load(r)
         print(server.WHO, health["status"])
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:3] == ["the", "user", "ok"]

@@ -14,8 +14,10 @@ import pytest
 from server.cli import SCENARIOS, build_parser, main
 from server.storage import HistoryStore
 
-PARAMS = [{"name": "0.weight", "shape": [2, 2], "numel": 4, "module": "0"},
-          {"name": "0.bias", "shape": [2], "numel": 2, "module": "0"}]
+PARAMS = [
+    {"name": "0.weight", "shape": [2, 2], "numel": 4, "module": "0"},
+    {"name": "0.bias", "shape": [2], "numel": 2, "module": "0"},
+]
 
 
 def make_db(path):
@@ -23,9 +25,20 @@ def make_db(path):
     store.start_writer()
     run = store.new_run(params=PARAMS, modules=["", "0"], scenario="mlp")
     for step in (1, 2, 3):
-        store.add_snapshot(run, {"step": step, "time": 10.0 + step, "config_version": 1, "loss": None,
-                                 "scalars": {}, "grad_norm": [1.0 * step, float("nan")],
-                                 "grad_norm_raw": [2.0, None], "total_norm": 1.5, "events": []})
+        store.add_snapshot(
+            run,
+            {
+                "step": step,
+                "time": 10.0 + step,
+                "config_version": 1,
+                "loss": None,
+                "scalars": {},
+                "grad_norm": [1.0 * step, float("nan")],
+                "grad_norm_raw": [2.0, None],
+                "total_norm": 1.5,
+                "events": [],
+            },
+        )
         store.add_scalars(run, {"step": step, "loss": 0.5, "scalars": {}})
     store.add_hooks(run, 1, [{"id": "h1", "kind": "freeze", "target": "*"}])
     store.add_event(run, {"seq": 1, "kind": "hook_applied", "time": 11.0})
@@ -44,8 +57,17 @@ def test_help_texts_cover_every_option(capsys):
     text = parser.format_help()
     assert "demo" in text and "replay" in text and "export" in text and "token" in text
     for command, options in {
-        "demo": ["--scenario", "--host", "--port", "--db", "--token", "--read-only", "--steps-per-second",
-                 "--hooks", "which scenario: mlp, exploding, nan, tiny_gpt (default mlp)"],
+        "demo": [
+            "--scenario",
+            "--host",
+            "--port",
+            "--db",
+            "--token",
+            "--read-only",
+            "--steps-per-second",
+            "--hooks",
+            "which scenario: mlp, exploding, nan, tiny_gpt (default mlp)",
+        ],
         "replay": ["FILE", "--run", "--host", "--port", "--token"],
         "export": ["FILE", "--run", "--format", "-o", "html"],
     }.items():
@@ -63,15 +85,22 @@ def test_demo_scenarios_are_the_cores_and_only_demo_imports_torch_for_them(capsy
 
     assert list(SCENARIOS) == list(CORE) and "nan" in SCENARIOS
     demo = build_parser()._subparsers._group_actions[0].choices["demo"]
-    assert all(f"{name} (" in demo.description for name in CORE), "the description's one-line hint per scenario"
+    assert all(f"{name} (" in demo.description for name in CORE), (
+        "the description's one-line hint per scenario"
+    )
     with pytest.raises(SystemExit) as info:
         main(["demo", "--scenario", "bogus"])
     assert info.value.code == 2
-    assert "invalid choice: 'bogus' (choose from 'mlp', 'exploding', 'nan', 'tiny_gpt')" in capsys.readouterr().err
+    assert (
+        "invalid choice: 'bogus' (choose from 'mlp', 'exploding', 'nan', 'tiny_gpt')"
+        in capsys.readouterr().err
+    )
     # the names are read from the core (which imports torch) only when demo's help or --scenario needs them
-    code = ("import sys\nfrom server import cli\nfor argv in (['--help'], ['replay', '--help'], ['export', '--help']):\n"
-            "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
-            "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
+    code = (
+        "import sys\nfrom server import cli\nfor argv in (['--help'], ['replay', '--help'], ['export', '--help']):\n"
+        "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+        "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr.strip() == "torch imported: False", out.stderr
 
@@ -112,7 +141,9 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
 
 def test_demo_reports_a_bad_preset_and_a_taken_port(tmp_path, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "gradient-inspector/hooks", "version": 1, "hooks": [{"kind": "nope"}]}))
+    bad.write_text(
+        json.dumps({"format": "gradient-inspector/hooks", "version": 1, "hooks": [{"kind": "nope"}]})
+    )
     assert main(["demo", "--no-db", "--hooks", str(bad)]) == 2
     assert "--hooks" in capsys.readouterr().err
     assert main(["demo", "--no-db", "--hooks", str(tmp_path / "absent.json")]) == 2

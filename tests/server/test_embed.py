@@ -58,8 +58,12 @@ def test_serve_beside_a_users_loop(tmp_path):
         assert session["training"]["scenario"] is None and session["history"]["db"].endswith("user.sqlite")
         with connect(f"ws://127.0.0.1:{port}/ws", proxy=None, max_size=None) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "hello"
-            assert c.post("/api/hooks", json={"kind": "clip_value", "target": "*",
-                                              "params": {"threshold": 1e-4}}).status_code == 201
+            assert (
+                c.post(
+                    "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1e-4}}
+                ).status_code
+                == 201
+            )
             train(model, opt, insp, 3)  # the user's thread applies the edit at its next step
             while True:
                 msg = json.loads(ws.recv(timeout=10))
@@ -107,7 +111,8 @@ def test_a_crash_of_the_server_thread_is_reported_and_training_goes_on(monkeypat
 def test_serve_loads_our_server_package_beside_a_users_server_py(tmp_path):
     (tmp_path / "server.py").write_text("raise SystemExit('the user\\'s own server.py was imported')\n")
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, urllib.request
         import torch, inspector
         model = torch.nn.Linear(2, 1)
@@ -118,9 +123,11 @@ def test_serve_loads_our_server_package_beside_a_users_server_py(tmp_path):
         with urllib.request.urlopen(url.rstrip("/") + "/api/session", timeout=10) as r:
             print(json.load(r)["mode"])
         insp.close()
-    """))
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True,
-                         text=True, timeout=120)
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "user"
 
@@ -128,9 +135,24 @@ def test_serve_loads_our_server_package_beside_a_users_server_py(tmp_path):
 @pytest.mark.slow
 def test_the_example_script_runs(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "train_with_dashboard.py"), "--steps", "30", "--port", "0",
-         "--delay", "0", "--no-wait", "--db", str(tmp_path / "ex.sqlite")],
-        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(REPO / "examples" / "train_with_dashboard.py"),
+            "--steps",
+            "30",
+            "--port",
+            "0",
+            "--delay",
+            "0",
+            "--no-wait",
+            "--db",
+            str(tmp_path / "ex.sqlite"),
+        ],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("dashboard: http://127.0.0.1:") and "training done" in out.stdout

@@ -12,8 +12,10 @@ from tests.support import wait_until
 
 def strict(text: str):
     """Parse JSON that must not hold NaN/Infinity literals."""
+
     def bad(name):
         raise AssertionError(f"non-strict JSON literal {name}")
+
     return json.loads(text, parse_constant=bad)
 
 
@@ -23,7 +25,12 @@ def test_health_session_targets_runs(live):
     c = srv.http()
     assert c.get("/api/health").json() == {"status": "ok"}
     session = strict(c.get("/api/session").text)
-    assert session["params"][0] == {**session["params"][0], "name": "0.weight", "shape": [10, 10], "numel": 100}
+    assert session["params"][0] == {
+        **session["params"][0],
+        "name": "0.weight",
+        "shape": [10, 10],
+        "numel": 100,
+    }
     assert session["modules"][0] == ""
     assert session["hook_kinds"]["clip_value"]["points"][0] == "pre_step"
     assert session["training"]["state"] == "running" and session["training"]["steps_per_second"] == 50
@@ -42,19 +49,36 @@ def test_hook_crud_export_import(live):
     r = c.post("/api/hooks", json={"kind": "clip_value", "target": "0.*", "params": {"threshold": 0.5}})
     assert r.status_code == 201, r.text
     hook = r.json()
-    assert hook["kind"] == "clip_value" and hook["params"] == {"threshold": 0.5} and hook["point"] == "pre_step"
+    assert (
+        hook["kind"] == "clip_value" and hook["params"] == {"threshold": 0.5} and hook["point"] == "pre_step"
+    )
     hid = hook["id"]
     wait_until(lambda: c.get("/api/hooks").json()[0]["applied_step"] is not None, what="applied")
-    r = c.patch(f"/api/hooks/{hid}", json={"params": {"threshold": 0.25}, })
+    r = c.patch(
+        f"/api/hooks/{hid}",
+        json={
+            "params": {"threshold": 0.25},
+        },
+    )
     assert r.status_code == 200 and r.json()["params"] == {"threshold": 0.25}
     assert c.patch(f"/api/hooks/{hid}", json={"enabled": False}).json()["enabled"] is False
 
     preset = c.get("/api/hooks/export").json()
-    assert preset["hooks"] == [{"kind": "clip_value", "target": "0.*", "point": "pre_step",
-                                "params": {"threshold": 0.25}, "enabled": False}]
+    assert preset["hooks"] == [
+        {
+            "kind": "clip_value",
+            "target": "0.*",
+            "point": "pre_step",
+            "params": {"threshold": 0.25},
+            "enabled": False,
+        }
+    ]
     code = c.get("/api/hooks/export", params={"format": "python"})
     assert code.headers["content-type"].startswith("text/x-python")
-    assert "insp.add_hook('clip_value', target='0.*', point='pre_step', enabled=False, threshold=0.25)" in code.text
+    assert (
+        "insp.add_hook('clip_value', target='0.*', point='pre_step', enabled=False, threshold=0.25)"
+        in code.text
+    )
 
     # the Python export recreates the same hooks on a fresh inspector
     import inspector
@@ -68,10 +92,16 @@ def test_hook_crud_export_import(live):
     # (two edits pending at one boundary may be applied as one change: wait for the last one)
     wait_until(lambda: any(e.get("action") == "disable" for e in srv.insp.events()), what="disable applied")
     before = srv.insp.config_version
-    r = c.post("/api/hooks/import", json={**preset, "hooks": [
-        {"kind": "scale", "target": "2.*", "params": {"factor": 0.5}},
-        {"kind": "nan_guard", "target": "*"},
-    ]})
+    r = c.post(
+        "/api/hooks/import",
+        json={
+            **preset,
+            "hooks": [
+                {"kind": "scale", "target": "2.*", "params": {"factor": 0.5}},
+                {"kind": "nan_guard", "target": "*"},
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
     assert [h["kind"] for h in r.json()] == ["scale", "nan_guard"]
     wait_until(lambda: srv.insp.config_version == before + 1, what="one change for the whole import")
@@ -120,7 +150,9 @@ def test_more_invalid_inputs_and_step_keeps_going(live):
     json_headers = {"content-type": "application/json"}
     cases = [
         c.post("/api/hooks", content=b'{"kind": "scale", "params": {"factor": NaN}}', headers=json_headers),
-        c.post("/api/hooks", content=b'{"kind": "scale", "params": {"factor": Infinity}}', headers=json_headers),
+        c.post(
+            "/api/hooks", content=b'{"kind": "scale", "params": {"factor": Infinity}}', headers=json_headers
+        ),
         c.post("/api/hooks", content=b"{broken", headers=json_headers),
         c.post("/api/hooks", content=b"[" * 5000 + b"]" * 5000, headers=json_headers),
         c.post("/api/hooks", content=b"\xff\xfe", headers=json_headers),
@@ -136,15 +168,39 @@ def test_more_invalid_inputs_and_step_keeps_going(live):
         c.get("/api/snapshots", params={"run": 99}),
         c.get("/api/events", params={"run": -3}),
         c.get("/api/session", params={"run": 42}),
-        c.post("/api/hooks/import", json={"format": "gradient-inspector/hooks", "version": 1,
-                                          "hooks": [{"kind": "nope"}]}),
+        c.post(
+            "/api/hooks/import",
+            json={"format": "gradient-inspector/hooks", "version": 1, "hooks": [{"kind": "nope"}]},
+        ),
         c.post("/api/hooks/import", json="a string"),
         c.get("/api/hooks/export", params={"format": "yaml"}),
         c.get("/api/nothing-here"),
         c.put("/api/hooks"),
     ]
-    expected = [422, 422, 422, 422, 422, 422, 404, 422, 422, 422, 422, 422, 422, 422, 404, 422, 404, 422, 422,
-                422, 404, 405]
+    expected = [
+        422,
+        422,
+        422,
+        422,
+        422,
+        422,
+        404,
+        422,
+        422,
+        422,
+        422,
+        422,
+        422,
+        422,
+        404,
+        422,
+        404,
+        422,
+        422,
+        422,
+        404,
+        405,
+    ]
     assert [r.status_code for r in cases] == expected, [(r.status_code, r.text[:100]) for r in cases]
     for r in cases:
         detail = strict(r.text)["detail"]
@@ -188,7 +244,9 @@ def test_snapshots_since_limit_points_and_late_loss(live):
     assert since[0] == 31
     newest = [s["step"] for s in c.get("/api/snapshots", params={"limit": 5}).json()["snapshots"]]
     assert len(newest) == 5 and newest == sorted(newest) and newest[0] >= steps[-1] - 4
-    spread = [s["step"] for s in c.get("/api/snapshots", params={"points": 4, "since": 0}).json()["snapshots"]]
+    spread = [
+        s["step"] for s in c.get("/api/snapshots", params={"points": 4, "since": 0}).json()["snapshots"]
+    ]
     assert len(spread) == 4 and spread[0] == 1 and spread == sorted(spread)
     scalars = c.get("/api/scalars", params={"limit": 3}).json()["scalars"]
     assert len(scalars) == 3 and all(isinstance(s["loss"], float) for s in scalars)
@@ -229,7 +287,13 @@ def test_pages_docs_and_vendor_assets_are_served_locally(live):
         r = c.get(path)
         assert r.status_code == 200 and len(r.content) > 10_000, path
     schema = c.get("/openapi.json").json()
-    for path in ("/api/hooks", "/api/hooks/{hook_id}", "/api/snapshots", "/api/training/{action}", "/api/runs"):
+    for path in (
+        "/api/hooks",
+        "/api/hooks/{hook_id}",
+        "/api/snapshots",
+        "/api/training/{action}",
+        "/api/runs",
+    ):
         assert path in schema["paths"]
     assert c.get("/docs-assets/..%2Fswagger-ui-5.35.0%2FLICENSE").status_code == 404
     assert c.get("/static/../server/app.py").status_code == 404
@@ -242,7 +306,9 @@ def test_pages_docs_and_vendor_assets_are_served_locally(live):
 def test_no_cors_headers(live):
     srv = live()
     c = srv.http()
-    r = c.options("/api/hooks", headers={"origin": "http://evil.example", "access-control-request-method": "POST"})
+    r = c.options(
+        "/api/hooks", headers={"origin": "http://evil.example", "access-control-request-method": "POST"}
+    )
     assert not any(k.lower().startswith("access-control-") for k in r.headers)
     r = c.get("/api/session", headers={"origin": "http://evil.example"})
     assert not any(k.lower().startswith("access-control-") for k in r.headers)
@@ -253,10 +319,20 @@ def test_no_cors_headers(live):
 def test_no_route_answers_500_to_odd_requests(live):
     srv = live(commands_per_second=10_000)
     c = srv.http()
-    paths = [p.replace("{hook_id}", "h1").replace("{action}", "pause")
-             for p in c.get("/openapi.json").json()["paths"]]
-    bodies = [None, {}, [], "text", {"hooks": "x"}, {"hooks": [1, {"kind": None}]}, [{"kind": ["a"]}],
-              {"format": 1, "version": "x", "hooks": [{"kind": "freeze", "params": []}]}]
+    paths = [
+        p.replace("{hook_id}", "h1").replace("{action}", "pause")
+        for p in c.get("/openapi.json").json()["paths"]
+    ]
+    bodies = [
+        None,
+        {},
+        [],
+        "text",
+        {"hooks": "x"},
+        {"hooks": [1, {"kind": None}]},
+        [{"kind": ["a"]}],
+        {"format": 1, "version": "x", "hooks": [{"kind": "freeze", "params": []}]},
+    ]
     statuses = set()
     for path in paths:
         for method in ("GET", "POST", "PATCH", "DELETE", "PUT"):
@@ -275,10 +351,15 @@ def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
     db = tmp_path / "shared.sqlite"
     old = HistoryStore(db)
     old.start_writer()
-    run = old.new_run(params=[{"name": "w", "shape": [1], "numel": 1, "module": ""}], modules=[""],
-                      scenario="nan", meta={"mode": "demo"})
-    old.add_snapshot(run, {"step": 1, "time": 1.0, "config_version": 0, "loss": 2.0, "grad_norm": [1.0],
-                           "events": []})
+    run = old.new_run(
+        params=[{"name": "w", "shape": [1], "numel": 1, "module": ""}],
+        modules=[""],
+        scenario="nan",
+        meta={"mode": "demo"},
+    )
+    old.add_snapshot(
+        run, {"step": 1, "time": 1.0, "config_version": 0, "loss": 2.0, "grad_norm": [1.0], "events": []}
+    )
     old.add_hooks(run, 1, [{"id": "h1", "kind": "freeze", "target": "*"}])
     old.close()
     srv = live(db=db)
@@ -289,7 +370,9 @@ def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
     assert session["live"] is False and session["run_id"] == 1 and session["training"]["state"] == "finished"
     assert [p["name"] for p in session["params"]] == ["w"] and session["hooks"][0]["id"] == "h1"
     page = c.get("/api/snapshots", params={"run": 1}).json()
-    assert page == {"params": ["w"], "snapshots": [page["snapshots"][0]]} and page["snapshots"][0]["step"] == 1
+    assert (
+        page == {"params": ["w"], "snapshots": [page["snapshots"][0]]} and page["snapshots"][0]["step"] == 1
+    )
     assert c.get("/api/session").json()["run_id"] == 2
 
 

@@ -23,6 +23,7 @@ def test_one_serialization_per_message_for_every_client():
             async def send(text):
                 sent[key].append(text)
                 gates[key].set()
+
             return send
 
         clients = [hub.new_client(sender(k)) for k in sent]
@@ -33,6 +34,7 @@ def test_one_serialization_per_message_for_every_client():
         assert sent["a"][0] is sent["b"][0], "the same str object: serialized once"
         for c in clients:
             c.task.cancel()
+
     run(main())
 
 
@@ -64,6 +66,7 @@ def test_snapshots_and_scalars_coalesce_latest_wins_controls_never_drop():
         assert snaps == [49], "only the newest snapshot waited"
         assert kinds.count("scalars") == 1 and client.coalesced > 90
         client.task.cancel()
+
     run(main())
 
 
@@ -89,6 +92,7 @@ def test_a_client_too_far_behind_is_kicked_and_others_are_not():
         while len(got) < 39:
             await asyncio.sleep(0.001)
         ok.task.cancel()
+
     run(main())
 
 
@@ -114,16 +118,22 @@ def test_max_rate_spaces_snapshots_and_duplicates_are_skipped():
         gaps = [b[0] - a[0] for a, b in zip(times, times[1:], strict=False)]
         assert all(g >= 0.045 for g in gaps), gaps
         client.task.cancel()
+
     run(main())
 
 
 def test_strict_json_and_message_shapes():
-    assert dumps({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5]}) == \
-        '{"a":"nan","b":["inf","-inf",1.5]}'
+    assert (
+        dumps({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5]})
+        == '{"a":"nan","b":["inf","-inf",1.5]}'
+    )
     assert jsonsafe((1.0, float("nan"))) == [1.0, "nan"]
     assert json.loads(message_text("snapshot", {"step": 1})) == {"type": "snapshot", "data": {"step": 1}}
     assert json.loads(message_text("hooks", {"config_version": 2, "hooks": []})) == {
-        "type": "hooks", "config_version": 2, "hooks": []}
+        "type": "hooks",
+        "config_version": 2,
+        "hooks": [],
+    }
     assert dumps({"odd": object()}).startswith('{"odd":"<object')
 
 
@@ -137,4 +147,5 @@ def test_close_all_kicks_every_client_going_away():
         hub.close_all()
         assert [(c.close_code, c.close_reason) for c in clients] == [(1001, "server shutting down")] * 3
         assert TOO_FAR_BEHIND == 1013  # the close codes PROTOCOL.md documents
+
     run(main())

@@ -27,7 +27,9 @@ def test_kill_9_then_replay_holds_history_and_hook_changes(cli_server, tmp_path)
     deadline = time.monotonic() + 60
     while step() < 10:
         assert time.monotonic() < deadline
-    hook = c.post("/api/hooks", json={"kind": "clip_value", "target": "0.*", "params": {"threshold": 0.5}}).json()
+    hook = c.post(
+        "/api/hooks", json={"kind": "clip_value", "target": "0.*", "params": {"threshold": 0.5}}
+    ).json()
     while c.get("/api/hooks").json()[0]["applied_step"] is None:
         assert time.monotonic() < deadline
     assert c.patch(f"/api/hooks/{hook['id']}", json={"params": {"threshold": 0.25}}).status_code == 200
@@ -69,8 +71,13 @@ def test_kill_9_then_replay_holds_history_and_hook_changes(cli_server, tmp_path)
 
     # export reads the same file, also while nothing serves it
     out = tmp_path / "run.jsonl"
-    subprocess.run([sys.executable, "-m", "server", "export", str(db), "--format", "jsonl", "-o", str(out)],
-                   check=True, cwd=tmp_path, env=demo_env(), timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "server", "export", str(db), "--format", "jsonl", "-o", str(out)],
+        check=True,
+        cwd=tmp_path,
+        env=demo_env(),
+        timeout=120,
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["scenario"] == "mlp"
     hooks_lines = [x for x in lines if x["type"] == "hooks"]

@@ -19,11 +19,14 @@ def test_the_wire_hook_spec_has_exactly_the_cores_fields():
     assert p.HookSpec.model_validate(spec).model_dump() == spec
 
 
-@pytest.mark.parametrize(("command", "body"), [
-    (p.AddHookCmd, p.HookCreate),
-    (p.UpdateHookCmd, p.HookPatch),
-    (p.RateCmd, p.RateBody),
-])
+@pytest.mark.parametrize(
+    ("command", "body"),
+    [
+        (p.AddHookCmd, p.HookCreate),
+        (p.UpdateHookCmd, p.HookPatch),
+        (p.RateCmd, p.RateBody),
+    ],
+)
 def test_a_websocket_command_carries_its_http_routes_body_model(command, body):
     assert issubclass(command, body)
     own = set(command.model_fields) - set(body.model_fields)

@@ -37,7 +37,10 @@ def test_a_multi_line_import_as_prettier_wraps_a_long_one() -> None:
 @pytest.mark.parametrize(
     ("module", "error"),
     [
-        ('import { c } from "../ticks.js";\n', "report.js imports c from ticks.js, which exports no such name"),
+        (
+            'import { c } from "../ticks.js";\n',
+            "report.js imports c from ticks.js, which exports no such name",
+        ),
         ('import { hidden } from "../ticks.js";\n', "imports hidden from ticks.js"),
         ('import { a as c } from "../ticks.js";\n', "imports a as c from ticks.js"),
         ('import { a } from "./util.js";\n', "an import or export statement the report cannot inline"),
@@ -58,13 +61,28 @@ def test_the_shipped_page_imports_only_what_ticks_js_exports() -> None:
 
 def test_render_fills_every_field_and_inlines_the_styles_and_scripts(tmp_path) -> None:
     store = HistoryStore(tmp_path / "h.sqlite")
-    run = store.new_run(params=[{"name": "0.weight", "shape": [2], "numel": 2, "module": "0"}], modules=["", "0"])
+    run = store.new_run(
+        params=[{"name": "0.weight", "shape": [2], "numel": 2, "module": "0"}], modules=["", "0"]
+    )
     store.start_writer()
     store.add_hooks(run, 0, [])
     for step in (1, 2, 3):
-        store.add_snapshot(run, {"step": step, "time": time.time(), "loss": 1.0 / step, "grad_norm_raw": [0.5],
-                                 "grad_norm": [0.5], "grad_absmax_raw": [0.2], "grad_absmax": [0.2],
-                                 "update_ratio": [1e-3], "total_norm_raw": 0.5, "total_norm": 0.5, "events": []})
+        store.add_snapshot(
+            run,
+            {
+                "step": step,
+                "time": time.time(),
+                "loss": 1.0 / step,
+                "grad_norm_raw": [0.5],
+                "grad_norm": [0.5],
+                "grad_absmax_raw": [0.2],
+                "grad_absmax": [0.2],
+                "update_ratio": [1e-3],
+                "total_norm_raw": 0.5,
+                "total_norm": 0.5,
+                "events": [],
+            },
+        )
     store.close()
     store = HistoryStore(tmp_path / "h.sqlite", read_only=True)
     try:
@@ -82,7 +100,9 @@ def test_render_fills_every_field_and_inlines_the_styles_and_scripts(tmp_path) -
     assert "<h1>Run 1</h1>" in markup and "(step 3)" in markup
 
 
-def test_missing_page_files_are_reported_before_the_output_file_is_made(tmp_path, monkeypatch, capsys) -> None:
+def test_missing_page_files_are_reported_before_the_output_file_is_made(
+    tmp_path, monkeypatch, capsys
+) -> None:
     from server import app, cli
 
     store = HistoryStore(tmp_path / "h.sqlite")

@@ -87,11 +87,20 @@ def test_foreign_origin_is_refused_on_commands_and_the_socket(live):
         assert json.loads(ws.recv(timeout=10))["type"] == "hello"
 
 
-@pytest.mark.parametrize("host,ok", [
-    ("localhost:1234", True), ("127.0.0.1", True), ("[::1]:8000", True), ("LOCALHOST:80", True),
-    ("evil.example", False), ("evil.example:8000", False), ("127.0.0.2:8000", False), ("localhost.:80", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "host,ok",
+    [
+        ("localhost:1234", True),
+        ("127.0.0.1", True),
+        ("[::1]:8000", True),
+        ("LOCALHOST:80", True),
+        ("evil.example", False),
+        ("evil.example:8000", False),
+        ("127.0.0.2:8000", False),
+        ("localhost.:80", False),
+        ("", False),
+    ],
+)
 def test_dns_rebinding_guard_on_loopback(live, host, ok):
     srv = live()
     r = srv.http().get("/api/session", headers={"host": host})
@@ -109,7 +118,9 @@ def test_text_plain_posts_change_nothing(live):
     body = json.dumps({"kind": "freeze", "target": "*"})
     r = c.post("/api/hooks", content=body, headers={"content-type": "text/plain"})
     assert r.status_code == 415
-    r = c.post("/api/training/pause", content="x=1", headers={"content-type": "application/x-www-form-urlencoded"})
+    r = c.post(
+        "/api/training/pause", content="x=1", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     assert r.status_code == 415
     r = c.post("/api/hooks/import", content="[]", headers={"content-type": "text/plain"})
     assert r.status_code == 415
@@ -137,8 +148,9 @@ def test_read_only_refuses_every_command(live):
     with srv.ws() as ws:
         box = Inbox(ws)
         assert box.next(lambda m: True)["type"] == "hello"
-        for i, cmd in enumerate([{"type": "add_hook", "kind": "freeze"}, {"type": "pause"},
-                                 {"type": "remove_hook", "id": "h1"}]):
+        for i, cmd in enumerate(
+            [{"type": "add_hook", "kind": "freeze"}, {"type": "pause"}, {"type": "remove_hook", "id": "h1"}]
+        ):
             ws.send(json.dumps({**cmd, "request_id": i}))
             err = box.reply(i)
             assert err["type"] == "error" and err["status"] == 403
@@ -149,8 +161,11 @@ def test_read_only_refuses_every_command(live):
 def test_body_size_limit_and_command_rate_limit(live):
     srv = live(commands_per_second=5)
     c = srv.http()
-    r = c.post("/api/hooks/import", content=b"[" + b"{}," * (1 << 19) + b"{}]",
-               headers={"content-type": "application/json"})
+    r = c.post(
+        "/api/hooks/import",
+        content=b"[" + b"{}," * (1 << 19) + b"{}]",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     codes = [c.post("/api/hooks", json={"kind": "nope"}).status_code for _ in range(40)]
     assert codes[0] == 422 and 429 in codes

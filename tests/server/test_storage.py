@@ -14,8 +14,16 @@ PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
 
 
 def snap(step: int, **extra) -> dict:
-    return {"step": step, "time": 1.0 + step, "config_version": 0, "loss": None, "scalars": {},
-            "grad_norm": [float(step)], "events": [], **extra}
+    return {
+        "step": step,
+        "time": 1.0 + step,
+        "config_version": 0,
+        "loss": None,
+        "scalars": {},
+        "grad_norm": [float(step)],
+        "events": [],
+        **extra,
+    }
 
 
 def test_runs_snapshots_scalars_events_hooks(tmp_path):
@@ -40,8 +48,9 @@ def test_runs_snapshots_scalars_events_hooks(tmp_path):
     assert store.events(run)[0]["hook_id"] == "h1"
     assert store.hooks(run) == (1, [{"id": "h1", "kind": "freeze"}])
     runs = store.runs(live_run=run)
-    assert runs == [{"id": 1, "started": runs[0]["started"], "scenario": "mlp", "steps": 5, "params": 1,
-                     "live": True}]
+    assert runs == [
+        {"id": 1, "started": runs[0]["started"], "scenario": "mlp", "steps": 5, "params": 1, "live": True}
+    ]
     assert store.run(run)["meta"] == {"mode": "demo"}
     store.close()
     store.close()  # idempotent

@@ -20,8 +20,11 @@ def send(ws, **msg):
 
 def snapshot_after(box, *, config_version: int, step: int = 0) -> dict:
     return box.next(
-        lambda m: m["type"] == "snapshot" and m["data"]["config_version"] >= config_version
-        and m["data"]["step"] >= step
+        lambda m: (
+            m["type"] == "snapshot"
+            and m["data"]["config_version"] >= config_version
+            and m["data"]["step"] >= step
+        )
     )["data"]
 
 
@@ -54,13 +57,23 @@ def test_clip_value_added_over_the_socket_bounds_final_not_raw(live):
     with srv.ws() as ws:
         box = Inbox(ws)
         assert box.next(lambda m: True)["type"] == "hello"
-        send(ws, type="add_hook", request_id="r1", kind="clip_value", target="0.*",
-             params={"threshold": THRESHOLD})
+        send(
+            ws,
+            type="add_hook",
+            request_id="r1",
+            kind="clip_value",
+            target="0.*",
+            params={"threshold": THRESHOLD},
+        )
         ack = box.reply("r1")
         assert ack["type"] == "ack", ack
         hook_id = ack["result"]["id"]
-        hooks = box.next(lambda m: m["type"] == "hooks"
-                         and any(h["id"] == hook_id and h["applied_step"] is not None for h in m["hooks"]))
+        hooks = box.next(
+            lambda m: (
+                m["type"] == "hooks"
+                and any(h["id"] == hook_id and h["applied_step"] is not None for h in m["hooks"])
+            )
+        )
         applied = next(h for h in hooks["hooks"] if h["id"] == hook_id)["applied_step"]
         version = hooks["config_version"]
         for _ in range(3):
@@ -91,23 +104,47 @@ def test_clip_value_added_over_the_socket_bounds_final_not_raw(live):
 
 INVALID = [
     ('{"type": "add_hook", "request_id": "a", "kind": "nope", "params": {}}', "a", ["kind"]),
-    ('{"type": "add_hook", "request_id": "b", "kind": "clip_value", "params": {"threshold": -1}}', "b",
-     ["params", "threshold"]),
-    ('{"type": "add_hook", "request_id": "c", "kind": "scale", "params": {"factor": NaN}}', "c", ["params", "factor"]),
-    ('{"type": "add_hook", "request_id": "d", "kind": "scale", "params": {"factor": true}}', "d", ["params", "factor"]),
-    ('{"type": "add_hook", "request_id": "e", "kind": "clip_value", "target": "nothing.*", '
-     '"params": {"threshold": 1}}', "e", ["target"]),
-    ('{"type": "add_hook", "request_id": "f", "kind": "clip_value", "params": {"threshold": 1}, "colour": 1}', "f",
-     ["colour"]),
-    ('{"type": "add_hook", "request_id": "g", "kind": "clip_value", "params": {"threshold": 1}, "enabled": 1}', "g",
-     ["enabled"]),
+    (
+        '{"type": "add_hook", "request_id": "b", "kind": "clip_value", "params": {"threshold": -1}}',
+        "b",
+        ["params", "threshold"],
+    ),
+    (
+        '{"type": "add_hook", "request_id": "c", "kind": "scale", "params": {"factor": NaN}}',
+        "c",
+        ["params", "factor"],
+    ),
+    (
+        '{"type": "add_hook", "request_id": "d", "kind": "scale", "params": {"factor": true}}',
+        "d",
+        ["params", "factor"],
+    ),
+    (
+        '{"type": "add_hook", "request_id": "e", "kind": "clip_value", "target": "nothing.*", '
+        '"params": {"threshold": 1}}',
+        "e",
+        ["target"],
+    ),
+    (
+        '{"type": "add_hook", "request_id": "f", "kind": "clip_value", "params": {"threshold": 1}, "colour": 1}',
+        "f",
+        ["colour"],
+    ),
+    (
+        '{"type": "add_hook", "request_id": "g", "kind": "clip_value", "params": {"threshold": 1}, "enabled": 1}',
+        "g",
+        ["enabled"],
+    ),
     ('{"type": "update_hook", "request_id": "h", "id": "h404", "enabled": false}', "h", None),
     ('{"type": "explode", "request_id": "i"}', "i", ["type"]),
     ('{"request_id": "j"}', "j", ["type"]),
     ('{"type": "subscribe", "request_id": "k", "hist": ["no.such.param"]}', "k", ["hist"]),
     ('{"type": "subscribe", "request_id": "l", "max_rate": -5}', "l", ["max_rate"]),
-    ('{"type": "add_hook", "kind": "clip_value", "params": {"target": 1}, "request_id": "m"}', "m",
-     ["params", "target"]),
+    (
+        '{"type": "add_hook", "kind": "clip_value", "params": {"target": 1}, "request_id": "m"}',
+        "m",
+        ["params", "target"],
+    ),
     ("{not json", None, ["body"]),
     ("[1, 2]", None, ["body"]),
     ("[" * 5000 + "]" * 5000, None, ["body"]),
@@ -126,7 +163,9 @@ def test_invalid_commands_get_an_error_naming_the_field_and_change_nothing(live)
             err = box.reply(rid)
             assert err["type"] == "error", (text[:80], err)
             if loc is None:
-                assert err["status"] == 404 and err["detail"] == [{"loc": [], "msg": "no hook with id 'h404'"}]
+                assert err["status"] == 404 and err["detail"] == [
+                    {"loc": [], "msg": "no hook with id 'h404'"}
+                ]
             else:
                 assert err["detail"][0]["loc"][: len(loc)] == loc, (text[:80], err)
                 assert err["detail"][0]["msg"]
@@ -153,7 +192,9 @@ def test_subscribe_caps_the_rate_and_asks_for_histograms(live):
             recv_until(ws, lambda m: m["type"] == "snapshot")
             times.append(srv.insp.step)
         # 5 snapshots a second at most while training runs at up to 100 steps a second
-        assert times[-1] - times[0] >= 5 * 3, "snapshots are coalesced, not queued: steps move on between them"
+        assert times[-1] - times[0] >= 5 * 3, (
+            "snapshots are coalesced, not queued: steps move on between them"
+        )
     # the client's histogram subscription goes away with it
     import time
 

@@ -31,7 +31,9 @@ def reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[
     return [p.grad.detach().clone() for p in ref.parameters()]
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
     loss = loss_of(model, x, y)
     loss.backward()
@@ -48,8 +50,11 @@ class GradCapture:
         self.opt = opt
 
     def _hook(self, opt, args, kwargs):  # noqa: ANN001
-        self.grads = [p.grad.detach().clone() if p.grad is not None else None
-                      for g in opt.param_groups for p in g["params"]]
+        self.grads = [
+            p.grad.detach().clone() if p.grad is not None else None
+            for g in opt.param_groups
+            for p in g["params"]
+        ]
 
 
 @pytest.fixture

@@ -86,8 +86,11 @@ def test_removing_a_hook_restores_untouched_gradients(mlp):
         train_step(mlp, opt, *batch())
         s = insp.latest()
         assert s["grad_norm"] == s["grad_norm_raw"] and s["grad_absmax"][0] > 1e-4
-        assert all(not p._post_accumulate_grad_hooks for p in mlp.parameters()
-                   if getattr(p, "_post_accumulate_grad_hooks", None) is not None)
+        assert all(
+            not p._post_accumulate_grad_hooks
+            for p in mlp.parameters()
+            if getattr(p, "_post_accumulate_grad_hooks", None) is not None
+        )
 
 
 def test_raising_hook_is_disabled_and_training_goes_on(mlp):
@@ -131,10 +134,12 @@ def test_dict_of_tensors_with_mark_step():
     t = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     with inspector.attach({"t": t}, every=1) as insp:
         insp.add_hook("scale", target="t", factor=2.0)
-        (t ** 2).sum().backward()
+        (t**2).sum().backward()
         insp.mark_step()
         snap = insp.latest()
-    assert snap["step"] == 1 and snap["grad_norm_raw"][0] == pytest.approx(float(torch.tensor([2., 4, 6]).norm()))
+    assert snap["step"] == 1 and snap["grad_norm_raw"][0] == pytest.approx(
+        float(torch.tensor([2.0, 4, 6]).norm())
+    )
     assert torch.equal(t.grad, torch.tensor([4.0, 8.0, 12.0]))
     with pytest.raises(inspector.AttachError):
         inspector.attach({"x": torch.ones(2, requires_grad=True) * 2})
@@ -296,8 +301,10 @@ def test_subscriber_errors_are_counted_not_raised(mlp):
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     good = []
     with inspector.attach(mlp, opt, every=1) as insp:
+
         def bad(kind, payload):
             raise ValueError("consumer bug")
+
         insp.subscribe(bad)
         insp.subscribe(lambda kind, payload: good.append(kind))
         with pytest.warns(RuntimeWarning, match="consumer bug"):
@@ -388,8 +395,10 @@ def test_each_snapshot_is_converted_once_and_shared(mlp):
 def test_a_telemetry_failure_is_its_own_event_and_training_goes_on(mlp, monkeypatch):
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     with inspector.attach(mlp, opt, every=1) as insp:
+
         def broken(**kw):
             raise RuntimeError("stats bug")
+
         monkeypatch.setattr(insp._stats, "snapshot", broken)
         x, y = batch()
         train_step(mlp, opt, x, y)
@@ -406,6 +415,7 @@ def test_close_says_when_the_last_late_records_are_lost(mlp, monkeypatch):
 
     def broken() -> None:
         raise RuntimeError("transfer failed")
+
     monkeypatch.setattr(insp, "_flush_late", broken)
     with pytest.warns(RuntimeWarning, match="late records could not be sent"):
         insp.close()

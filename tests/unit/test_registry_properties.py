@@ -29,14 +29,18 @@ TARGETS = ["*", "0.*", "2.*", "*.bias", "*.weight", "2.bias"]
 
 params_for = {
     "clip_value": st.fixed_dictionaries({"threshold": st.floats(1e-4, 1.0)}),
-    "clip_norm": st.fixed_dictionaries({"max_norm": st.floats(1e-3, 2.0),
-                                        "mode": st.sampled_from(["global", "per_tensor"])}),
+    "clip_norm": st.fixed_dictionaries(
+        {"max_norm": st.floats(1e-3, 2.0), "mode": st.sampled_from(["global", "per_tensor"])}
+    ),
     "scale": st.fixed_dictionaries({"factor": st.floats(-2.0, 2.0)}),
     "l2": st.fixed_dictionaries({"lam": st.floats(0.0, 0.1)}),
     "freeze": st.just({}),
 }
 spec = st.sampled_from(sorted(params_for)).flatmap(
-    lambda k: st.fixed_dictionaries({"kind": st.just(k), "target": st.sampled_from(TARGETS), "params": params_for[k]}))
+    lambda k: st.fixed_dictionaries(
+        {"kind": st.just(k), "target": st.sampled_from(TARGETS), "params": params_for[k]}
+    )
+)
 op = st.one_of(
     st.tuples(st.just("add"), spec),
     st.tuples(st.just("update"), st.integers(0, 5), st.floats(1e-3, 1.0)),
@@ -105,18 +109,26 @@ def run_op(insp, ref, item):
             d = item[1]
             h = insp.add_hook(d["kind"], target=d["target"], **d["params"])
             full = insp.hook_spec(h.id)["params"]
-            ref.specs.append({"id": h.id, "kind": d["kind"], "target": d["target"], "params": full, "enabled": True})
+            ref.specs.append(
+                {"id": h.id, "kind": d["kind"], "target": d["target"], "params": full, "enabled": True}
+            )
             return 1
         if kind == "import":
             insp.import_hooks([{**d, "enabled": True} for d in item[1]])
-            ref.specs = [{k: h[k] for k in ("id", "kind", "target", "params", "enabled")} for h in insp.hooks()]
-            assert [(s["kind"], s["target"]) for s in ref.specs] == [(d["kind"], d["target"]) for d in item[1]]
+            ref.specs = [
+                {k: h[k] for k in ("id", "kind", "target", "params", "enabled")} for h in insp.hooks()
+            ]
+            assert [(s["kind"], s["target"]) for s in ref.specs] == [
+                (d["kind"], d["target"]) for d in item[1]
+            ]
             return 1
         if kind == "invalid":
-            bad = {"neg": lambda: insp.add_hook("clip_value", target="*", threshold=-1.0),
-                   "kind": lambda: insp.add_hook("explode", target="*"),
-                   "target": lambda: insp.add_hook("scale", target="nothing.*", factor=1.0),
-                   "bool": lambda: insp.add_hook("scale", target="*", factor=True)}[item[1]]
+            bad = {
+                "neg": lambda: insp.add_hook("clip_value", target="*", threshold=-1.0),
+                "kind": lambda: insp.add_hook("explode", target="*"),
+                "target": lambda: insp.add_hook("scale", target="nothing.*", factor=1.0),
+                "bool": lambda: insp.add_hook("scale", target="*", factor=True),
+            }[item[1]]
             try:
                 bad()
             except inspector.HookError:
@@ -186,7 +198,9 @@ def test_random_edits_from_two_threads(steps):
                 nonlocal expected_version
                 for item, who, _ in items:
                     box = {}
-                    t = threading.Thread(target=lambda b=box, i=item: b.update(r=run_op(insp, ref, i)), name=who)
+                    t = threading.Thread(
+                        target=lambda b=box, i=item: b.update(r=run_op(insp, ref, i)), name=who
+                    )
                     t.start()
                     t.join()
                     assert "r" in box, f"edit {item} raised in its thread"
@@ -200,7 +214,9 @@ def test_random_edits_from_two_threads(steps):
             loss.backward()
             opt.step()
             # after the boundary nothing is pending: in force == requested == the reference
-            assert [{k: h[k] for k in ("id", "kind", "target", "params", "enabled")} for h in insp.hooks()] == ref.view()
+            assert [
+                {k: h[k] for k in ("id", "kind", "target", "params", "enabled")} for h in insp.hooks()
+            ] == ref.view()
             assert all(h["applied_step"] is not None for h in insp.hooks())
             assert insp.config_version == expected_version
             want = apply_by_hand(seen["in_force"], seen["raw"], seen["params"])

@@ -147,6 +147,7 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
 # ============================================================================= 003 (Russian): post-accumulate hooks
 def test_003_print_literal(capsys):
     """003 print: the hook receives the PARAMETER, so the "gradient" printed is the tensor [1, 2, 3]."""
+
     # --- verbatim from 003 ---
     def print_grad_hook(grad):
         print(f"Gradient: {grad}")
@@ -154,7 +155,7 @@ def test_003_print_literal(capsys):
     t = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     hook_handle = t.register_post_accumulate_grad_hook(print_grad_hook)
 
-    loss = (t ** 2).sum()
+    loss = (t**2).sum()
     loss.backward()
     print(t.grad)
     # --- end ---
@@ -169,9 +170,12 @@ def test_003_print_inspector():
     t = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     seen = []
     with inspector.attach({"t": t}, every=1) as insp:
-        insp.add_hook(lambda name, param: seen.append((name, param, param.grad.clone())),
-                      target="t", point="post_accumulate")
-        (t ** 2).sum().backward()
+        insp.add_hook(
+            lambda name, param: seen.append((name, param, param.grad.clone())),
+            target="t",
+            point="post_accumulate",
+        )
+        (t**2).sum().backward()
         insp.mark_step()
         snap = insp.latest()
     assert len(seen) == 1
@@ -183,6 +187,7 @@ def test_003_print_inspector():
 
 def test_003_clamp_literal():
     """003 clamp: ``grad.clamp_(-2, 2)`` clamps the WEIGHTS (the hook's argument) and leaves the gradient."""
+
     # --- verbatim from 003 ---
     def clip_grad_hook(grad):
         # Ограничиваем значения градиента диапазоном [-2, 2]
@@ -191,7 +196,7 @@ def test_003_clamp_literal():
     t = torch.tensor([-5.0, 0.0, 5.0], requires_grad=True)
     hook_handle = t.register_post_accumulate_grad_hook(clip_grad_hook)
 
-    loss = (t ** 2).sum()
+    loss = (t**2).sum()
     loss.backward()
     # --- end ---
     assert torch.equal(t.grad, torch.tensor([-10.0, 0.0, 10.0]))  # the document claims [-2, 0, 2]
@@ -204,7 +209,7 @@ def test_003_clamp_inspector():
     t = torch.tensor([-5.0, 0.0, 5.0], requires_grad=True)
     with inspector.attach({"t": t}, every=1) as insp:
         h = insp.add_hook("clip_value", target="t", point="post_accumulate", threshold=2)
-        (t ** 2).sum().backward()
+        (t**2).sum().backward()
         assert torch.equal(t.grad, torch.tensor([-2.0, 0.0, 2.0]))  # already during the backward
         insp.mark_step()
         snap = insp.latest()
@@ -216,6 +221,7 @@ def test_003_clamp_inspector():
 
 def test_003_stats_literal(capsys):
     """003 stats: the literal hook prints the WEIGHTS' mean/std; the document's numbers are neither."""
+
     # --- verbatim from 003 ---
     def grad_stats_hook(grad):
         grad_mean = grad.mean().item()
@@ -226,7 +232,7 @@ def test_003_stats_literal(capsys):
     t = torch.randn(10, requires_grad=True)
     hook_handle = t.register_post_accumulate_grad_hook(grad_stats_hook)
 
-    loss = (t ** 3).sum()
+    loss = (t**3).sum()
     loss.backward()
     # --- end ---
     hook_handle.remove()
@@ -245,7 +251,7 @@ def test_003_stats_inspector():
     torch.manual_seed(0)
     t = torch.randn(10, requires_grad=True)
     with inspector.attach({"t": t}, every=1) as insp:
-        (t ** 3).sum().backward()
+        (t**3).sum().backward()
         insp.mark_step()
         snap = insp.latest()
     expected = 3 * t.detach() ** 2
@@ -259,6 +265,7 @@ def test_003_stats_inspector():
 
 def test_003_remove_literal(capsys):
     """003 remove: after ``handle.remove()`` the hook no longer runs (this example is right)."""
+
     # --- verbatim from 003 ---
     def my_hook(grad):
         print("Hook called!")
@@ -267,7 +274,7 @@ def test_003_remove_literal(capsys):
     handle = t.register_post_accumulate_grad_hook(my_hook)
 
     # Первый backward вызовет хук
-    loss1 = (t ** 2).sum()
+    loss1 = (t**2).sum()
     loss1.backward()
 
     # Удаляем хук
@@ -275,7 +282,7 @@ def test_003_remove_literal(capsys):
 
     # Второй backward не вызовет хук
     t.grad.zero_()  # обнуляем градиент для повторного расчёта
-    loss2 = (t ** 3).sum()
+    loss2 = (t**3).sum()
     loss2.backward()
     # --- end ---
     assert capsys.readouterr().out == "Hook called!\n"
@@ -287,15 +294,17 @@ def test_003_remove_inspector():
     t = torch.tensor([1.0, 2.0], requires_grad=True)
     calls = []
     with inspector.attach({"t": t}, every=1) as insp:
-        h = insp.add_hook(lambda name, param: calls.append(param.grad.clone()), target="t", point="post_accumulate")
-        (t ** 2).sum().backward()
+        h = insp.add_hook(
+            lambda name, param: calls.append(param.grad.clone()), target="t", point="post_accumulate"
+        )
+        (t**2).sum().backward()
         insp.mark_step()
         h.remove()
         assert insp.hooks() == []
         removed = [e for e in insp.events() if e["kind"] == "hook_applied" and e["action"] == "remove"]
         assert len(removed) == 1 and removed[0]["hook_id"] == h.id and removed[0]["applied_step"] == 2
         t.grad.zero_()
-        (t ** 3).sum().backward()
+        (t**3).sum().backward()
         insp.mark_step()
         assert insp.step == 2
     assert len(calls) == 1 and torch.equal(calls[0], torch.tensor([2.0, 4.0]))
@@ -307,10 +316,12 @@ def test_000_1_clip_literal():
     """000 #1 clip: inside the first layer's backward hook its parameters have no gradient yet, on every
     step (``zero_grad()`` sets them to None), so ``clip_grad_norm_`` clips nothing: training is exactly
     the unhooked training."""
+
     # --- verbatim from 000 #1 ---
     def clip_gradient(module, grad_input, grad_output):
         max_norm = 1.0
         torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+
     # --- end ---
     seen = []
 
@@ -361,9 +372,11 @@ def test_000_1_clip_inspector(target, which):
 def test_000_2_log_literal(capsys):
     """000 #2 log: prints the norm of the gradient w.r.t. model[0]'s output (correct, through the
     deprecated hook: one FutureWarning per forward)."""
+
     # --- verbatim from 000 #2 ---
     def log_gradient(module, grad_input, grad_output):
         print(f"Gradient for {module.__class__.__name__}: {grad_output[0].norm().item()}")
+
     # --- end ---
     model = seed_mlp()
     ref = copy.deepcopy(model)
@@ -384,6 +397,7 @@ def test_000_2_log_literal(capsys):
 def test_000_2_log_full_backward_hook_raises_with_inplace_relu(capsys):
     """000 #2 log with ``ReLU(inplace=True)``: the deprecated hook still logs; its replacement,
     ``register_full_backward_hook``, raises inside the user's forward."""
+
     def log_gradient(module, grad_input, grad_output):
         print(f"Gradient for {module.__class__.__name__}: {grad_output[0].norm().item()}")
 
@@ -431,18 +445,22 @@ def test_000_2_log_inspector(inplace):
 def test_000_3_scale_literal():
     """000 #3 scale: the literal hook raises TypeError in the backward: for Linear the deprecated hook's
     ``grad_input`` is (grad bias, None for the input, grad of weight.T), and ``None * 0.1`` fails."""
+
     # --- verbatim from 000 #3 ---
     def modify_gradient(module, grad_input, grad_output):
         # 将梯度乘以一个因子
         factor = 0.1
         return tuple(g * factor for g in grad_input)
+
     # --- end ---
     model = seed_mlp()
     register_deprecated(model[0], modify_gradient)
     x, y = first_source_batch()
     with non_full_hook_warnings(1):
         loss = mse(model, x, y)
-    with pytest.raises(TypeError, match=re.escape("unsupported operand type(s) for *: 'NoneType' and 'float'")):
+    with pytest.raises(
+        TypeError, match=re.escape("unsupported operand type(s) for *: 'NoneType' and 'float'")
+    ):
         loss.backward()
     assert model[0].weight.grad is None and model[0].bias.grad is None
     assert model[2].weight.grad is not None and model[2].bias.grad is not None  # accumulated before the raise
@@ -491,6 +509,7 @@ def test_000_3_scale_inspector():
 def test_000_4_l2_literal():
     """000 #4 L2: ``if param.grad is not None`` is never true inside the first layer's backward hook
     (no gradient yet; the loop's zero_grad() sets it to None), so nothing is ever added."""
+
     # --- verbatim from 000 #4 ---
     def gradient_regularization(module, grad_input, grad_output):
         # 添加L2正则化
@@ -498,6 +517,7 @@ def test_000_4_l2_literal():
         for param in module.parameters():
             if param.grad is not None:
                 param.grad += l2_lambda * param.data
+
     # --- end ---
     seen = []
 
@@ -522,6 +542,7 @@ def test_000_4_l2_literal_only_works_by_accident_without_set_to_none():
     """000 #4 L2 with ``zero_grad(set_to_none=False)`` instead of the loop's default: the first backward
     still adds nothing (no gradient yet); from the second on the hook adds 0.01 * param to the zeroed
     gradient before this backward's gradient accumulates into it, so the result is what was meant."""
+
     def gradient_regularization(module, grad_input, grad_output):
         l2_lambda = 0.01
         for param in module.parameters():
@@ -568,11 +589,13 @@ def nan_in_2_weight_path(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 def test_000_5_nan_check_literal(capsys):
     """000 #5 NaN check: it works, but only on model[0]'s output: it sees a NaN input batch, and misses a
     NaN that arises in another layer's gradient (2.weight)."""
+
     # --- verbatim from 000 #5 ---
     def check_gradient(module, grad_input, grad_output):
         for i, grad in enumerate(grad_output):
             if grad is not None and torch.isnan(grad).any():
                 print(f"NaN detected in gradients of {module.__class__.__name__} at output {i}")
+
     # --- end ---
     model = seed_mlp()
     register_deprecated(model[0], check_gradient)

@@ -136,6 +136,7 @@ def test_gradient_accumulation_pre_step_once_post_accumulate_per_backward(mlp):
     def counter(point):
         def fn(name, param):
             calls[point] += 1
+
         return fn
 
     k = 4
@@ -259,7 +260,9 @@ def test_live_edit_from_another_thread_lands_at_a_boundary(mlp):
             train_step(mlp, opt, *batch(seed=s))
         # between steps (no step under way): a pre_step-only edit applies at once
         box = {}
-        t = threading.Thread(target=lambda: box.update(h=insp.add_hook("clip_value", target="*", threshold=1e-4)))
+        t = threading.Thread(
+            target=lambda: box.update(h=insp.add_hook("clip_value", target="*", threshold=1e-4))
+        )
         t.start()
         t.join()
         assert insp.hooks()[0]["applied_step"] == 3
@@ -293,11 +296,15 @@ def test_post_accumulate_edit_from_another_thread_is_registered_by_the_training_
     orig = p.register_post_accumulate_grad_hook
 
     with inspector.attach(mlp, opt, every=1) as insp:
+
         def spy(hook):
             registering_threads.append(threading.get_ident())
             return orig(hook)
+
         p.register_post_accumulate_grad_hook = spy  # instance attribute: only this tensor
-        t = threading.Thread(target=lambda: insp.add_hook("scale", target="2.bias", point="post_accumulate", factor=0.0))
+        t = threading.Thread(
+            target=lambda: insp.add_hook("scale", target="2.bias", point="post_accumulate", factor=0.0)
+        )
         t.start()
         t.join()
         assert registering_threads == []  # not from the editing thread
@@ -325,8 +332,12 @@ def test_invalid_edit_changes_nothing(mlp):
             lambda: h.update(bogus=1),
             lambda: insp.update_hook(h.id, enabled="yes"),
             lambda: insp.add_hook("noise", target="*", std=0.1, seed=2**64),
-            lambda: insp.import_hooks([{"kind": "clip_value", "target": "*", "params": {"threshold": 1}},
-                                       {"kind": "scale", "target": "*", "params": {}}]),
+            lambda: insp.import_hooks(
+                [
+                    {"kind": "clip_value", "target": "*", "params": {"threshold": 1}},
+                    {"kind": "scale", "target": "*", "params": {}},
+                ]
+            ),
         ]
         for call in bad:
             with pytest.raises(inspector.HookError):
