@@ -13,12 +13,14 @@ from .errors import AttachError, HookError, HookNotFound, InspectorError
 from .handles import HookHandle
 from .inspector import Inspector, attach
 from .kinds import POINTS, hook_kinds
+from .owned import attached
 from .records import HookSpec, Snapshot
 from .targets import match as match_targets
 
 __all__ = [
     "__version__",
     "attach",
+    "attached",
     "Inspector",
     "HookHandle",
     "HookSpec",

@@ -44,6 +44,7 @@ from .feed import Feed
 from .handles import HookHandle
 from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
+from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
 from .scalars import accumulate, check_scalars
 from .server_loader import load_server_module
@@ -115,11 +116,12 @@ class Inspector(StepLifecycle):
         self._init_step_state()
         self._server: Any = None
 
+        claim(self, self._tensors, optimizer)  # refuses a second attach to the same parameters
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
         if self._root is not None:
-            self._handles.append(self._root.register_forward_pre_hook(self._on_forward_pre))
+            self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
 
     # ================================================================= public API
     def _check_open(self) -> None:
@@ -419,6 +421,7 @@ class Inspector(StepLifecycle):
             self._closed = True
             self._finished = True
             self._cond.notify_all()
+        release(self)
         try:
             self._flush_late()
         except Exception as e:  # the last late records are lost, but close() must finish: say so

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from .ops import HookState, NanFinding, ParamTarget, apply_post_accumulate
+from .owned import OwnedHook
 from .records import HookSpec
 from .stats import dense
 from .targets import match
@@ -157,7 +158,7 @@ class TorchHooks:
         for n in set(self._module_handles) - set(plan.module):
             self._module_handles.pop(n).remove()
         for n in set(plan.module) - set(self._module_handles):
-            self._module_handles[n] = self.modules[n].register_forward_hook(self._module_hook(n))
+            self._module_handles[n] = self.modules[n].register_forward_hook(OwnedHook(self._module_hook(n)))
         self.dirty = False
 
     def remove_all(self) -> None:
