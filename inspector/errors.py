@@ -10,13 +10,53 @@ The hierarchy::
 
 Invalid input never changes anything: the registry validates a whole edit before it
 queues or applies it.
+
+User objects end up in messages (a bad value, a failing hook's exception): :func:`shown` and
+:func:`describe_error` format them without ever raising, since a ``__repr__`` or ``__str__``
+that fails must not turn a clear error into another one, or reach the user's training step.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError"]
+__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError", "describe_error", "shown"]
+
+SHOWN_LIMIT = 300  # characters of a user value quoted in a message
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _type_name(x: Any) -> str:
+    try:
+        return str(type(x).__name__)
+    except Exception:
+        return "object"
+
+
+def shown(x: Any, limit: int = SHOWN_LIMIT) -> str:
+    """``repr(x)`` for a message: never raises (a failing ``__repr__`` names the type instead), cut
+    at ``limit`` characters."""
+    try:
+        text = repr(x)
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned a non-string")
+    except Exception:
+        return f"<{_type_name(x)} object: its repr() failed>"
+    return _cut(text, limit)
+
+
+def describe_error(err: BaseException, limit: int = 2000) -> str:
+    """``"Type: message"`` of an exception, never raising (a failing ``__str__`` is said so)."""
+    try:
+        text = str(err)
+        if not isinstance(text, str):
+            raise TypeError("__str__ returned a non-string")
+    except Exception:
+        text = "<its message could not be formatted: str() of the exception failed>"
+    return f"{_type_name(err)}: {_cut(text, limit)}"
 
 
 class InspectorError(Exception):

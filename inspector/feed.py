@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .errors import describe_error, shown
 from .records import Snapshot
 
 __all__ = ["Feed", "Callback"]
@@ -115,7 +116,7 @@ class Feed:
                     if not self._warned:
                         self._warned = True
                         warnings.warn(
-                            f"inspector subscriber {cb!r} raised {e!r}; further errors are counted "
+                            f"inspector subscriber {shown(cb)} raised {describe_error(e)}; further errors are counted "
                             "in Feed.callback_errors",
                             RuntimeWarning,
                             stacklevel=1,

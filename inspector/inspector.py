@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from . import distributed
 from .edits import Edits
-from .errors import AttachError, HookError, InspectorError
+from .errors import AttachError, HookError, InspectorError, shown
 from .feed import Feed
 from .handles import HookHandle
 from .lifecycle import StepLifecycle
@@ -165,9 +165,9 @@ class Inspector(StepLifecycle):
     def match_targets(self, glob: str, point: str = "pre_step") -> list[str]:
         """The names ``glob`` matches at ``point`` (module names for "module", else parameter names)."""
         if point not in ("pre_step", "post_accumulate", "module"):
-            raise HookError(("point",), f"must be pre_step, post_accumulate or module (got {point!r})")
+            raise HookError(("point",), f"must be pre_step, post_accumulate or module (got {shown(point)})")
         if not isinstance(glob, str):
-            raise HookError(("glob",), f"must be a string (got {glob!r})")
+            raise HookError(("glob",), f"must be a string (got {shown(glob)})")
         return match(self.modules if point == "module" else self.params, glob)
 
     # ----------------------------------------------------------------- hooks
@@ -198,7 +198,9 @@ class Inspector(StepLifecycle):
         if callable(kind):
             fn, kind = kind, "python"
         if params is not None and not isinstance(params, Mapping):
-            raise HookError(("params",), f"must be a mapping of parameter names to values (got {params!r})")
+            raise HookError(
+                ("params",), f"must be a mapping of parameter names to values (got {shown(params)})"
+            )
         both = sorted(set(params or ()) & set(kwargs))
         if both:
             raise HookError(("params", both[0]), "given both in params and as a keyword")
@@ -329,7 +331,7 @@ class Inspector(StepLifecycle):
         """Histogram parameters wanted by one consumer (``key``); ``[]`` drops it."""
         unknown = [n for n in names if n not in self.params]
         if unknown:
-            raise HookError(("hist",), f"unknown parameter {unknown[0]!r}")
+            raise HookError(("hist",), f"unknown parameter {shown(unknown[0])}")
         with self._lock:
             self._hist.set(key, names)
 
@@ -426,7 +428,7 @@ class Inspector(StepLifecycle):
             self._flush_late()
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
-                f"inspector: the last step's late records could not be sent ({e!r})",
+                f"inspector: the last step's late records could not be sent ({shown(e)})",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import HookError
+from .errors import HookError, shown
 
 __all__ = ["POINTS", "KINDS", "KindDef", "ParamDef", "hook_kinds", "validate_params", "check_point"]
 
@@ -186,35 +186,35 @@ def _check_value(p: ParamDef, value: Any) -> Any:
     loc = ("params", p.name)
     if p.type == "string":
         if not isinstance(value, str):
-            raise HookError(loc, f"must be a string (got {value!r})")
+            raise HookError(loc, f"must be a string (got {shown(value)})")
         if p.enum and value not in p.enum:
-            raise HookError(loc, f"must be one of {', '.join(map(repr, p.enum))} (got {value!r})")
+            raise HookError(loc, f"must be one of {', '.join(map(repr, p.enum))} (got {shown(value)})")
         return value
     if p.type == "boolean":
         if not isinstance(value, bool):
-            raise HookError(loc, f"must be true or false (got {value!r})")
+            raise HookError(loc, f"must be true or false (got {shown(value)})")
         return value
     if isinstance(value, bool):
-        raise HookError(loc, f"must be a number, not a boolean (got {value!r})")
+        raise HookError(loc, f"must be a number, not a boolean (got {shown(value)})")
     if p.allow_inf and isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
         value = math.inf
     if p.type == "integer":
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise HookError(loc, f"must be an integer (got {value!r})")
+            raise HookError(loc, f"must be an integer (got {shown(value)})")
     elif not isinstance(value, int | float):
-        raise HookError(loc, f"must be a number (got {value!r})")
+        raise HookError(loc, f"must be a number (got {shown(value)})")
     else:
         value = float(value)
         if math.isnan(value) or (math.isinf(value) and not (p.allow_inf and value > 0)):
-            raise HookError(loc, f"must be finite (got {value!r})")
+            raise HookError(loc, f"must be finite (got {shown(value)})")
     if p.exclusive_minimum is not None and not value > p.exclusive_minimum:
-        raise HookError(loc, f"must be > {p.exclusive_minimum:g} (got {value!r})")
+        raise HookError(loc, f"must be > {p.exclusive_minimum:g} (got {shown(value)})")
     if p.minimum is not None and not value >= p.minimum:
-        raise HookError(loc, f"must be >= {p.minimum:g} (got {value!r})")
+        raise HookError(loc, f"must be >= {p.minimum:g} (got {shown(value)})")
     if p.maximum is not None and not value <= p.maximum:
-        raise HookError(loc, f"must be <= {p.maximum:.0f} (got {value!r})")
+        raise HookError(loc, f"must be <= {p.maximum:.0f} (got {shown(value)})")
     return value
 
 
@@ -224,7 +224,7 @@ def check_point(kind: str, point: Any) -> str:
     if point is None:
         return kd.points[0]
     if not isinstance(point, str) or point not in POINTS:
-        raise HookError(("point",), f"must be one of {', '.join(POINTS)} (got {point!r})")
+        raise HookError(("point",), f"must be one of {', '.join(POINTS)} (got {shown(point)})")
     if point not in kd.points:
         raise HookError(("point",), f"{kind} does not run at {point}; it runs at {', '.join(kd.points)}")
     return point
@@ -232,7 +232,7 @@ def check_point(kind: str, point: Any) -> str:
 
 def check_kind(kind: Any) -> str:
     if not isinstance(kind, str) or kind not in KINDS:
-        raise HookError(("kind",), f"unknown kind {kind!r}; known kinds: {', '.join(KINDS)}")
+        raise HookError(("kind",), f"unknown kind {shown(kind)}; known kinds: {', '.join(KINDS)}")
     return kind
 
 
@@ -243,7 +243,7 @@ def validate_params(kind: str, point: str, params: Mapping[str, Any]) -> dict[st
         HookError: naming the first offending field; nothing is changed by the caller then.
     """
     if not isinstance(params, Mapping):
-        raise HookError(("params",), f"must be an object (got {params!r})")
+        raise HookError(("params",), f"must be an object (got {shown(params)})")
     kd = KINDS[kind]
     known = {p.name: p for p in kd.params}
     for name in params:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from . import distributed
 from .edits import Edits
-from .errors import InspectorError
+from .errors import InspectorError, describe_error
 from .feed import Feed
 from .nonfinite import Findings, NonfiniteReport
 from .ops import NanFinding, apply_pre_step
@@ -182,7 +182,7 @@ class StepLifecycle:
     def _hook_failed(self, spec: HookSpec, param: str | None, err: BaseException) -> None:
         """A hook raised: disable it at once, report it, and let training go on."""
         with self._lock:
-            self._edits.disable_failed(spec, param, f"{type(err).__name__}: {err}", self._step + 1)
+            self._edits.disable_failed(spec, param, describe_error(err), self._step + 1)
 
     def _post_finding(self, finding: NanFinding, action: str) -> None:
         self._nonfinite.post_accumulate(finding, action, self._step + 1)
@@ -328,7 +328,11 @@ class StepLifecycle:
                     overhead=self._cadence.overhead,
                 )
             except Exception as e:  # never take training down for telemetry
-                self._event("telemetry_error", message=f"the snapshot could not be built: {e!r}", step=step)
+                self._event(
+                    "telemetry_error",
+                    message=f"the snapshot could not be built: {describe_error(e)}",
+                    step=step,
+                )
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:
@@ -406,7 +410,7 @@ class StepLifecycle:
                     mine = list(self._reg.pending) if rank0 else None
                 changes = plane.broadcast(mine)
         except Exception as e:
-            plane.broken = f"{type(e).__name__}: {e}"
+            plane.broken = describe_error(e)
             self._event(
                 "distributed_error",
                 step=step,

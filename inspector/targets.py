@@ -11,7 +11,7 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import HookError
+from .errors import HookError, shown
 
 __all__ = ["MAX_TARGET_LEN", "match", "check_target"]
 
@@ -26,10 +26,10 @@ def match(names: Iterable[str], glob: str) -> list[str]:
 def check_target(target: Any, names: list[str], what: str) -> list[str]:
     """Validate a target glob and return its matches (at least one)."""
     if not isinstance(target, str):
-        raise HookError(("target",), f"must be a string glob (got {target!r})")
+        raise HookError(("target",), f"must be a string glob (got {shown(target)})")
     if len(target) > MAX_TARGET_LEN:
         raise HookError(("target",), f"at most {MAX_TARGET_LEN} characters (got {len(target)})")
     found = match(names, target)
     if not found:
-        raise HookError(("target",), f"{target!r} matches no {what} name")
+        raise HookError(("target",), f"{shown(target)} matches no {what} name")
     return found

@@ -71,3 +71,47 @@ def test_attaching_twice_to_the_same_model_or_optimizer_is_refused():
     train_step(model, opt, x, y)
     assert second.step == 1 and first.step == 0
     second.close()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("even the message is broken")
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_a_hook_whose_exception_cannot_be_formatted_is_disabled_and_training_goes_on():
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with inspector.attach(model, opt, every=1) as insp:
+
+        def bad(name, param):
+            raise Unprintable()
+
+        h = insp.add_hook(bad, target="*")
+        x, y = batch()
+        train_step(model, opt, x, y)  # must not raise
+        train_step(model, opt, x, y)
+        errors = [e for e in insp.events() if e["kind"] == "hook_error"]
+        assert len(errors) == 1 and errors[0]["hook_id"] == h.id
+        assert errors[0]["message"].startswith("Unprintable: <its message could not be formatted")
+        assert h.spec["enabled"] is False and insp.step == 2
+
+
+def test_user_objects_whose_repr_fails_still_give_a_clear_hook_error():
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with inspector.attach(model, opt) as insp:
+        for call, loc in [
+            (lambda: insp.add_hook("clip_value", "*", threshold=BadRepr()), ("params", "threshold")),
+            (lambda: insp.add_hook("clip_value", BadRepr(), threshold=1.0), ("target",)),
+            (lambda: insp.add_hook(BadRepr(), "*"), ("kind",)),
+            (lambda: insp.match_targets(BadRepr()), ("glob",)),
+        ]:
+            with pytest.raises(inspector.HookError) as e:
+                call()
+            assert e.value.loc == loc and "BadRepr object: its repr() failed" in str(e.value)
+        assert insp.hooks() == []
