@@ -1,22 +1,51 @@
-// HTTP access to the server (DESIGN.md, "Wire format"). Same-origin fetches carry
-// the session cookie; a token still in the address bar (when the page was not
-// reached through the server's `/?token=` redirect) is taken out of the URL at
-// once and kept in memory only, sent as a Bearer header and on the websocket URL.
+// HTTP access to the server (DESIGN.md, "Wire format"). The access token, when one
+// is in force, comes in the start-up URL (`#token=T`, or `?token=T` from scripts),
+// is taken out of the address bar at once and kept in sessionStorage: scoped to this
+// origin, port included, so no other server on the same host ever sees it (a cookie
+// would reach them all). It is sent as `Authorization: Bearer T`, and on the
+// websocket as a subprotocol (a browser cannot set headers there; see ws.js).
 
+const TOKEN_KEY = "gradient-inspector.token";
 let token = null;
 
-/** Take `?token=` out of the address bar (without a reload); keep it in memory. */
-export function takeTokenFromUrl() {
-  const url = new URL(window.location.href);
-  const t = url.searchParams.get("token");
-  if (t === null) return;
-  token = t;
-  url.searchParams.delete("token");
-  window.history.replaceState(window.history.state, "", url.pathname + url.search + url.hash);
+function stored() {
+  try {
+    return window.sessionStorage.getItem(TOKEN_KEY);
+  } catch {
+    return null; // storage disabled: the token lives in memory only
+  }
 }
 
-export function tokenParam() {
-  return token ? `token=${encodeURIComponent(token)}` : "";
+/** Take `#token=` or `?token=` out of the address bar (without a reload); keep it for this tab. */
+export function takeTokenFromUrl() {
+  const url = new URL(window.location.href);
+  const hash = new URLSearchParams(url.hash.slice(1));
+  const t = hash.get("token") ?? url.searchParams.get("token");
+  if (t !== null) {
+    token = t;
+    try {
+      window.sessionStorage.setItem(TOKEN_KEY, t);
+    } catch {
+      // storage disabled: kept in memory (a reload then needs the URL again)
+    }
+    hash.delete("token");
+    url.searchParams.delete("token");
+    const rest = hash.toString();
+    window.history.replaceState(
+      window.history.state,
+      "",
+      url.pathname + url.search + (rest ? `#${rest}` : ""),
+    );
+  } else {
+    token = stored();
+  }
+}
+
+/** The websocket subprotocols that carry the token: ours, and `gi-token.HEX` (UTF-8 bytes in hex). */
+export function socketProtocols() {
+  if (!token) return [];
+  const hex = Array.from(new TextEncoder().encode(token), (b) => b.toString(16).padStart(2, "0")).join("");
+  return ["gradient-inspector", `gi-token.${hex}`];
 }
 
 function headers(extra = {}) {
@@ -39,7 +68,7 @@ function query(params) {
  * (for errors, the server's `{"detail": ...}`); a network failure is status 0.
  */
 async function request(method, path, { params, body, accept } = {}) {
-  const init = { method, headers: headers(accept ? { Accept: accept } : {}), credentials: "same-origin" };
+  const init = { method, headers: headers(accept ? { Accept: accept } : {}), credentials: "omit" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);

@@ -2,7 +2,7 @@
 // 10 s, with jitter) whenever it closes. The owner gets every message and every
 // state change; backfilling what was missed is the owner's job (on `hello`).
 
-import { tokenParam } from "./api.js";
+import { socketProtocols } from "./api.js";
 
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 10_000;
@@ -24,8 +24,7 @@ export class Connection {
 
   url() {
     const proto = window.location.protocol === "https:" ? "wss:" : "ws:";
-    const t = tokenParam();
-    return `${proto}//${window.location.host}/ws${t ? `?${t}` : ""}`;
+    return `${proto}//${window.location.host}/ws`;
   }
 
   start() {
@@ -56,7 +55,8 @@ export class Connection {
     this.onState("connecting", { attempt: this.attempt });
     let socket;
     try {
-      socket = new WebSocket(this.url());
+      // the token travels as a subprotocol (api.js), never in the URL
+      socket = new WebSocket(this.url(), socketProtocols());
     } catch (err) {
       this.scheduleRetry();
       return;

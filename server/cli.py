@@ -50,8 +50,8 @@ In your own script:  insp = inspector.attach(model, optimizer); insp.serve()
 SECURITY = """\
 security: the server binds 127.0.0.1 by default. Any other --host requires a token:
 one is generated when --token is not given, and printed once in the URL
-(http://HOST:PORT/?token=T). Opening that URL stores the token in a cookie.
-Scripts can send 'Authorization: Bearer T' instead.
+(http://HOST:PORT/#token=T). The page keeps it for its own origin (no cookie).
+Scripts send 'Authorization: Bearer T' (or ?token=T).
 """
 
 

@@ -26,7 +26,7 @@ class EmbeddedServer:
     """The handle `start` returns.
 
     Attributes:
-        url: the start-up URL, with `?token=T` when a token is in force.
+        url: the start-up URL, with `#token=T` when a token is in force.
         port: the bound port (useful with port=0).
         db: the history file, or None.
         run_id: this process's run in it.

@@ -8,10 +8,15 @@ Order of checks, for HTTP and for the websocket handshake:
    request's own `Host` (scheme's default port normalised), else 403. This
    holds through an SSH tunnel on any local port, and stops another site's page
    from changing hooks or pausing training, even with a body-less POST.
-3. Token (when one is in force; `/api/health` is exempt): `Authorization:
-   Bearer T`, `?token=T` or the cookie, compared in constant time, else 401.
-   `GET /?token=T` answers 303 to `/` and sets the token as an HttpOnly,
-   SameSite=Strict cookie, so the token leaves the address bar.
+3. Token (when one is in force): `Authorization: Bearer T`, `?token=T`, or on
+   the websocket handshake the subprotocol `gi-token.HEX` (the token's UTF-8
+   bytes in hex, offered next to `gradient-inspector`: a browser cannot set
+   headers on a websocket), compared in constant time, else 401. The page's
+   static shell (`PUBLIC_PATHS`: the page, its scripts and styles, the API
+   docs) and `/api/health` need none: they hold no data. No cookie is ever
+   set: cookies ignore ports, so one would reach every other server on the
+   same host. The page keeps the token in `sessionStorage`, which is scoped
+   to its origin, port included (frontend/api.js).
 4. Read-only: every mutating method answers 403 before its body is looked at.
 5. A per-client budget of mutating requests (429 past it).
 6. Bodies of mutating requests: 413 past `max_body` bytes; a non-empty body
@@ -37,6 +42,12 @@ from starlette.status import WS_1008_POLICY_VIOLATION
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+# The static shell of the page: served without a token (a browser's navigation and its <script>
+# and <link> requests carry no Authorization header), none of it holds data.
+PUBLIC_PATHS = ("/", "/api/health", "/docs", "/openapi.json", "/vendor/plotly.min.js")
+PUBLIC_PREFIXES = ("/static/", "/docs-assets/")
+WS_SUBPROTOCOL = "gradient-inspector"  # what the server selects when the page offers its token
+WS_TOKEN_PREFIX = "gi-token."
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 _EXTRA_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
@@ -116,10 +127,21 @@ def origin_matches(origin: str, host: str | None, scheme: str) -> bool:
     return _netloc(parts.scheme, parts.netloc) == _netloc(own_scheme, host)
 
 
-def cookie_name(host: str | None) -> str:
-    """Per-port cookie name: cookies ignore ports, two inspectors on one host must not clash."""
-    port = (host or "").rsplit(":", 1)[-1] if host and not host.endswith("]") and ":" in host else "80"
-    return f"gi_token_{port if port.isdigit() else '80'}"
+def is_public(path: str) -> bool:
+    """Whether `path` is part of the page's static shell (no token needed)."""
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def subprotocol_token(value: str) -> str | None:
+    """The token a `Sec-WebSocket-Protocol` header carries as `gi-token.HEX`, or None."""
+    for item in value.split(","):
+        item = item.strip()
+        if item.startswith(WS_TOKEN_PREFIX):
+            try:
+                return bytes.fromhex(item[len(WS_TOKEN_PREFIX) :]).decode("utf-8")
+            except ValueError:  # not hex, or not UTF-8: no token
+                return None
+    return None
 
 
 def _detail(status: int, detail: Any) -> bytes:
@@ -141,13 +163,10 @@ class SecurityMiddleware:
         method = scope.get("method", "GET") if kind == "http" else "GET"
         mutating = kind == "http" and method not in _SAFE_METHODS
         deny = self._check(scope, headers, host, mutating or kind == "websocket")
-        if deny is None and self.guard.token and scope["path"] != "/api/health":
+        public = kind == "http" and not mutating and is_public(scope["path"])
+        if deny is None and self.guard.token and not public:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            if kind == "http" and scope["path"] == "/" and method == "GET" and "token" in query:
-                if self._valid(query["token"][0]):
-                    return await self._set_cookie(send, host)
-                deny = (401, "wrong token")
-            elif not self._authorized(headers, query, host):
+            if not self._authorized(headers, query):
                 deny = (
                     401,
                     "missing or wrong token: open the URL printed at start-up, or send "
@@ -194,18 +213,14 @@ class SecurityMiddleware:
         token = self.guard.token or ""
         return hmac.compare_digest(candidate.encode("utf-8", "replace"), token.encode("utf-8"))
 
-    def _authorized(self, headers: dict[str, str], query: dict[str, list[str]], host: str | None) -> bool:
+    def _authorized(self, headers: dict[str, str], query: dict[str, list[str]]) -> bool:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer " and self._valid(auth[7:].strip()):
             return True
         if "token" in query and self._valid(query["token"][0]):
             return True
-        wanted = cookie_name(host) + "="
-        for part in headers.get("cookie", "").split(";"):
-            part = part.strip()
-            if part.startswith(wanted) and self._valid(part[len(wanted) :]):
-                return True
-        return False
+        offered = subprotocol_token(headers.get("sec-websocket-protocol", ""))
+        return offered is not None and self._valid(offered)
 
     def _take(self, scope: Scope) -> bool:
         client = (scope.get("client") or ("?", 0))[0]
@@ -269,23 +284,6 @@ class SecurityMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-    async def _set_cookie(self, send: Send, host: str | None) -> None:
-        cookie = f"{cookie_name(host)}={self.guard.token}; HttpOnly; SameSite=Strict; Path=/"
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 303,
-                "headers": [
-                    (b"location", b"/"),
-                    (b"set-cookie", cookie.encode("latin-1")),
-                    (b"content-length", b"0"),
-                    (b"cache-control", b"no-store"),
-                    *_EXTRA_HEADERS,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": b""})
 
     async def _refuse_socket(
         self, scope: Scope, receive: Receive, send: Send, status: int, detail: str

@@ -70,6 +70,7 @@ class Settings:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
 
     def url(self, port: int | None = None) -> str:
-        """The start-up URL: `http://HOST:PORT/`, with `?token=T` when a token is in force."""
+        """The start-up URL: `http://HOST:PORT/`, with `#token=T` when a token is in force (a
+        fragment never leaves the browser: the page keeps it, see frontend/api.js)."""
         base = f"http://{browse_host(self.host)}:{port if port is not None else self.port}/"
-        return f"{base}?token={self.token}" if self.token else base
+        return f"{base}#token={self.token}" if self.token else base

@@ -28,7 +28,7 @@ from starlette.status import WS_1000_NORMAL_CLOSURE, WS_1008_POLICY_VIOLATION, W
 
 from .hub import ClientHub, ClientQueue
 from .protocol import COMMAND_TYPES, command_adapter, dumps, error_detail, pydantic_detail
-from .security import TokenBucket
+from .security import WS_SUBPROTOCOL, TokenBucket
 from .settings import Settings
 from .sources import ApiError, Source
 
@@ -169,5 +169,8 @@ class Connection:
 
 async def websocket_endpoint(ws: WebSocket) -> None:
     app = ws.app
-    await ws.accept()
+    # the page offers its token as a second subprotocol (security.py); a browser fails a handshake
+    # that selects none of those it offered, so select ours, never the one holding the token
+    offered = ws.scope.get("subprotocols") or []
+    await ws.accept(subprotocol=WS_SUBPROTOCOL if WS_SUBPROTOCOL in offered else None)
     await Connection(ws, app.state.source, app.state.hub, app.state.settings).run()

@@ -351,7 +351,7 @@ def test_a_token_url_leaves_the_address_bar_and_read_only_disables_every_control
     try:
         page, log = new_page()
         page.goto(f"{server.url}?token={token}")
-        # The server's redirect swapped the token for a cookie: the address bar is clean.
+        # The page moved the token to sessionStorage: the address bar is clean.
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         assert "token" not in page.url
         page.wait_for_function(

@@ -302,7 +302,7 @@ def test_entry_command_serves_with_a_printed_and_required_token_and_passes_its_h
         url = m.group(1)
         parts = urllib.parse.urlsplit(url)
         assert (parts.hostname, parts.port) == ("127.0.0.1", port), url  # the address to open from here
-        (token,) = urllib.parse.parse_qs(parts.query)["token"]
+        (token,) = urllib.parse.parse_qs(parts.fragment)["token"]
         assert len(token) >= 22, "at least 128 bits"
         base = server.base
 

