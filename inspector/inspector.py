@@ -52,7 +52,7 @@ from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
 from .torch_hooks import TorchHooks
-from .wrappers import enabled_scaler, named_tensors, param_info, real_optimizer
+from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
@@ -93,7 +93,11 @@ class Inspector(StepLifecycle):
         self._dist = distributed.ControlPlane(timeout=dist_timeout) if distributed.active() else None
         self.rank = self._dist.rank if self._dist is not None else 0
         self._reg = Registry(
-            self.params, self.modules, scaler=self._scaler is not None, distributed=self._dist is not None
+            self.params,
+            self.modules,
+            scaler=self._scaler is not None,
+            distributed=self._dist is not None,
+            compiled=is_compiled(model),
         )
         self._feed = Feed()
         self._cadence = Cadence(float(budget), every)
@@ -120,7 +124,9 @@ class Inspector(StepLifecycle):
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
-        if self._root is not None:
+        if self._root is not None and getattr(self._root, "_compiled_call_impl", None) is None:
+            # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
+            # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
 
     # ================================================================= public API

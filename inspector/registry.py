@@ -57,11 +57,13 @@ class Registry:
         *,
         scaler: bool = False,
         distributed: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.param_names = param_names
         self.module_names = module_names
         self.scaler = scaler
         self.distributed = distributed
+        self.compiled = compiled  # torch.compile'd: no module-point hooks
         self.requested: list[HookSpec] = []
         self.applied: tuple[HookSpec, ...] = ()
         self.pending: deque[Change] = deque()
@@ -96,6 +98,13 @@ class Registry:
                 "a GradScaler is attached: at post_accumulate the gradients are still "
                 "scaled, so a modifying hook there would act on scaled values; use pre_step, "
                 "which runs after unscaling",
+            )
+        if point == "module" and self.compiled:
+            raise HookError(
+                ("point",),
+                "the model is compiled (torch.compile): a module hook adds tensor hooks inside the "
+                "compiled forward, which fullgraph=True refuses and other modes break the graph for; "
+                "watch its parameters instead (pre_step or post_accumulate)",
             )
         if point == "post_accumulate" and self.distributed and kind == "clip_norm":
             raise HookError(

@@ -59,6 +59,16 @@ def wrapper_prefixes(model: Any) -> tuple[str, ...]:
         m = inner
 
 
+def is_compiled(model: Any) -> bool:
+    """Whether ``model``, or a module inside it, runs compiled (``torch.compile(m)`` or ``m.compile()``)."""
+    if not isinstance(model, nn.Module):
+        return False
+    return any(
+        m.__class__.__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+        for m in model.modules()
+    )
+
+
 def named_tensors(model: Any) -> tuple[list[tuple[str, Tensor]], dict[str, nn.Module]]:
     """``(parameters, modules)`` by name, prefixes stripped: ``model`` is an ``nn.Module`` or a dict
     of named leaf tensors (which has no modules)."""

@@ -115,3 +115,30 @@ def test_user_objects_whose_repr_fails_still_give_a_clear_hook_error():
                 call()
             assert e.value.loc == loc and "BadRepr object: its repr() failed" in str(e.value)
         assert insp.hooks() == []
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
+def test_module_hooks_are_refused_for_a_compiled_model_before_anything_is_registered(how):
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if how == "torch.compile":
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+    else:
+        model.compile(
+            backend="eager"
+        )  # (fullgraph=True fails on a plain Sequential in torch 2.13, hooks or not)
+        compiled = model
+    with inspector.attach(compiled, opt) as insp:
+        for call in (
+            lambda: insp.add_hook("module_log", "0"),
+            lambda: insp.add_hook("nan_guard", "*", point="module"),
+            lambda: insp.import_hooks([{"kind": "module_log", "target": "0", "params": {}}]),
+        ):
+            with pytest.raises(inspector.HookError, match="compiled") as e:
+                call()
+            assert e.value.loc[-1] == "point"
+        assert insp.hooks() == [] and not any(m._forward_hooks for m in model.modules())
+        insp.add_hook("clip_norm", "*", max_norm=1.0)  # parameter points are fine
+        x, y = batch()
+        train_step(compiled, opt, x, y)
+        assert insp.step == 1
