@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import distributed
+from . import amp, distributed
 from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
 from .feed import Feed
@@ -86,6 +86,7 @@ class Inspector(StepLifecycle):
         self._tensors: list[Tensor] = [p for _, p in named]
         self._optimizer = optimizer
         self._scaler = enabled_scaler(scaler)
+        amp.check_optimizer(optimizer, self._scaler)
 
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -429,6 +430,7 @@ class Inspector(StepLifecycle):
             self._closed = True
             self._finished = True
             self._cond.notify_all()
+        self._check_scaler_skip()  # the last iteration, when the scaler skipped it
         release(self)
         try:
             self._flush_late()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import distributed
+from . import amp, distributed
 from .edits import Edits
 from .errors import InspectorError, describe_error
 from .feed import Feed
@@ -75,7 +75,9 @@ class StepLifecycle:
     _last_boundary: float | None  # perf_counter() at the last boundary (None after a pause)
     _seq: int  # the last event's seq
     _step_events: list[dict[str, Any]]  # events of the step under way
-    _last_scale: float | None  # the scaler's scale at the last forward
+    _last_scale: float | None  # the scaler's scale at the last check (a forward, finish, close)
+    _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
+    _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
     _nf_pending: Findings | None  # under torch.distributed: reported at the boundary, with the rank
     _rec_cur: Records  # records of the step under way
     _rec_late: Records  # records made after the last boundary, before the next forward
@@ -98,6 +100,8 @@ class StepLifecycle:
         self._seq = 0
         self._step_events = []
         self._last_scale = None
+        self._fused_skip = False
+        self._skip_known = False
         self._nf_pending = None
         self._rec_cur = {}
         self._rec_late = {}
@@ -121,7 +125,9 @@ class StepLifecycle:
         """Training is over (state ``finished``); edits from other threads apply at once from now.
 
         ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
+        A last iteration that the scaler skipped is reported now (no forward comes after it).
         """
+        self._check_scaler_skip()
         with self._cond:
             self._finished = True
             self._train_tid = threading.get_ident()
@@ -204,8 +210,7 @@ class StepLifecycle:
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
-        if self._scaler is not None:
-            self._check_scaler_skip()
+        self._check_scaler_skip()
         if not self._under_way:
             self._mark_under_way()
         if self._dist is not None and not self._dist.broken:
@@ -220,6 +225,15 @@ class StepLifecycle:
     def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
+        fused = amp.fused_scaling(optimizer)
+        if fused is not None:  # a fused optimizer under a GradScaler (see inspector.amp)
+            grad_scale, skipped = fused
+            if skipped:  # its kernel skips this update, as GradScaler skips an unfused step(): so do we
+                self._fused_skip = True
+                self._t_ours += time.perf_counter() - t0
+                return None  # (GradScaler refuses closures)
+            if grad_scale is not None:
+                amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
         if not self._under_way and self._root is not None:
             # no forward of the root module marked this step (a loop that calls a submodule, or
             # Lightning's training_step): records made since the last boundary were late ones
@@ -242,16 +256,39 @@ class StepLifecycle:
         return args, {**kwargs, "closure": wrapped_closure}
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._fused_skip:  # no update ran: not a step boundary
+            self._fused_skip = False
+            self._skip_iteration()
+            self._skip_known = True
+            return
         self._boundary()
 
     def _check_scaler_skip(self) -> None:
-        scale_t = getattr(self._scaler, "_scale", None)
-        if scale_t is None:
-            return
-        scale = float(scale_t)  # one read per forward, only with a scaler (a sync on CUDA)
-        if self._last_scale is not None and scale < self._last_scale:
-            self._event("step_skipped", step=self._step + 1, reason="scaler")
-        self._last_scale = scale
+        """At a forward, ``finish()`` and ``close()``: was the iteration under way skipped by the scaler?
+
+        It was when no boundary came since the last check and the scale went down meanwhile (see
+        :mod:`inspector.amp`); one read of the scale per check, only with a scaler (a sync on CUDA).
+        """
+        lowered = False
+        if self._scaler is not None:
+            scale = amp.scale_of(self._scaler)  # the init_scale at the first forward (none set yet)
+            last, self._last_scale = self._last_scale, scale
+            lowered = self._under_way and scale is not None and last is not None and scale < last
+        if self._skip_known:  # a fused optimizer's skip, reported at its boundary
+            self._skip_known = False
+            with self._lock:
+                self._rec_cur = {}  # what was recorded after that boundary belongs to the skipped iteration
+        elif lowered:
+            self._skip_iteration()
+
+    def _skip_iteration(self) -> None:
+        """The iteration under way made no update (the scaler found inf/NaN): it is no step. Report it,
+        and forget what it recorded and what its backward collected, so the next step shows its own."""
+        with self._lock:
+            self._rec_cur = {}
+        self._hooks.end_step()
+        self._stats.end_step()
+        self._event("step_skipped", step=self._step + 1, reason="scaler")
 
     # ================================================================= the step's work
     def _pre_step_work(self) -> None:

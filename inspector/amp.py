@@ -1,0 +1,97 @@
+"""``GradScaler`` (mixed precision): when an iteration is skipped, and fused optimizers.
+
+A skipped iteration. ``GradScaler.step`` skips ``optimizer.step()`` when the scaled gradients
+hold inf/NaN, and ``update()`` then lowers the scale (``backoff_factor`` < 1, while a step that
+ran leaves it or grows it). Our step hooks never fire for such an iteration, so the inspector
+sees it by the scale: lower at the next forward (or at ``finish()``/``close()``, after the last
+iteration) than at the previous one, with no step boundary between. :func:`scale_of` reads it
+(the ``init_scale`` while the scaler has not scaled anything yet, as at the first forward).
+
+A fused optimizer (``Adam``/``AdamW``/``SGD``/``Adagrad`` with ``fused=True``, which set
+``_step_supports_amp_scaling``). ``GradScaler.step`` does not unscale its gradients and always
+calls its ``step()``, having set two attributes on it for the fused kernel: ``grad_scale`` (the
+scale to divide by, None when ``unscale_`` already ran) and ``found_inf`` (nonzero when the
+kernel must skip the update). Our step pre-hook reads them (:func:`fused_scaling`): on
+``found_inf`` the iteration is a skipped one (no hooks, no statistics, no step counted); else
+:func:`unscale_` divides the gradients by ``grad_scale`` in place, with the kernel
+``GradScaler.unscale_`` uses, and clears ``grad_scale``, so that our statistics and ``pre_step``
+hooks see unscaled values and the kernel does not divide again. An optimizer on the older
+contract, ``step(grad_scaler=...)``, unscales inside its own step, out of our reach: attaching
+it with a scaler is refused (:func:`check_optimizer`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import AttachError
+
+__all__ = ["check_optimizer", "fused_scaling", "scale_of", "unscale_"]
+
+
+def scale_of(scaler: Any) -> float | None:
+    """The scaler's current scale: its ``init_scale`` before the first ``scale()`` call, None when
+    it has neither. One read of a device scalar (a sync on CUDA, once per forward)."""
+    get_scale = getattr(scaler, "get_scale", None)
+    if callable(get_scale):
+        return float(get_scale())
+    scale = getattr(scaler, "_scale", None)
+    return None if scale is None else float(scale)
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer | None, scaler: Any) -> None:
+    """Refuse an optimizer that unscales inside its own ``step(grad_scaler=...)`` under a scaler."""
+    if scaler is None or optimizer is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return
+    try:
+        takes_scaler = "grad_scaler" in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):
+        return
+    if takes_scaler:
+        raise AttachError(
+            f"{type(optimizer).__name__}.step takes grad_scaler=...: under a GradScaler it unscales its "
+            "gradients inside its own step, after our pre_step hooks, which would then see scaled "
+            "gradients and count skipped steps; use a torch optimizer (fused=True is fine)"
+        )
+
+
+def fused_scaling(optimizer: Any) -> tuple[Tensor | None, bool] | None:
+    """``(grad_scale, skipped)`` that a GradScaler handed this fused optimizer for the step under
+    way, or None when it handed nothing (no scaler, or an optimizer the scaler unscales itself).
+
+    ``skipped`` reads ``found_inf``: one host read per step, the same read ``GradScaler.step``
+    makes for an unfused optimizer (a sync on CUDA).
+    """
+    found_inf = getattr(optimizer, "found_inf", None)
+    if not isinstance(found_inf, Tensor):
+        return None
+    grad_scale = getattr(optimizer, "grad_scale", None)
+    return (grad_scale if isinstance(grad_scale, Tensor) else None), bool(found_inf.item() != 0)
+
+
+def unscale_(optimizer: Any, grad_scale: Tensor) -> None:
+    """Divide every gradient the optimizer will step by ``grad_scale``, in place, and clear its
+    ``grad_scale`` so its fused kernel does not divide again (the gradients are finite).
+
+    The same arithmetic as ``GradScaler.unscale_``: a float32 reciprocal taken in float64, applied
+    by ``torch._amp_foreach_non_finite_check_and_unscale_`` per device and dtype.
+    """
+    inv = grad_scale.double().reciprocal().float()
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:  # fused optimizers refuse sparse gradients; unscaled all the same
+                p.grad = g * inv.to(g.device)
+                continue
+            groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), grads in groups.items():
+        found = torch.zeros((), dtype=torch.float32, device=device)  # unused: already known finite
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv.to(device))
+    optimizer.grad_scale = None  # GradScaler.step deletes the attribute after the step
