@@ -108,7 +108,6 @@ class Inspector(StepLifecycle):
             module_objs,
             is_sampled=lambda: self._sampled,
             on_failure=self._hook_failed,
-            on_finding=self._post_finding,
             scaler=self._scaler,
             per_rank=self._dist is not None and per_rank_stats,
         )

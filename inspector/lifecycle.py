@@ -34,7 +34,7 @@ from .edits import Edits
 from .errors import InspectorError, describe_error
 from .feed import Feed
 from .nonfinite import Findings, NonfiniteReport
-from .ops import NanFinding, apply_pre_step
+from .ops import apply_pre_step
 from .records import HookSpec, jsonsafe
 from .registry import Change, Registry
 from .scalars import Records, host_means
@@ -190,9 +190,6 @@ class StepLifecycle:
         with self._lock:
             self._edits.disable_failed(spec, param, describe_error(err), self._step + 1)
 
-    def _post_finding(self, finding: NanFinding, action: str) -> None:
-        self._nonfinite.post_accumulate(finding, action, self._step + 1)
-
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
             self._seq += 1
@@ -299,6 +296,8 @@ class StepLifecycle:
             hist = self._hist.due(self._sampled_count) if sampled else []
         raw = self._stats.raw(self._hooks, sampled, hist)
         found = raw.findings
+        for finding, action in self._hooks.take_post_findings():  # this step's backwards, one report
+            found.add_post_accumulate(finding, action)
         if sampled:
             for state, _ in plan.pre:
                 state.reset_effects()

@@ -7,7 +7,9 @@ norm in float64). Counts are taken only for parameters whose norm was not finite
 
 :class:`NonfiniteReport` turns a step's findings into events: one per step naming the first
 non-finite parameter, and a streak of the same parameter reported on its first step and then
-every ``NONFINITE_REPEAT`` steps, so a run stuck at NaN does not flood the event log.
+every ``NONFINITE_REPEAT`` steps, so a run stuck at NaN does not flood the event log. What a
+``post_accumulate`` ``nan_guard`` found during the step's backwards joins that step's findings
+(:meth:`Findings.add_post_accumulate`), so it is reported at the same rate.
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ class Findings:
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (nan, inf)
     actions: dict[int, str] = field(default_factory=dict)  # index -> what a nan_guard did
     bad_modules: list[str] = field(default_factory=list)  # modules whose grad_output was not finite
+    # index -> "post_accumulate" where a guard at that point found it (the event's point; else pre_step)
+    points: dict[int, str] = field(default_factory=dict)
+
+    def add_post_accumulate(self, f: NanFinding, action: str) -> None:
+        """What a ``post_accumulate`` ``nan_guard`` found during this step's backwards (it may
+        have zeroed the gradient since, so the raw statistics need not see it)."""
+        if f.index not in self.bad:
+            self.bad = sorted([*self.bad, f.index])
+            self.counts[f.index] = (f.nan, f.inf)
+        self.actions[f.index] = action
+        self.points[f.index] = "post_accumulate"
 
 
 def find_nonfinite(raw_norms: dict[int, float], tensors: list[Tensor]) -> Findings:
@@ -61,19 +74,6 @@ class NonfiniteReport:
         self._emit = emit
         self._last: str | None = None
         self._streak = 0
-
-    def post_accumulate(self, f: NanFinding, action: str, step: int) -> None:
-        """A ``post_accumulate`` ``nan_guard`` found ``f`` (reported at once)."""
-        self._emit(
-            "nonfinite",
-            step=step,
-            param=f.name,
-            rank=0,
-            nan=f.nan,
-            inf=f.inf,
-            action_taken=action,
-            point="post_accumulate",
-        )
 
     def step(
         self, found: Findings, step: int, *, rank: int | None = 0, all_ranks: list[int] | None = None
@@ -107,7 +107,7 @@ class NonfiniteReport:
                 nan=nan,
                 inf=inf,
                 action_taken=found.actions.get(first, "none"),
-                point="pre_step",
+                point=found.points.get(first, "pre_step"),
                 **extra,
                 params=[self._params[i] for i in found.bad[:16]],
                 n_params=len(found.bad),

@@ -5,7 +5,18 @@
 **parameter**; its gradient is ``param.grad``) and edit ``param.grad`` in place.
 
 When ``measure`` is set (sampled steps), each application adds to its hook's effect
-accumulators: elements changed, and squared norms before and after, as device tensors.
+accumulators: elements changed, and squared norms before and after, as device tensors. They
+hold one step: a ``post_accumulate`` hook's effect sums that step's backwards (every
+micro-batch under gradient accumulation), a ``pre_step`` hook's is its one application (the
+last closure evaluation for LBFGS); :meth:`HookState.reset_effects` clears them.
+
+Sparse gradients (``nn.Embedding(sparse=True)``) are left alone by every kind that edits values
+(``clip_value``, ``clip_norm``, ``scale``, ``l2``, ``noise``, and ``python``: its function is
+called for dense gradients only), which go on acting on the dense gradients among their
+targets (a ``global`` ``clip_norm`` takes its norm over those). Two kinds act on a sparse
+gradient as a whole: ``freeze`` sets it to None like any other, and ``nan_guard`` checks its
+stored values (``zero`` empties it, ``skip`` drops it with the others), so that a guard on
+``*`` guards every parameter.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .records import HookSpec
-from .stats import foreach_norm
+from .stats import dense, foreach_norm
 
 __all__ = ["HookState", "ParamTarget", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
 
@@ -41,7 +52,9 @@ class NanFinding:
 
 @dataclass
 class HookState:
-    """One applied hook's mutable state: its noise generators and this step's effect accumulators."""
+    """One applied hook's mutable state: its noise generators and this step's effect accumulators
+    (reset at every boundary once the snapshot took them, so that a hook disabled or removed
+    reports no effect on the steps after)."""
 
     spec: HookSpec
     fn: Callable[[str, Tensor], Any] | None = None  # the user's callable (kind "python")
@@ -94,10 +107,15 @@ def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mod
     ]
 
 
+def _strided(g: Tensor | None) -> bool:
+    return g is not None and g.layout == torch.strided
+
+
 def apply_pre_step(
     state: HookState, targets: list[ParamTarget], measure: bool
 ) -> list[NanFinding] | bool | None:
-    """Apply one enabled ``pre_step`` hook to all of its targets that have a dense gradient.
+    """Apply one enabled ``pre_step`` hook to all of its targets that have a gradient it acts on:
+    a dense one, or any one for ``freeze`` and ``nan_guard`` (see the module docstring).
 
     Returns, for ``nan_guard``, the non-finite findings (a list), or ``True`` when the step
     must be skipped; ``None`` otherwise.
@@ -105,13 +123,15 @@ def apply_pre_step(
     spec, p = state.spec, state.spec.params
     kind = spec.kind
     if kind == "freeze":
-        grads = [t.param.grad for t in targets if t.param.grad is not None]
+        grads = [dense(t.param.grad) for t in targets if t.param.grad is not None]
         if measure and grads:
             _add_effect(state, _numel(grads), _sq(foreach_norm(grads)), 0.0)
         for t in targets:
             t.param.grad = None
         return None
-    tg = [t for t in targets if t.param.grad is not None]
+    if kind == "nan_guard":
+        return _nan_guard_pre_step(state, [t for t in targets if t.param.grad is not None], measure)
+    tg = [t for t in targets if _strided(t.param.grad)]
     if not tg:
         return None
     grads = [t.param.grad for t in tg]
@@ -155,21 +175,6 @@ def apply_pre_step(
                 ]
                 torch._foreach_add_(grads, noise, alpha=std)
                 changed = _numel(grads)
-        elif kind == "nan_guard":
-            norms = foreach_norm(grads)
-            # host read of one float per target: the only way to name the parameter
-            host = torch.stack([n.to(grads[0].device) for n in norms]).tolist()
-            found = [(i, count_nonfinite(grads[i])) for i, v in enumerate(host) if not math.isfinite(v)]
-            found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
-            bad = [i for i, _ in found]
-            if bad:
-                result = [NanFinding(tg[i].index, tg[i].name, *c) for i, c in found]
-                if p["action"] == "zero":
-                    for i in bad:
-                        grads[i].zero_()
-                    changed = float(sum(grads[i].numel() for i in bad))
-                elif p["action"] == "skip":
-                    result = True
         elif kind == "python":
             assert state.fn is not None
             snap = [g.clone() for g in grads] if measure else None
@@ -186,18 +191,51 @@ def apply_pre_step(
                 grads = [g for g in now if g is not None] or grads
     if measure:
         assert before is not None
-        after = foreach_norm([t.param.grad for t in tg if t.param.grad is not None])
+        after = foreach_norm([dense(t.param.grad) for t in tg if t.param.grad is not None])
         _add_effect(state, changed, _sq(before), _sq(after) if after else 0.0)
     return result
 
 
-def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> NanFinding | None:
-    """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward)."""
-    g = t.param.grad
-    if g is None or g.layout != torch.strided:
+def _nan_guard_pre_step(
+    state: HookState, tg: list[ParamTarget], measure: bool
+) -> list[NanFinding] | bool | None:
+    """``nan_guard`` at ``pre_step`` over every target with a gradient (a sparse one: its stored values)."""
+    if not tg:
         return None
+    grads = [t.param.grad for t in tg]
+    values = [dense(g) for g in grads]  # type: ignore[arg-type]
+    norms = foreach_norm(values)
+    # host read of one float per target: the only way to name the parameter
+    host = torch.stack([n.to(values[0].device) for n in norms]).tolist()
+    found = [(i, count_nonfinite(values[i])) for i, v in enumerate(host) if not math.isfinite(v)]
+    found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
+    changed: Tensor | float = 0.0
+    result: list[NanFinding] | bool | None = None
+    if found:
+        result = [NanFinding(tg[i].index, tg[i].name, *c) for i, c in found]
+        if state.spec.params["action"] == "zero":
+            changed = float(sum(values[i].numel() for i, _ in found))
+            with torch.no_grad():
+                for i, _ in found:
+                    grads[i].zero_()  # type: ignore[union-attr]  # a sparse gradient: emptied
+        elif state.spec.params["action"] == "skip":
+            result = True
+    if measure:
+        after = foreach_norm([dense(t.param.grad) for t in tg if t.param.grad is not None])
+        _add_effect(state, changed, _sq(norms), _sq(after) if after else 0.0)
+    return result
+
+
+def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> NanFinding | None:
+    """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward).
+
+    A sparse gradient is left alone, except by ``nan_guard`` (see the module docstring).
+    """
+    g = t.param.grad
     spec, p = state.spec, state.spec.params
-    before = g.float().pow(2).sum() if measure else None
+    if g is None or (g.layout != torch.strided and spec.kind != "nan_guard"):
+        return None
+    before = dense(g).float().pow(2).sum() if measure else None
     changed: Tensor | float = 0.0
     finding = None
     with torch.no_grad():
@@ -228,12 +266,15 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 )
                 changed = float(g.numel())
         elif spec.kind == "nan_guard":
-            n = torch.linalg.vector_norm(g.float())
+            values = dense(g)  # a sparse gradient: its stored values
+            n = torch.linalg.vector_norm(values.float())
             if not math.isfinite(float(n)):  # one host read per parameter and backward: documented cost
-                finding = NanFinding(t.index, t.name, *count_nonfinite(g))
-                if p["action"] == "zero":
-                    g.zero_()
-                    changed = float(g.numel())
+                finding = NanFinding(t.index, t.name, *count_nonfinite(values))
+                if finding.nan == 0 and finding.inf == 0:  # finite values whose float32 norm overflowed
+                    finding = None
+                elif p["action"] == "zero":
+                    changed = float(values.numel())
+                    g.zero_()  # a sparse gradient: emptied
         elif spec.kind == "python":
             assert state.fn is not None
             snap = g.clone() if measure else None
@@ -243,7 +284,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 changed = (snap != g).sum().float()
     if measure:
         assert before is not None
-        _add_effect(state, changed, before, g.float().pow(2).sum())
+        _add_effect(state, changed, before, dense(g).float().pow(2).sum())
     return finding
 
 

@@ -6,11 +6,17 @@ keeps torch's registrations in line with the plan:
 
 - ``param.register_post_accumulate_grad_hook`` on each parameter that an enabled
   ``post_accumulate`` hook targets (the torch hook receives the **parameter**; its gradient
-  is ``param.grad``), running those hooks in ``position`` order once per backward;
+  is ``param.grad``), running those hooks in ``position`` order once per backward; what a
+  ``nan_guard`` among them finds is kept for the step's non-finite report (one per step,
+  with the streak rule of :mod:`inspector.nonfinite`, as at ``pre_step``);
 - ``module.register_forward_hook`` on each module that an enabled ``module`` hook targets:
-  it registers a tensor hook on the forward's output (and inputs, for ``grad_input``) that
-  adds the squared norm of ``grad_output`` (``grad_input``) to this step's accumulators. This
-  works with in-place ops, where ``register_full_backward_hook`` raises in the user's forward;
+  it registers a tensor hook on the forward's output that adds the squared norm of
+  ``grad_output`` to this step's accumulators. This works with in-place ops, where
+  ``register_full_backward_hook`` raises in the user's forward;
+- for ``module_log(grad_input=True)``, ``module.register_forward_pre_hook``: it registers the
+  tensor hooks for ``grad_input`` on the forward's inputs **before** the forward runs, so that
+  an in-place module (``ReLU(inplace=True)``, whose output is its input tensor) reports the
+  gradient of its real input, not of its output;
 - under DDP (``per_rank``), a post-accumulate hook on every parameter that keeps this rank's
   local, pre-all-reduce squared gradient norm.
 
@@ -38,7 +44,6 @@ from .targets import match
 __all__ = ["Plan", "TorchHooks"]
 
 FailCallback = Callable[[HookSpec, "str | None", BaseException], None]
-FindingCallback = Callable[[NanFinding, str], None]
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ def _tensors_in(x: Any) -> Iterator[Tensor]:
             yield from _tensors_in(v)
 
 
+def _wants_input(states: tuple[HookState, ...]) -> bool:
+    """Whether a ``module_log`` with ``grad_input`` is among a module's enabled hooks."""
+    return any(st.spec.kind == "module_log" and st.spec.params["grad_input"] for st in states)
+
+
 class TorchHooks:
     """The plan, the per-hook states, and our torch hooks on parameters and modules.
 
@@ -69,7 +79,6 @@ class TorchHooks:
         modules: module name -> module (empty for a dict of tensors).
         is_sampled: whether the step under way is sampled (effects are measured then).
         on_failure: ``on_failure(spec, name, err)``, called when a hook raised (it disables it).
-        on_finding: ``on_finding(finding, action)``, a ``post_accumulate`` ``nan_guard`` finding.
         scaler: the GradScaler whose scale module norms are divided by, or None.
         per_rank: keep each parameter's local gradient norm (DDP's per-rank spread).
     """
@@ -82,7 +91,6 @@ class TorchHooks:
         *,
         is_sampled: Callable[[], bool],
         on_failure: FailCallback,
-        on_finding: FindingCallback,
         scaler: Any = None,
         per_rank: bool = False,
     ) -> None:
@@ -91,7 +99,6 @@ class TorchHooks:
         self.modules = modules
         self._is_sampled = is_sampled
         self._on_failure = on_failure
-        self._on_finding = on_finding
         self._scaler = scaler
         self.plan = Plan()
         self.states: dict[str, HookState] = {}
@@ -99,11 +106,14 @@ class TorchHooks:
         self.spent = 0.0  # seconds inside these hooks since the last take_spent()
         self._post_handles: dict[int, Any] = {}
         self._module_handles: dict[str, Any] = {}
+        self._module_in_handles: dict[str, Any] = {}  # forward pre-hooks, for grad_input
         self._local_handles: list[Any] = []
         # collected during the step's backward, cleared by end_step()
         self.mod_sq: dict[tuple[str, str], Tensor] = {}  # (module, "out" | "in") -> squared norm
         self.mod_bad: dict[str, Tensor] = {}  # module -> its grad_output was not finite (bool tensor)
         self.local_sq: list[Tensor | None] = [None] * len(tensors)  # this rank's pre-all-reduce squared norms
+        # param index -> (the last finding of a post_accumulate nan_guard, what was done), until taken
+        self.post_found: dict[int, tuple[NanFinding, str]] = {}
         if per_rank:
             for i, t in enumerate(tensors):
                 if t.requires_grad:
@@ -159,24 +169,43 @@ class TorchHooks:
             self._module_handles.pop(n).remove()
         for n in set(plan.module) - set(self._module_handles):
             self._module_handles[n] = self.modules[n].register_forward_hook(OwnedHook(self._module_hook(n)))
+        want_in = {n for n, sts in plan.module.items() if _wants_input(sts)}
+        for n in set(self._module_in_handles) - want_in:
+            self._module_in_handles.pop(n).remove()
+        for n in want_in - set(self._module_in_handles):
+            self._module_in_handles[n] = self.modules[n].register_forward_pre_hook(
+                OwnedHook(self._module_input_hook(n)), with_kwargs=True
+            )
         self.dirty = False
 
     def remove_all(self) -> None:
         """Remove every torch hook registered here and forget the plan (``close()``)."""
-        for h in [*self._post_handles.values(), *self._module_handles.values(), *self._local_handles]:
+        handles = [*self._post_handles.values(), *self._module_handles.values()]
+        for h in [*handles, *self._module_in_handles.values(), *self._local_handles]:
             h.remove()
         self._post_handles.clear()
         self._module_handles.clear()
+        self._module_in_handles.clear()
         self._local_handles.clear()
         self.plan = Plan()
         self.states.clear()
         self.end_step()
 
     def end_step(self) -> None:
-        """Forget what this step's backward collected (at the boundary)."""
+        """Forget what this step's backward collected, hook effects included (at the boundary,
+        after the snapshot took them: a hook's effect is that of one step)."""
         self.mod_sq.clear()
         self.mod_bad.clear()
         self.local_sq = [None] * len(self.tensors)
+        self.post_found.clear()
+        for st in self.states.values():
+            st.reset_effects()
+
+    def take_post_findings(self) -> list[tuple[NanFinding, str]]:
+        """What the ``post_accumulate`` ``nan_guard`` hooks found since the last call, in params
+        order: per parameter its last finding, and ``zero`` if any guard zeroed it (else ``report``)."""
+        found, self.post_found = self.post_found, {}
+        return [found[i] for i in sorted(found)]
 
     def take_spent(self) -> float:
         spent, self.spent = self.spent, 0.0
@@ -201,7 +230,10 @@ class TorchHooks:
                     self._on_failure(st.spec, target.name, e)
                     continue
                 if finding is not None:
-                    self._on_finding(finding, st.spec.params["action"])
+                    # one report per step, not per backward: the step's pre_step work takes these
+                    prev = self.post_found.get(i)
+                    done = "zero" if prev is not None and prev[1] == "zero" else st.spec.params["action"]
+                    self.post_found[i] = (finding, done)
             self.spent += time.perf_counter() - t0
 
         return hook
@@ -213,17 +245,28 @@ class TorchHooks:
                 sts = self.plan.module.get(name, ())
                 guard = any(st.spec.kind == "nan_guard" for st in sts)
                 log = self._is_sampled() and any(st.spec.kind == "module_log" for st in sts)
-                want_in = log and any(
-                    st.spec.kind == "module_log" and st.spec.params["grad_input"] for st in sts
-                )
                 if torch.is_grad_enabled() and (guard or log):
                     for t in _tensors_in(output):
                         if t.requires_grad:
                             t.register_hook(self._module_grad_hook(name, "out"))
-                    if want_in:
-                        for t in _tensors_in(args):
-                            if t.requires_grad:
-                                t.register_hook(self._module_grad_hook(name, "in"))
+            except Exception as e:
+                for st in self.plan.module.get(name, ()):
+                    self._on_failure(st.spec, name, e)
+            self.spent += time.perf_counter() - t0
+
+        return hook
+
+    def _module_input_hook(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            # before the forward: a tensor hook registered now receives the gradient of the input's
+            # value as the module read it, even when the module then overwrites it in place
+            t0 = time.perf_counter()
+            try:
+                sts = self.plan.module.get(name, ())
+                if torch.is_grad_enabled() and self._is_sampled() and _wants_input(sts):
+                    for t in _tensors_in((args, kwargs)):
+                        if t.requires_grad:
+                            t.register_hook(self._module_grad_hook(name, "in"))
             except Exception as e:
                 for st in self.plan.module.get(name, ()):
                     self._on_failure(st.spec, name, e)
