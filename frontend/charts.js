@@ -471,9 +471,10 @@ export class HistChart {
         widths.push(edges[i + 1] - edges[i]);
       }
       const counts = (a) => (a || []).map((c) => (this.logY ? positive(c) : plottable(c)));
-      // final as bars, raw as a step outline over them: equal when no hook acts.
-      traces.push(
-        {
+      // final as bars, raw as a step outline over them: equal when no hook acts. No final
+      // (null) when the optimizer sees no gradient (a frozen parameter): raw alone.
+      if (hg.final) {
+        traces.push({
           name: "final",
           type: "bar",
           x: centers,
@@ -481,18 +482,27 @@ export class HistChart {
           width: widths,
           marker: { color: COLORS.final, opacity: 0.7, line: { width: 0 } },
           hovertemplate: "final %{x:.3g}: %{y}<extra></extra>",
-        },
-        {
-          name: "raw",
-          type: "scatter",
-          mode: "lines",
-          x: centers,
-          y: counts(hg.raw),
-          line: { color: COLORS.raw, width: 1.5, shape: "hvh" },
-          hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
-        },
-      );
+        });
+      }
+      traces.push({
+        name: "raw",
+        type: "scatter",
+        mode: "lines",
+        x: centers,
+        y: counts(hg.raw),
+        line: { color: COLORS.raw, width: 1.5, shape: "hvh" },
+        hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
+      });
     }
+    const note = (text, y) => ({
+      text,
+      xref: "paper",
+      yref: "paper",
+      x: 0.5,
+      y,
+      showarrow: false,
+      font: { size: 12, color: COLORS.muted },
+    });
     const layout = baseLayout({
       barmode: "overlay",
       showlegend: false,
@@ -505,18 +515,10 @@ export class HistChart {
         ...(this.logY && hg ? logTicks([...(hg.raw || []), ...(hg.final || [])].map(positive)) : {}),
       }),
       annotations: hg
-        ? []
-        : [
-            {
-              text: this.param ? `waiting for a histogram of ${this.param}…` : "pick a parameter",
-              xref: "paper",
-              yref: "paper",
-              x: 0.5,
-              y: 0.5,
-              showarrow: false,
-              font: { size: 12, color: COLORS.muted },
-            },
-          ],
+        ? hg.final
+          ? []
+          : [note("no final gradient: the optimizer sees none (frozen)", 0.98)]
+        : [note(this.param ? `waiting for a histogram of ${this.param}…` : "pick a parameter", 0.5)],
     });
     Plotly.react(this.el, traces, layout, PLOT_CONFIG);
   }

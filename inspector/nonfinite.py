@@ -2,8 +2,10 @@
 
 Detection reads nothing but the raw norms the step already moved to the host: a tensor's
 norm is finite exactly when it holds no NaN/Inf, barring a float32 overflow of the norm of
-finite values, which :func:`find_nonfinite` tells apart by counting (and then recomputes that
-norm in float64). Counts are taken only for parameters whose norm was not finite.
+finite values (values near 1e20 and up), which :func:`find_nonfinite` tells apart by counting
+and then recomputes that norm in float64 (:func:`stats.wide_norm`, rounded to float32 like every
+norm); the statistics of the final gradients use the same norm for those parameters. Counts
+are taken only for parameters whose norm was not finite.
 
 :class:`NonfiniteReport` turns a step's findings into events: one per step naming the first
 non-finite parameter, and a streak of the same parameter reported on its first step and then
@@ -19,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from .ops import NanFinding, count_nonfinite
-from .stats import dense
+from .stats import dense, wide_norm
 
 __all__ = ["NONFINITE_REPEAT", "Findings", "NonfiniteReport", "find_nonfinite"]
 
@@ -36,6 +37,9 @@ class Findings:
 
     bad: list[int] = field(default_factory=list)  # in params order
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (nan, inf)
+    # index -> the float64-reduced norm (float32 0-dim, on device) of finite values whose float32
+    # norm overflowed; ``raw_norms`` holds its host value
+    overflow: dict[int, Tensor] = field(default_factory=dict)
     actions: dict[int, str] = field(default_factory=dict)  # index -> what a nan_guard did
     bad_modules: list[str] = field(default_factory=list)  # modules whose grad_output was not finite
     # index -> "post_accumulate" where a guard at that point found it (the event's point; else pre_step)
@@ -59,11 +63,13 @@ def find_nonfinite(raw_norms: dict[int, float], tensors: list[Tensor]) -> Findin
         return Findings()
     bad = [i for i, v in raw_norms.items() if not math.isfinite(v)]
     counts = {i: count_nonfinite(dense(tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
+    overflow = {}
     for i in [i for i in bad if counts[i] == (0, 0)]:  # finite values whose float32 norm overflowed
-        raw_norms[i] = float(torch.linalg.vector_norm(dense(tensors[i].grad).double()))  # type: ignore[arg-type]
+        overflow[i] = wide_norm(dense(tensors[i].grad))  # type: ignore[arg-type]
+        raw_norms[i] = float(overflow[i])  # a host read, on this rare path only
         bad.remove(i)
         del counts[i]
-    return Findings(bad=bad, counts=counts)
+    return Findings(bad=bad, counts=counts, overflow=overflow)
 
 
 class NonfiniteReport:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .records import HookSpec
-from .stats import dense, foreach_norm
+from .stats import clamp_abs_, dense, foreach_norm, real_dtype, sq_norm
 
 __all__ = ["HookState", "ParamTarget", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
 
@@ -101,9 +101,10 @@ def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mod
         stacked = torch.stack([n.to(dev) for n in norms])
         total = stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        return [coef.to(g.device, g.dtype) for g in grads]
+        return [coef.to(g.device, real_dtype(g)) for g in grads]
     return [
-        torch.clamp(max_norm / (n + 1e-6), max=1.0).to(g.dtype) for n, g in zip(norms, grads, strict=True)
+        torch.clamp(max_norm / (n + 1e-6), max=1.0).to(real_dtype(g))
+        for n, g in zip(norms, grads, strict=True)
     ]
 
 
@@ -143,8 +144,7 @@ def apply_pre_step(
             thr = float(p["threshold"])
             if measure:
                 changed = _count(grads, lambda g: g.abs() > thr)
-            torch._foreach_clamp_min_(grads, -thr)
-            torch._foreach_clamp_max_(grads, thr)
+            clamp_abs_(grads, thr)  # complex: each magnitude clamped, the phase kept
         elif kind == "clip_norm":
             coefs = _clip_norm_coefs(grads, float(p["max_norm"]), float(p["norm_type"]), p["mode"])
             if measure:
@@ -235,7 +235,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
     spec, p = state.spec, state.spec.params
     if g is None or (g.layout != torch.strided and spec.kind != "nan_guard"):
         return None
-    before = dense(g).float().pow(2).sum() if measure else None
+    before = sq_norm(dense(g)) if measure else None
     changed: Tensor | float = 0.0
     finding = None
     with torch.no_grad():
@@ -243,7 +243,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
             thr = float(p["threshold"])
             if measure:
                 changed = (g.abs() > thr).sum().float()
-            g.clamp_(-thr, thr)
+            clamp_abs_([g], thr)
         elif spec.kind == "clip_norm":  # per_tensor only (validated)
             (coef,) = _clip_norm_coefs([g], float(p["max_norm"]), float(p["norm_type"]), "per_tensor")
             if measure:
@@ -267,7 +267,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 changed = float(g.numel())
         elif spec.kind == "nan_guard":
             values = dense(g)  # a sparse gradient: its stored values
-            n = torch.linalg.vector_norm(values.float())
+            n = foreach_norm([values])[0]
             if not math.isfinite(float(n)):  # one host read per parameter and backward: documented cost
                 finding = NanFinding(t.index, t.name, *count_nonfinite(values))
                 if finding.nan == 0 and finding.inf == 0:  # finite values whose float32 norm overflowed
@@ -284,7 +284,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 changed = (snap != g).sum().float()
     if measure:
         assert before is not None
-        _add_effect(state, changed, before, dense(g).float().pow(2).sum())
+        _add_effect(state, changed, before, sq_norm(dense(g)))
     return finding
 
 

@@ -88,7 +88,7 @@ class Snapshot:
     total_norm_raw: float | None
     total_norm: float | None
     hook_effects: dict[str, dict[str, float]]
-    hist: dict[str, dict[str, list[float]]]
+    hist: dict[str, dict[str, list[float] | None]]  # "final" None: no final gradient (frozen)
     modules: dict[str, dict[str, float]]
     ranks: dict[str, list[Any]] | None
     sampled_every: int

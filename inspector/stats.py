@@ -2,6 +2,14 @@
 
 Everything stays on the gradients' device as float32 tensors; the caller stacks the
 results and moves them to the host once per snapshot. No ``.item()`` here.
+
+Dtypes: float32 gradients take the fast path (one ``torch._foreach_norm`` in float32);
+float16 and bfloat16 are reduced in float32 (norms, sums: never in their own precision);
+float64 and complex gradients are reduced in their own precision and the result rounded
+to float32. For a complex gradient the norm is of the complex values (a real number),
+abs-max is the largest magnitude ``|z|``, std is torch's complex std
+(``sqrt(sum |z - mean|^2 / (n - 1))``), the mean (a complex number) is NaN, reported null,
+and histograms are of the magnitudes.
 """
 
 from __future__ import annotations
@@ -11,20 +19,25 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["foreach_norm", "absmax", "mean_std", "histograms", "dense"]
+__all__ = [
+    "foreach_norm",
+    "absmax",
+    "mean_std",
+    "histograms",
+    "dense",
+    "wide_norm",
+    "sq_norm",
+    "clamp_abs_",
+    "real_dtype",
+]
 
 _HAS_NORM_DTYPE: bool | None = None
+_FLOAT32_SUMS = (torch.float32, torch.float16, torch.bfloat16)  # reduced in float32 (dtype=float32)
 
 
-def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
-    """Per-tensor norms as float32 0-dim tensors, batched with ``torch._foreach_norm``.
-
-    Low-precision tensors (fp16, bf16) are reduced in float32 (``dtype=`` where this torch
-    supports it, an upcast copy otherwise).
-    """
+def _norm_float32(tensors: list[Tensor], ord: float) -> list[Tensor]:
+    """Norms of float32 / float16 / bfloat16 tensors, reduced in float32."""
     global _HAS_NORM_DTYPE
-    if not tensors:
-        return []
     if _HAS_NORM_DTYPE is not False:
         try:
             out = torch._foreach_norm(tensors, ord, dtype=torch.float32)
@@ -36,11 +49,66 @@ def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
     return [n.float() for n in torch._foreach_norm(up, ord)]
 
 
+def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
+    """Per-tensor norms as float32 0-dim tensors, batched with ``torch._foreach_norm``.
+
+    Low-precision tensors (fp16, bf16) are reduced in float32 (``dtype=`` where this torch
+    supports it, an upcast copy otherwise); float64 and complex tensors in their own
+    precision (a complex tensor's norm is real), one batch per dtype, then rounded to float32.
+    """
+    if not tensors:
+        return []
+    try:
+        return _norm_float32(tensors, ord)  # the fast path: every float32 / fp16 / bf16 model
+    except RuntimeError:  # float64 or complex among them: torch refuses dtype=float32 for those
+        pass
+    out: list[Tensor] = [torch.empty(0)] * len(tensors)
+    for dt in {t.dtype for t in tensors}:
+        idx = [i for i, t in enumerate(tensors) if t.dtype == dt]
+        group = [tensors[i] for i in idx]
+        norms = _norm_float32(group, ord) if dt in _FLOAT32_SUMS else torch._foreach_norm(group, ord)
+        for i, n in zip(idx, norms, strict=True):
+            out[i] = n.float()
+    return out
+
+
+def wide_norm(t: Tensor) -> Tensor:
+    """The 2-norm of ``t`` reduced in float64 (complex128 for complex), as a float32 0-dim tensor:
+    the norm of finite values whose float32 sum of squares overflows (values near 1e20 and up).
+    Reads inf only where the norm itself is beyond float32's range (about 3.4e38)."""
+    wide = t.to(torch.complex128) if t.is_complex() else t.double()
+    return torch.linalg.vector_norm(wide).float()
+
+
+def sq_norm(t: Tensor) -> Tensor:
+    """The squared 2-norm of one tensor of any dtype (complex: of its values), float32 0-dim."""
+    return foreach_norm([t])[0].pow(2)
+
+
+def real_dtype(t: Tensor) -> torch.dtype:
+    """The dtype of ``t``'s magnitudes: ``t.dtype``, or float32 / float64 for complex64 / complex128."""
+    return t.real.dtype if t.is_complex() else t.dtype
+
+
+def clamp_abs_(tensors: list[Tensor], threshold: float) -> None:
+    """In place, each element's magnitude clamped to ``threshold``: real tensors to
+    ``[-threshold, threshold]`` (batched), complex ones scaled to magnitude ``threshold``
+    where larger, their phase kept (complex numbers have no order to clamp in)."""
+    real = [t for t in tensors if not t.is_complex()]
+    if real:
+        torch._foreach_clamp_min_(real, -threshold)
+        torch._foreach_clamp_max_(real, threshold)
+    for t in tensors:
+        if t.is_complex():
+            t.mul_((threshold / t.abs()).clamp_(max=1.0))  # |z| = 0: inf, clamped to 1
+
+
 def absmax(tensors: list[Tensor]) -> list[Tensor]:
-    """Per-tensor largest absolute value as float32 0-dim tensors.
+    """Per-tensor largest absolute value (magnitude, for complex) as float32 0-dim tensors.
 
     On CUDA one fused ``torch._foreach_norm(..., inf)``; on the CPU that kernel is several
-    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor.
+    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor (a complex
+    tensor has no order: the max of its magnitudes).
     """
     if not tensors:
         return []
@@ -51,6 +119,9 @@ def absmax(tensors: list[Tensor]) -> list[Tensor]:
         if t.numel() == 0:
             out.append(torch.zeros((), device=t.device))
             continue
+        if t.is_complex():
+            out.append(t.abs().max().float())
+            continue
         lo, hi = torch.aminmax(t)
         out.append(torch.maximum(hi.float(), -lo.float()))
     return out
@@ -58,24 +129,34 @@ def absmax(tensors: list[Tensor]) -> list[Tensor]:
 
 def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
     """Per-tensor mean and unbiased std (float32 0-dim tensors), from one sum per tensor and the
-    2-norms already computed: ``var = (||g||^2 - n * mean^2) / (n - 1)``, combined in float64.
+    2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64.
 
     One pass instead of ``torch.std_mean``'s two (and several times faster on the CPU). The
     identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
-    NaN for one element (the caller reports null).
+    NaN for one element (the caller reports null). A complex tensor's std is torch's complex
+    std and its mean is NaN (a complex mean is not one number; the caller reports null).
     """
     means, stds = [], []
     for t, norm in zip(tensors, norms, strict=True):
         n = t.numel()
-        # a float32 sum (torch accumulates it pairwise), widened after: sum(dtype=float64) is ~10x slower on CPU
-        total = t.sum().to(torch.float64) if n else torch.zeros((), dtype=torch.float64, device=t.device)
+        cplx = t.is_complex()
+        if not n:
+            total = torch.zeros((), dtype=torch.float64, device=t.device)
+        elif t.dtype in (torch.float16, torch.bfloat16):
+            # accumulated in float32: an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits
+            total = t.sum(dtype=torch.float32).to(torch.float64)
+        else:
+            # in the tensor's own precision (pairwise), widened after: sum(dtype=float64) of a
+            # float32 tensor is ~10x slower on the CPU
+            total = t.sum().to(torch.complex128 if cplx else torch.float64)
         mean = total / max(n, 1)
         if n > 1:
-            var = (norm.to(torch.float64) ** 2 - n * mean * mean) / (n - 1)
+            mean_sq = mean.abs() ** 2 if cplx else mean * mean
+            var = (norm.to(torch.float64) ** 2 - n * mean_sq) / (n - 1)
             std = var.clamp_min(0).sqrt()
         else:
             std = torch.full((), math.nan, dtype=torch.float64, device=t.device)
-        means.append(mean.float())
+        means.append(torch.full((), math.nan, device=t.device) if cplx else mean.float())
         stds.append(std.float())
     return means, stds
 
@@ -85,29 +166,33 @@ def histograms(
 ) -> Tensor:
     """Histograms of ``raw`` and ``final`` over common edges, entirely on device.
 
-    Returns a float32 tensor ``[lo, hi, raw_counts(bins), final_counts(bins)]``; the edges
-    are ``linspace(lo, hi, bins + 1)``. No host value is needed (``histc`` would want its
-    min and max as Python numbers): counts come from ``bincount`` on the CPU and from
-    ``index_add_`` on accelerators (where ``bincount`` would sync to size its output).
-    ``raw_finite`` / ``final_finite`` (the caller knows that tensor holds no NaN/Inf) skip
-    masking non-finite values out, a costly gather on large tensors.
+    Returns a float32 tensor ``[lo, hi, raw_counts(bins), final_counts(bins)]``, or
+    ``[lo, hi, raw_counts(bins)]`` when ``final`` is None (the optimizer sees no gradient: a
+    frozen parameter has no final histogram, not a copy of the raw one); the edges are
+    ``linspace(lo, hi, bins + 1)``. A complex tensor's histogram is of its magnitudes. No
+    host value is needed (``histc`` would want its min and max as Python numbers): counts
+    come from ``bincount`` on the CPU and from ``index_add_`` on accelerators (where
+    ``bincount`` would sync to size its output). ``raw_finite`` / ``final_finite`` (the
+    caller knows that tensor holds no NaN/Inf) skip masking non-finite values out, a costly
+    gather on large tensors.
     """
-    r = raw.detach().reshape(-1)
-    f = final.detach().reshape(-1) if final is not None else r
-    if r.dtype != torch.float32:
-        r, f = r.float(), f.float()
-    if not raw_finite:
-        r = r[torch.isfinite(r)]
-    if final is None:
-        f = r
-    elif not final_finite:
-        f = f[torch.isfinite(f)]
+
+    def values(x: Tensor, finite: bool) -> Tensor:
+        x = x.detach().reshape(-1)
+        if x.is_complex():
+            x = x.abs()
+        if x.dtype != torch.float32:
+            x = x.float()
+        return x if finite else x[torch.isfinite(x)]
+
+    r = values(raw, raw_finite)
+    f = values(final, final_finite) if final is not None else None
+    present = [x for x in (r, f) if x is not None and x.numel()]
     dev = r.device
-    if r.numel() == 0 and f.numel() == 0:
+    if not present:
         lo, hi = torch.zeros((), device=dev), torch.ones((), device=dev)
     else:
-        ends = [torch.stack(torch.aminmax(x)) for x in (r, f) if x.numel()]
-        both = torch.stack(ends)  # (1 or 2, 2): min and max of each
+        both = torch.stack([torch.stack(torch.aminmax(x)) for x in present])  # (1 or 2, 2): min, max
         lo, hi = both[:, 0].min(), both[:, 1].max()
         hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
     scale = bins / (hi - lo)
@@ -122,7 +207,10 @@ def histograms(
         c.index_add_(0, idx, torch.ones((), device=dev).expand_as(x))
         return c
 
-    return torch.cat([lo.reshape(1), hi.reshape(1), counts(r), counts(f)])
+    parts = [lo.reshape(1), hi.reshape(1), counts(r)]
+    if f is not None:
+        parts.append(counts(f))
+    return torch.cat(parts)
 
 
 def dense(g: Tensor) -> Tensor:

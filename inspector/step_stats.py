@@ -30,7 +30,7 @@ from torch import Tensor
 from .nonfinite import Findings, find_nonfinite
 from .ops import HookState
 from .records import Snapshot
-from .stats import absmax, dense, foreach_norm, histograms, mean_std
+from .stats import absmax, dense, foreach_norm, histograms, mean_std, wide_norm
 from .telemetry import Pack
 from .torch_hooks import TorchHooks
 
@@ -103,6 +103,7 @@ class StepStats:
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
         self._param_buf: list[Tensor] | None = None  # parameters before the update (sampled steps)
+        self._fgrads: dict[int, Tensor] = {}  # index -> the final gradient (sampled steps; no copies)
         self._before_ready = False
 
     def keep_params(self) -> None:
@@ -131,6 +132,9 @@ class StepStats:
         host = read.transfer()  # NaN/Inf detection on every step: the one host read of an unsampled step
         raw_norms = dict(zip(idx, host.get("norm", []), strict=True))
         findings = find_nonfinite(raw_norms, self.tensors)
+        for k, i in enumerate(idx):  # a finite gradient whose float32 norm overflowed: its float64 norm
+            if i in findings.overflow:
+                norms[k] = findings.overflow[i]
         findings.bad_modules = [n for n, v in zip(mod_names, host.get("module_bad", []), strict=True) if v]
         out = RawRead(norms=raw_norms, norm_tensors=norms, findings=findings)
         if local_idx:
@@ -156,6 +160,9 @@ class StepStats:
         fgrads = [dense(g) for _, g in fin]
         if hooks_ran:
             fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
+            for k, (i, _) in enumerate(fin):  # reduced as the raw norm was (see find_nonfinite)
+                if i in raw.findings.overflow:
+                    fnorms[k] = wide_norm(fgrads[k])
         else:  # no pre_step hook ran: the final gradients are the raw ones
             fnorms, fabsmax = raw.norm_tensors, raw.absmax
         pack.add("final_norm", fnorms)
@@ -183,14 +190,36 @@ class StepStats:
             "fin_idx": [i for i, _ in fin],
             "dense_idx": [fin[k][0] for k in strided],
             "hist_idx": list(raw.hist_raw),
+            "hist_final": [i for i in raw.hist_raw if self.tensors[i].grad is not None],
         }
+        self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
         self._pack = pack
+
+    def _wide_final(
+        self,
+        norms: list[float | None],
+        absmax: list[float | None],
+        std: list[float | None],
+        dense_idx: set[int],
+    ) -> None:
+        """Where a hook made finite final values whose float32 norm overflows (an infinite norm, a
+        finite abs-max), that norm and std again in float64, from the same gradient, in place. Rare:
+        a host read each, only then."""
+        for i, (n, a) in enumerate(zip(norms, absmax, strict=True)):
+            g = self._fgrads.get(i)
+            if g is None or n is None or a is None or math.isfinite(n) or not math.isfinite(a):
+                continue
+            wide = wide_norm(g)
+            norms[i] = float(wide)
+            if i in dense_idx and g.numel() > 1:
+                std[i] = float(mean_std([g], [wide])[1][0])
 
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
         self.raw_read = None
         self._pack = None
         self._meta = {}
+        self._fgrads = {}
         self._before_ready = False
 
     def close(self) -> None:
@@ -253,6 +282,12 @@ class StepStats:
         grad_norm_raw = scatter(raw_idx, list(raw_norms.values()))
         grad_norm = scatter(fin_idx, data.get("final_norm"))
         std = scatter(dense_idx, data.get("std"))
+        mean = scatter(dense_idx, data.get("mean"))
+        absmax_final = scatter(fin_idx, data.get("final_absmax"))
+        self._wide_final(grad_norm, absmax_final, std, set(dense_idx))
+        for i in dense_idx:  # a complex mean is not one number (see stats.mean_std)
+            if self.tensors[i].is_complex():
+                mean[i] = None
         std = [
             None if (v is not None and math.isnan(v) and self.tensors[i].numel() == 1) else v
             for i, v in enumerate(std)
@@ -290,7 +325,8 @@ class StepStats:
             h = data[f"hist:{i}"]
             lo, hi = h[0], h[1]
             edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
-            hist[self.params[i]] = {"edges": edges, "raw": h[2 : 2 + HIST_BINS], "final": h[2 + HIST_BINS :]}
+            final = h[2 + HIST_BINS :] if i in meta.get("hist_final", ()) else None  # None: no final gradient
+            hist[self.params[i]] = {"edges": edges, "raw": h[2 : 2 + HIST_BINS], "final": final}
         modules: dict[str, dict[str, float]] = {}
         for (name, which), v in zip(mod_keys, data.get("modules", []), strict=True):
             modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = (
@@ -310,10 +346,10 @@ class StepStats:
             lr=lr,
             grad_norm_raw=grad_norm_raw,
             grad_norm=grad_norm,
-            grad_mean=scatter(dense_idx, data.get("mean")),
+            grad_mean=mean,
             grad_std=std,
             grad_absmax_raw=scatter(raw_idx, data.get("raw_absmax")),
-            grad_absmax=scatter(fin_idx, data.get("final_absmax")),
+            grad_absmax=absmax_final,
             nan_count=nan_count,
             inf_count=inf_count,
             param_norm=list(data["param_norm"]),
