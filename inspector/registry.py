@@ -22,9 +22,12 @@ from .kinds import check_kind, check_point, modifies, validate_params
 from .records import HookSpec
 from .targets import check_target
 
-__all__ = ["Registry", "Change", "PRESET_FORMAT"]
+__all__ = ["Registry", "Change", "PRESET_FORMAT", "MAX_HOOKS"]
 
 PRESET_FORMAT = "gradient-inspector/hooks"
+# At most this many hooks in a configuration, added one by one or imported: each one costs every
+# step, every snapshot and every websocket hello, and a client must not grow those without bound.
+MAX_HOOKS = 256
 _PRESET_KEYS = {"kind", "target", "params", "point", "enabled"}
 
 
@@ -139,6 +142,8 @@ class Registry:
         enabled: Any = True,
         fn: Callable[..., Any] | None = None,
     ) -> tuple[HookSpec, Change]:
+        if len(self.requested) >= MAX_HOOKS:
+            raise HookError((), f"too many hooks: at most {MAX_HOOKS} (MAX_HOOKS); remove some first")
         kind, target, point, params, enabled = self.validate(kind, target, point, params, enabled, fn)
         spec = HookSpec(f"h{self._next_id}", kind, point, target, params, enabled, len(self.requested))
         self._next_id += 1
@@ -200,6 +205,8 @@ class Registry:
                 )
         if not isinstance(items, list):
             raise HookError(("hooks",), 'a preset is a list of hooks or {"hooks": [...]}')
+        if len(items) > MAX_HOOKS:
+            raise HookError(("hooks",), f"too many hooks: at most {MAX_HOOKS} (MAX_HOOKS), got {len(items)}")
         new: list[HookSpec] = []
         next_id = self._next_id
         for i, item in enumerate(items):
