@@ -63,7 +63,7 @@ class Edits:
 
     def disable_failed(self, spec: HookSpec, param: str | None, message: str, next_step: int) -> None:
         """A hook raised: disable it at once and report it (torch hooks are synced at the next safe point)."""
-        before = self.reg.disable_now(spec.id)
+        before = self.reg.disable_now(spec.id, next_step)
         if before is None:
             return
         self.hooks.rebuild(self.reg.applied, self.reg.fns)

@@ -44,6 +44,8 @@ from .torch_hooks import TorchHooks
 
 __all__ = ["StepLifecycle"]
 
+_MAX_PENDING = 32  # unsampled steps whose records may wait for a later read
+
 
 class StepLifecycle:
     """The step-time half of an Inspector (see the module docstring); state set by ``Inspector.__init__``."""
@@ -81,6 +83,7 @@ class StepLifecycle:
     _nf_pending: Findings | None  # under torch.distributed: reported at the boundary, with the rank
     _rec_cur: Records  # records of the step under way
     _rec_late: Records  # records made after the last boundary, before the next forward
+    _rec_pending: list[tuple[int, Records]]  # unsampled steps' records, read later (no sync on their step)
     # control
     _paused: bool
     _credit: int  # single steps still allowed while paused
@@ -105,6 +108,7 @@ class StepLifecycle:
         self._nf_pending = None
         self._rec_cur = {}
         self._rec_late = {}
+        self._rec_pending = []
         self._paused = False
         self._credit = 0
         self._waiting = False
@@ -133,12 +137,25 @@ class StepLifecycle:
             self._train_tid = threading.get_ident()
             self._drain_locked(torch_ok=True)
         self._flush_late()
+        self._flush_pending()
 
     def mark_step(self) -> None:
         """The step boundary for loops without a torch optimizer.
 
-        Call it after ``backward()`` (and your own update): it runs the ``pre_step`` hooks on
-        the gradients, takes the statistics and publishes the snapshot.
+        Call it after ``backward()`` and **before** your own update: it runs the ``pre_step`` hooks
+        on the gradients (so the update reads what they made), takes the statistics and publishes
+        the snapshot. Called after the update instead, the hooks would edit gradients nobody reads
+        while the page shows them applied. ``update_ratio`` is null in such a loop: the update
+        happens after the boundary, where we cannot see it.
+
+            for x, y in data:
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                insp.mark_step()            # hooks, statistics, snapshot
+                with torch.no_grad():
+                    for p in params:
+                        p -= lr * p.grad    # your update sees the hooks' edits
+                        p.grad = None
         """
         if self._optimizer is not None:
             raise InspectorError(
@@ -204,6 +221,11 @@ class StepLifecycle:
             self._under_way = True
         self._flush_late()
 
+    def _on_backward(self, param: Tensor) -> None:
+        """A dict of tensors has no forward of ours: its first backward of a step marks it under way."""
+        if not self._under_way:
+            self._mark_under_way()
+
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         t0 = time.perf_counter()
         self._train_tid = threading.get_ident()
@@ -231,9 +253,9 @@ class StepLifecycle:
                 return None  # (GradScaler refuses closures)
             if grad_scale is not None:
                 amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
-        if not self._under_way and self._root is not None:
-            # no forward of the root module marked this step (a loop that calls a submodule, or
-            # Lightning's training_step): records made since the last boundary were late ones
+        if not self._under_way:
+            # nothing marked this step (a loop that calls a submodule, Lightning's training_step, a
+            # root compiled in place): records made since the last boundary were late ones
             self._mark_under_way()
         if self._sampled:
             self._stats.keep_params()  # for the update-to-parameter ratio
@@ -338,6 +360,9 @@ class StepLifecycle:
             step, sampled = self._step, self._sampled
             events, self._step_events = self._step_events, []
             rec, self._rec_cur = self._rec_cur, {}
+            # the config this step ran with: once the lock is released, a pre_step-only edit from
+            # another thread may apply (no step is under way) and must not reach this step's snapshot
+            version, states = self._reg.version, list(self._hooks.states.values())
         now = time.perf_counter()
         wall = None if self._last_boundary is None else now - self._last_boundary
         self._cadence.observe(step, sampled, self._t_ours + self._hooks.take_spent() + (now - t0), wall)
@@ -353,11 +378,11 @@ class StepLifecycle:
             try:
                 snap = self._stats.snapshot(
                     step=step,
-                    config_version=self._reg.version,
+                    config_version=version,
                     records=rec,
                     events=events,
                     ranks=ranks,
-                    states=list(self._hooks.states.values()),
+                    states=states,
                     hooks=self._hooks,
                     lr=learning_rates(self._optimizer),
                     sampled_every=self._cadence.k,
@@ -372,7 +397,14 @@ class StepLifecycle:
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:
+            self._flush_pending()  # earlier steps' records first: the scalars stream goes in step order
             self._feed.publish("snapshot", snap)
+            if rec:  # every step's records are in the scalars stream (and /api/scalars), sampled or not
+                self._feed.publish(
+                    "scalars", jsonsafe({"step": step, "loss": snap.loss, "scalars": snap.scalars})
+                )
+        elif rec:
+            self._defer_records(step, rec)
         self._t_ours += time.perf_counter() - t1  # counted with the next step
         if self._dist is not None and not self._dist.broken:
             self._dist_hold(step, hold)
@@ -398,22 +430,46 @@ class StepLifecycle:
             self._sampled_count += 1
 
     def _flush_late(self) -> None:
-        """Send the records made after step N's boundary (before the next forward) as step N's."""
+        """Send the records made after step N's boundary (before the next forward) as step N's,
+        together with step N's own records when it was not sampled (one ``scalars`` message)."""
         with self._lock:
             late, self._rec_late = self._rec_late, {}
             step = self._step
         if not late:
             return
+        if self._rec_pending and self._rec_pending[-1][0] == step:
+            for k, (total, n) in self._rec_pending.pop()[1].items():
+                acc = late.get(k)
+                late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
+        self._flush_pending()  # earlier steps first
         vals = host_means(late)
         loss = vals.pop("loss", None)
         with self._feed._lock:
             snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
         if snap is not None:
-            new = replace(
-                snap, loss=loss if loss is not None else snap.loss, scalars={**snap.scalars, **vals}
-            )
-            self._feed.replace_snapshot(new)
+            loss = loss if loss is not None else snap.loss
+            vals = {**snap.scalars, **vals}
+            self._feed.replace_snapshot(replace(snap, loss=loss, scalars=vals))
         self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
+
+    def _defer_records(self, step: int, rec: Records) -> None:
+        """An unsampled step's records: kept until a later boundary reads them, so that this step makes
+        no host read (its tensors are then finished work); at most ``_MAX_PENDING`` steps wait."""
+        if len(self._rec_pending) >= _MAX_PENDING:
+            self._flush_pending()  # earlier steps only: not a read of this step's tensors
+        self._rec_pending.append((step, rec))
+
+    def _flush_pending(self) -> None:
+        """Publish the waiting steps' records, one ``scalars`` message a step, in one host read."""
+        pending, self._rec_pending = self._rec_pending, []
+        if not pending:
+            return
+        flat: Records = {f"{i}:{k}": acc for i, (_, rec) in enumerate(pending) for k, acc in rec.items()}
+        means = host_means(flat)  # the tensors of every waiting step in one transfer
+        for i, (step, rec) in enumerate(pending):
+            vals = {k: means[f"{i}:{k}"] for k in rec}
+            loss = vals.pop("loss", None)
+            self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
 
     # ================================================================= torch.distributed
     def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:

@@ -49,7 +49,8 @@ class Change:
 
 
 def _content(s: HookSpec) -> tuple[Any, ...]:
-    return (s.kind, s.point, s.target, tuple(sorted(s.params.items())), s.enabled)
+    """What a change to a hook can touch: any difference gives it a new ``applied_step``."""
+    return (s.kind, s.point, s.target, tuple(sorted(s.params.items())), s.enabled, s.position)
 
 
 class Registry:
@@ -273,8 +274,9 @@ class Registry:
                 out.append(replace(s, applied_step=step))
         return tuple(out)
 
-    def disable_now(self, hook_id: str) -> HookSpec | None:
-        """Disable a failing hook everywhere at once (training thread, inside a step)."""
+    def disable_now(self, hook_id: str, step: int) -> HookSpec | None:
+        """Disable a failing hook everywhere at once (training thread, inside ``step``, which is the
+        disable's ``applied_step``: the hook does not run again from there)."""
 
         def off(specs: Any) -> Any:
             return tuple(replace(s, enabled=False) if s.id == hook_id else s for s in specs)
@@ -282,7 +284,9 @@ class Registry:
         before = next((s for s in self.applied if s.id == hook_id), None)
         if before is None or not before.enabled:
             return None
-        self.applied = off(self.applied)
+        self.applied = tuple(
+            replace(s, applied_step=step) if s.id == hook_id else s for s in off(self.applied)
+        )
         self.requested = list(off(self.requested))
         self.pending = deque(replace(c, config=off(c.config)) for c in self.pending)
         self.version += 1

@@ -7,6 +7,17 @@ every step (their cost is ``base``), and the full statistics (cost ``sampled``) 
 every k-th step with ``k = ceil((sampled - base) / (budget * step - base))``, moved by at
 most a doubling at a time and capped so that a snapshot comes about once a second.
 
+Short runs are shown densely: the first ``DENSE_STEPS`` steps are all sampled (so a run that
+short has every step, its last included), and after that ``k`` stays within a tenth of the
+steps so far (at least about ten snapshots per decade of steps: a 100-step run has about 35,
+the last within its last ten steps), whatever the budget allows.
+
+Nothing latches: each cost is the median of its last ``WINDOW`` measurements, so one slow
+step (a warm-up, a garbage collection, an evaluation pass between two steps) is outvoted by
+the next ones, and when the budget holds ``k`` at 1 (nothing is measured unsampled then),
+every ``PROBE``-th sampled step is followed by one unsampled step, which re-measures ``base``:
+a run that can afford sampling less goes back to it.
+
 :class:`Pack` collects 1-D float32 device tensors during a sampled step and moves them
 to the host with a single ``.tolist()``, the one sync point of a snapshot.
 """
@@ -14,6 +25,8 @@ to the host with a single ``.tolist()``, the one sync point of a snapshot.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from typing import Any
 
 import torch
@@ -23,9 +36,13 @@ from .errors import HookError
 
 __all__ = ["Cadence", "Pack", "check_cadence"]
 
-_EMA = 0.2
+_EMA = 0.2  # the published overhead's average
 SAFETY = 0.5  # the share of the budget the cadence aims at (see _choose_k)
 MAX_EVERY = 100  # even when the budget cannot be met, a snapshot every 100 steps
+DENSE_STEPS = 20  # the first steps, all sampled
+DECADE = 10  # after them, k <= step // DECADE
+WINDOW = 7  # each cost: the median of its last WINDOW measurements
+PROBE = 16  # at k = 1 under the budget, one unsampled step after this many sampled ones
 
 
 def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
@@ -38,16 +55,44 @@ def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
         raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
 
 
+class _Recent:
+    """The median of the last ``WINDOW`` measurements (the lower one of an even count)."""
+
+    def __init__(self) -> None:
+        self._xs: deque[float] = deque(maxlen=WINDOW)
+        self.value: float | None = None
+
+    def add(self, x: float) -> None:
+        self._xs.append(x)
+        self.value = statistics.median_low(self._xs)
+
+
 class Cadence:
+    """Which steps are sampled (see the module docstring): ``is_sampled(step)`` before a step,
+    ``observe(...)`` at its boundary."""
+
     def __init__(self, budget: float, every: int | None) -> None:
         self.budget = budget
         self.every = every
         self.k = every or 1
         self.next_sampled = 1
-        self._sampled_cost: float | None = None  # EMA of our time on a sampled step (s)
-        self._base_cost: float | None = None  # EMA of our time on an unsampled step (s)
-        self._wall: float | None = None  # EMA of the wall-clock step (s)
+        self._sampled = _Recent()  # our time on a sampled step (s)
+        self._base = _Recent()  # our time on an unsampled step (s)
+        self._walls = _Recent()  # the wall-clock step (s)
         self._ours: float | None = None  # EMA of our time per step, all steps (s)
+        self._at_one = 0  # sampled steps in a row that the budget left at k = 1
+
+    @property
+    def _sampled_cost(self) -> float | None:
+        return self._sampled.value
+
+    @property
+    def _base_cost(self) -> float | None:
+        return self._base.value
+
+    @property
+    def _wall(self) -> float | None:
+        return self._walls.value
 
     def is_sampled(self, step: int) -> bool:
         return step >= self.next_sampled
@@ -61,17 +106,21 @@ class Cadence:
         since the previous boundary (None for the first step or after a pause)."""
         self._ours = self._ema(self._ours, ours)
         if wall is not None and wall > 0:
-            if self._wall is not None:
-                # a gap in the loop (evaluation, a checkpoint) is not a slow step: cap its weight
-                wall = min(wall, 3.0 * self._wall)
-            self._wall = self._ema(self._wall, wall)
-        if sampled:
-            self._sampled_cost = self._ema(self._sampled_cost, ours)
+            self._walls.add(wall)  # a gap in the loop (evaluation, a checkpoint) is outvoted by the median
+        (self._sampled if sampled else self._base).add(ours)
+        if not sampled:
+            return
+        if self.every is not None:
+            self.k = self.every
+        elif step < DENSE_STEPS:
+            self.k = 1
         else:
-            self._base_cost = self._ema(self._base_cost, ours)
-        if sampled:
-            self.k = self.every or self._choose_k()
-            self.next_sampled = step + self.k
+            k = min(self._choose_k(), max(1, step // DECADE))
+            self._at_one = self._at_one + 1 if k == 1 else 0
+            if self._at_one >= PROBE:  # nothing unsampled is measured at k = 1: measure one now
+                self._at_one, k = 0, 2
+            self.k = k
+        self.next_sampled = step + self.k
 
     def _choose_k(self) -> int:
         """The next sampling interval (see the module docstring), moved gradually.
@@ -100,13 +149,13 @@ class Cadence:
 
     @property
     def costs(self) -> dict[str, float | None]:
-        """Recent averages in seconds: the wall-clock step, the inspector's time on a sampled and on
+        """Recent medians in seconds: the wall-clock step, the inspector's time on a sampled and on
         an unsampled step."""
         return {"step_s": self._wall, "sampled_s": self._sampled_cost, "unsampled_s": self._base_cost}
 
     @property
     def overhead(self) -> float | None:
-        """Measured fraction of the wall-clock step spent inside the inspector (recent average)."""
+        """Measured fraction of the wall-clock step spent inside the inspector (recent medians)."""
         if self._ours is None or not self._wall:
             return None
         base = self._base_cost if self._base_cost is not None else self._ours

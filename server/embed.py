@@ -17,7 +17,7 @@ from typing import Any
 
 from .app import create_app
 from .live import LiveSource
-from .serving import ThreadedServer
+from .serving import PortInUse, ThreadedServer
 from .settings import DEFAULT_HOST, DEFAULT_PORT, Settings
 from .storage import DEFAULT_DB, HistoryStore
 
@@ -66,6 +66,7 @@ def start(
     token: str | None = None,
     read_only: bool = False,
     db: str | os.PathLike[str] | None | bool = None,
+    port_retries: int = 0,
 ) -> EmbeddedServer:
     """Serve `insp` in a background thread and return once the server answers.
 
@@ -73,19 +74,26 @@ def start(
         insp: an attached inspector.
         host: the bind address; anything but loopback requires a token (generated when None).
         port: the TCP port; 0 picks a free one (see the handle's `.port`).
+        port_retries: when `port` is taken, try this many of the ports after it (as Jupyter does).
         token: the access token.
         read_only: serve reads and the stream, refuse every command (403).
         db: the history file; None means `./gradient-inspector.sqlite`, False means no history.
 
     Raises:
-        PortInUse: the port is taken (an OSError).
+        PortInUse: the port (and every one tried after it) is taken (an OSError).
         RuntimeError: the server did not start.
     """
-    settings = Settings(host=host, port=port, token=token, read_only=read_only)
     store = None if db is False else HistoryStore(DEFAULT_DB if db in (None, True) else db)  # type: ignore[arg-type]
     source = LiveSource(insp, mode="user", store=store, read_only=read_only)
     try:
-        server = ThreadedServer(create_app(source, settings), settings, quiet=True)
+        for candidate in range(port, port + port_retries + 1) if port else [port]:
+            settings = Settings(host=host, port=candidate, token=token, read_only=read_only)
+            try:
+                server = ThreadedServer(create_app(source, settings), settings, quiet=True)
+                break
+            except PortInUse:
+                if candidate == port + port_retries or not port:
+                    raise
     except BaseException:
         if store is not None:
             store.close()

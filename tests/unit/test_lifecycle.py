@@ -349,23 +349,6 @@ def test_framework_optimizer_wrappers_are_unwrapped(mlp):
         assert insp.step == 1
 
 
-def test_cadence_grows_gradually_and_keeps_about_a_snapshot_a_second():
-    from inspector.telemetry import Cadence
-
-    c = Cadence(0.03, None)
-    # 10 ms steps, every-step work alone over budget (1 ms > 0.3 ms), 5 ms statistics
-    ks = []
-    for step in range(1, 400):
-        sampled = c.is_sampled(step)
-        c.observe(step, sampled, 0.005 if sampled else 0.001, 0.010)
-        if sampled:
-            ks.append(c.k)
-    assert ks[:5] == [2, 4, 8, 16, 27]  # at most doubling
-    assert max(ks) <= 100  # about one snapshot a second at 100 steps a second
-    # the statistics' own extra cost within half the budget (the cadence's safety margin): ceil(4 / 0.15)
-    assert ks[-1] == 27
-
-
 def test_add_hook_takes_params_as_a_mapping_even_named_like_its_own_arguments(mlp):
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     with inspector.attach(mlp, opt) as insp:

@@ -1,0 +1,117 @@
+"""The budgeted cadence (issue 11, point 19): short runs are dense, and nothing latches.
+
+The :class:`~inspector.telemetry.Cadence` is driven with synthetic timings (seconds of the
+inspector's own work and of the wall-clock step), so these tests do not depend on the machine;
+one end-to-end run checks that a real short run is dense.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import inspector
+from inspector.telemetry import DENSE_STEPS, Cadence
+
+from .conftest import batch, seed_mlp, train_step
+
+# a fast step where the statistics cost far more than the budget allows: the budget alone samples
+# about every 18th step (0.9 ms extra against half of 3 % of 10 ms, less the 0.1 ms base: 0.05 ms)
+WALL, SAMPLED, BASE = 0.010, 0.001, 0.0001
+BUDGET_K = 18
+
+
+def run(c: Cadence, steps: range, cost=None, wall=None) -> list[int]:  # noqa: ANN001
+    """Drive ``c`` over ``steps``; returns the sampled ones."""
+    out = []
+    for step in steps:
+        sampled = c.is_sampled(step)
+        ours = cost(step, sampled) if cost else (SAMPLED if sampled else BASE)
+        c.observe(step, sampled, ours, wall(step) if wall else WALL)
+        if sampled:
+            out.append(step)
+    return out
+
+
+def test_cadence_samples_every_step_at_first():
+    c = Cadence(0.03, None)
+    sampled = run(c, range(1, DENSE_STEPS + 1))
+    assert sampled == list(range(1, DENSE_STEPS + 1))
+
+
+def test_cadence_short_run_is_dense_to_its_end():
+    c = Cadence(0.03, None)
+    sampled = run(c, range(1, 101))
+    # without the dense start the budget gave 1, 2, 4, 8, 16, 32, 64: 7 snapshots, the last at 64
+    assert len(sampled) >= 30
+    assert sampled[-1] >= 91
+    gaps = [b - a for a, b in zip(sampled, sampled[1:], strict=False)]
+    assert all(g <= max(1, a // 10) for a, g in zip(sampled, gaps, strict=False))
+
+
+def test_cadence_long_run_still_keeps_the_budget():
+    c = Cadence(0.03, None)
+    sampled = run(c, range(1, 3001))
+    assert c.k >= BUDGET_K  # the budget's own interval, reached once a tenth of the steps allows it
+    late = [s for s in sampled if s > 2000]
+    assert len(late) <= 1000 / BUDGET_K + 1
+
+
+def test_cadence_one_slow_early_step_does_not_latch():
+    """A slow unsampled step early on (a garbage collection, a lazy initialisation) once made the
+    unsampled cost look dearer than the sampled one: k = 1 from then on, and with every step
+    sampled the unsampled cost was never measured again."""
+    c = Cadence(0.03, None)
+    first_unsampled = []
+
+    def cost(step, sampled):  # noqa: ANN001, ANN202
+        if not sampled and not first_unsampled:
+            first_unsampled.append(step)
+            return 0.050  # 50 ms of our own time, once
+        return SAMPLED if sampled else BASE
+
+    sampled = run(c, range(1, 1001), cost=cost)
+    assert first_unsampled  # the slow step happened
+    assert c.k >= BUDGET_K
+    assert len([s for s in sampled if s > 800]) <= 200 / BUDGET_K + 1
+
+
+def test_cadence_one_slow_early_wall_step_is_re_measured():
+    c = Cadence(0.03, None)
+    run(c, range(1, 31))
+    k_before = c.k
+    run(c, range(31, 32), wall=lambda s: 5.0)  # an evaluation pass between two steps
+    assert c.costs["step_s"] == WALL  # outvoted by the median of the recent steps
+    run(c, range(32, 200))
+    assert c.k >= k_before
+
+
+def test_cadence_grows_gradually_and_keeps_about_a_snapshot_a_second():
+    c = Cadence(0.03, None)
+    # 10 ms steps, every-step work alone over budget (1 ms > 0.3 ms), 5 ms statistics
+    ks = []
+    for step in range(1, 400):
+        sampled = c.is_sampled(step)
+        c.observe(step, sampled, 0.005 if sampled else 0.001, 0.010)
+        if sampled:
+            ks.append(c.k)
+    assert ks[: DENSE_STEPS - 1] == [1] * (DENSE_STEPS - 1)  # the dense start
+    assert all(b <= 2 * a for a, b in zip(ks, ks[1:], strict=False))  # then at most doubling
+    assert max(ks) <= 100  # about one snapshot a second at 100 steps a second
+    # the statistics' own extra cost within half the budget (the cadence's safety margin): ceil(4 / 0.15)
+    assert ks[-1] == 27
+
+
+def test_cadence_every_n_is_fixed_from_the_first_step():
+    c = Cadence(0.03, 3)
+    assert run(c, range(1, 11)) == [1, 4, 7, 10]
+
+
+def test_cadence_short_run_end_to_end_is_dense():
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with inspector.attach(model, opt) as insp:  # the default budget
+        for s in range(100):
+            train_step(model, opt, *batch(seed=s))
+        steps = [snap["step"] for snap in insp.snapshots()]
+    assert steps[:DENSE_STEPS] == list(range(1, DENSE_STEPS + 1))
+    assert len(steps) >= 30 and steps[-1] >= 91
