@@ -29,6 +29,7 @@ and applied by the training thread at the next safe point (DESIGN.md "Steps").
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -55,6 +56,9 @@ from .torch_hooks import TorchHooks
 from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
+
+_DEFAULT_PORT = 8000  # serve()'s, when no port is given ...
+_PORT_RETRIES = 50  # ... or the next free one of the ports after it, as Jupyter does
 
 
 class Inspector(StepLifecycle):
@@ -119,12 +123,17 @@ class Inspector(StepLifecycle):
 
         self._init_step_state()
         self._server: Any = None
+        self._closer: int | None = None  # the thread inside close(), until it has finished
 
         claim(self, self._tensors, optimizer)  # refuses a second attach to the same parameters
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
-        if self._root is not None and getattr(self._root, "_compiled_call_impl", None) is None:
+        if self._root is None:  # a dict of tensors: its first backward of a step marks the step under way
+            first = next((t for t in self._tensors if t.requires_grad), None)
+            if first is not None:
+                self._handles.append(first.register_post_accumulate_grad_hook(OwnedHook(self._on_backward)))
+        elif getattr(self._root, "_compiled_call_impl", None) is None:
             # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
@@ -283,15 +292,18 @@ class Inspector(StepLifecycle):
 
     # ----------------------------------------------------------------- data
     def record(self, **scalars: Any) -> None:
-        """Record scalars (floats or one-element tensors; tensors are moved once per step).
+        """Record scalars (floats or one-element tensors, read on the host without a sync of their step).
 
-        Before ``optimizer.step()`` they attach to the step under way; after it and before
-        the next forward, to the step just completed (sent as a late ``scalars`` message).
-        Several records of one key in one step are averaged.
+        While a step is under way (from the model's forward, or for a dict of tensors its backward,
+        until ``optimizer.step()``) they attach to that step; after ``step()`` and before the next
+        forward (backward), to the step just completed. ``begin_step()`` marks a step under way by
+        hand. Every step's records reach the ``scalars`` stream: a sampled step's with its snapshot,
+        an unsampled step's a few steps later (read together with later ones). Several records of
+        one key in one step are averaged.
         """
         vals = check_scalars(scalars)
         with self._lock:
-            late = self._root is not None and not self._under_way and self._step > 0
+            late = not self._under_way and self._step > 0
             accumulate(self._rec_late if late else self._rec_cur, vals)
 
     def snapshots(self, since: int | None = None) -> list[dict[str, Any]]:
@@ -373,7 +385,7 @@ class Inspector(StepLifecycle):
     def serve(
         self,
         host: str = "127.0.0.1",
-        port: int = 8000,
+        port: int | None = None,
         token: str | None = None,
         read_only: bool = False,
         db: str | os.PathLike[str] | bool | None = None,
@@ -387,7 +399,9 @@ class Inspector(StepLifecycle):
         Args:
             host: bind address; anything but loopback requires a token (generated when None and
                 printed once in the returned URL).
-            port: TCP port; 0 picks a free one.
+            port: TCP port. None (the default): 8000, or when that is taken (a second run on the
+                same box) the next free one of the 50 after it, printed as Jupyter does; an explicit
+                port that is taken raises ``PortInUse``; 0 picks any free one.
             token: the access token.
             read_only: serve the dashboard and the stream, refuse every command (403).
             db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
@@ -398,41 +412,74 @@ class Inspector(StepLifecycle):
             return None  # under torch.distributed only rank 0 serves
         if self._server is not None:
             return str(self._server.url)
+        chosen = _DEFAULT_PORT if port is None else port
         self._server = load_server_module("embed").start(
-            self, host=host, port=port, token=token, read_only=read_only, db=db
+            self,
+            host=host,
+            port=chosen,
+            token=token,
+            read_only=read_only,
+            db=db,
+            port_retries=_PORT_RETRIES if port is None else 0,
         )
+        if port is None and self._server.port != chosen:
+            print(
+                f"gradient-inspector: port {chosen} is in use; serving on {self._server.url}",
+                file=sys.stderr,
+                flush=True,
+            )
         return str(self._server.url)
 
     def wait(self) -> None:
-        """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile."""
-        with self._cond:
-            self._finished = True
-            self._train_tid = threading.get_ident()
-            self._drain_locked(torch_ok=True)
+        """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.
+
+        Prints where it serves and how to stop it (a warning when nothing is served: then it
+        only holds the process until Ctrl-C). Returns once ``close()`` has finished.
+        """
+        self.finish()  # the last step's records are sent now, while the dashboard serves
+        if self._server is not None:
+            print(
+                f"gradient-inspector: training finished; the dashboard stays up at {self._server.url} "
+                "(Ctrl-C to stop)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.rank == 0:
+            warnings.warn(
+                "insp.wait(): nothing is served (call insp.serve() first); waiting for Ctrl-C anyway",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         try:
             while True:
                 with self._cond:
                     if self._closed:
-                        return
+                        break
                     self._drain_locked(torch_ok=True)
                     self._cond.wait(timeout=0.5)  # wake for edits; the timeout lets Ctrl-C through
         except KeyboardInterrupt:
             pass
         finally:
-            self.close()
+            self.close()  # also when another thread closed: returns once that close has finished
 
     def close(self) -> None:
-        """Remove every hook of ours and stop the server; idempotent."""
+        """Remove every hook of ours and stop the server; idempotent. A call while another thread
+        is closing returns once that close has finished (so ``wait()`` never returns early)."""
         with self._cond:
             if self._closed:
+                closer = self._closer
+                if closer is not None and closer != threading.get_ident():
+                    self._cond.wait_for(lambda: self._closer is None, timeout=60.0)
                 return
             self._closed = True
+            self._closer = threading.get_ident()
             self._finished = True
             self._cond.notify_all()
         self._check_scaler_skip()  # the last iteration, when the scaler skipped it
         release(self)
         try:
             self._flush_late()
+            self._flush_pending()
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
                 f"inspector: the last step's late records could not be sent ({shown(e)})",
@@ -450,6 +497,9 @@ class Inspector(StepLifecycle):
         self._feed.close()
         self._reg.fns.clear()
         self._stats.close()
+        with self._cond:
+            self._closer = None  # closed: whoever waits for it may go on
+            self._cond.notify_all()
 
     def __enter__(self) -> Inspector:
         return self
