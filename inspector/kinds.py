@@ -206,7 +206,10 @@ def _check_value(p: ParamDef, value: Any) -> Any:
     elif not isinstance(value, int | float):
         raise HookError(loc, f"must be a number (got {shown(value)})")
     else:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past the float range (JSON allows 400 digits)
+            raise HookError(loc, f"must be finite (got {shown(value)})") from None
         if math.isnan(value) or (math.isinf(value) and not (p.allow_inf and value > 0)):
             raise HookError(loc, f"must be finite (got {shown(value)})")
     if p.exclusive_minimum is not None and not value > p.exclusive_minimum:

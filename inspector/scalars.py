@@ -32,6 +32,8 @@ def check_scalars(scalars: Mapping[str, Any]) -> dict[str, float | Tensor]:
                 )
             vals[k] = v.detach().reshape(()).float()
         elif isinstance(v, int | float) and not isinstance(v, bool):
+            if isinstance(v, int) and abs(v) > 2**1023:  # float(v) would raise OverflowError
+                raise HookError(("scalars", k), "must be a number in the float range (got a larger integer)")
             vals[k] = float(v)
         else:
             raise HookError(("scalars", k), f"must be a number or a one-element tensor (got {v!r})")

@@ -171,7 +171,8 @@ def _add_pages(app: FastAPI) -> None:
     @app.get("/static/{path:path}", include_in_schema=False)
     def static(path: str) -> Response:
         root = frontend_dir()
-        target = (root / path).resolve() if root is not None else None
+        # a NUL byte is no file name (resolve() would raise ValueError: a 500)
+        target = (root / path).resolve() if root is not None and "\x00" not in path else None
         if (
             root is None
             or target is None
@@ -195,7 +196,7 @@ def _add_pages(app: FastAPI) -> None:
     @app.get("/docs-assets/{name}", include_in_schema=False)
     def docs_asset(name: str) -> Response:
         target = STATIC_DIR / SWAGGER_UI / name
-        if "/" in name or name.startswith(".") or not target.is_file():
+        if "/" in name or "\x00" in name or name.startswith(".") or not target.is_file():
             return StrictJSONResponse({"detail": f"no such file: {name}"}, status_code=404)
         return FileResponse(target, headers={"cache-control": "max-age=86400"})
 

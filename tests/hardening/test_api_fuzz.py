@@ -55,29 +55,71 @@ VALID_HOOKS = [
 ]
 
 
+# Values that once answered 500 (issue 15, point 7): integers past the float (and SQLite) range,
+# and NUL bytes. schemathesis draws neither on its own, so they are mixed into the cases.
+EDGES = st.sampled_from([10**400, -(10**400), 2**63, 2**64, "\x00", "a\x00b", "*\x00"])
+NUMERIC_PARAMS = st.sampled_from(["threshold", "max_norm", "factor", "std", "seed", "lam", "position"])
+# the integer query parameters of the reads
+QUERY_INTS = {
+    "GET /api/session": ["run"],
+    "GET /api/snapshots": ["since", "limit", "run"],
+    "GET /api/events": ["since", "run"],
+}
+
+
+def edge_hook(hook: dict, key: str, value: object) -> dict:
+    if key == "position":  # not a parameter: the target gets the value instead
+        return {**hook, "target": value if isinstance(value, str) else hook["target"]}
+    return {**hook, "params": {**hook["params"], key: value}}
+
+
+EDGE_HOOKS = st.builds(edge_hook, st.sampled_from(VALID_HOOKS), NUMERIC_PARAMS, EDGES)
+
+
 def strategy(srv, op, mode):
     """schemathesis' cases, plus (positive mode) some that pass the core's validation too:
-    valid hook bodies, and the ids of hooks that exist, so the fuzzing reaches past 404/422."""
+    valid hook bodies, and the ids of hooks that exist, so the fuzzing reaches past 404/422;
+    and cases carrying `EDGES` (big integers, NUL bytes) in parameters and query values."""
     base = op.as_strategy(generation_mode=mode)
     if mode is not GenerationMode.POSITIVE:
         return base
     if op.label == "POST /api/hooks":
-        return st.one_of(base, st.sampled_from(VALID_HOOKS).flatmap(lambda b: op.as_strategy(body=b)))
+        return st.one_of(
+            base,
+            st.sampled_from(VALID_HOOKS).flatmap(lambda b: op.as_strategy(body=b)),
+            EDGE_HOOKS.flatmap(lambda b: op.as_strategy(body=b)),
+        )
     if op.label == "POST /api/hooks/import":
         return st.one_of(
             base,
-            st.lists(st.sampled_from(VALID_HOOKS), max_size=3).flatmap(
+            st.lists(st.one_of(st.sampled_from(VALID_HOOKS), EDGE_HOOKS), max_size=3).flatmap(
                 lambda hooks: op.as_strategy(
                     body={"format": "gradient-inspector/hooks", "version": 1, "hooks": hooks}
                 )
             ),
         )
+    if op.label == "POST /api/training/rate":
+        return st.one_of(base, EDGES.flatmap(lambda v: op.as_strategy(body={"steps_per_second": v})))
+    if op.label in QUERY_INTS:
+        names = st.sampled_from(QUERY_INTS[op.label])
+        return st.one_of(base, st.tuples(names, EDGES).flatmap(lambda q: op.as_strategy(query=dict([q]))))
     if "{hook_id}" in op.label:
         ids = [h["id"] for h in srv.insp.import_hooks(VALID_HOOKS[:3])]
         quiesce(srv.insp)
-        return st.one_of(
-            base, st.sampled_from(ids).flatmap(lambda i: op.as_strategy(path_parameters={"hook_id": i}))
-        )
+        strategies = [
+            base,
+            st.sampled_from(ids).flatmap(lambda i: op.as_strategy(path_parameters={"hook_id": i})),
+        ]
+        if op.label.startswith("PATCH"):
+            strategies.append(
+                st.tuples(st.sampled_from(ids), NUMERIC_PARAMS, EDGES).flatmap(
+                    lambda t: op.as_strategy(
+                        path_parameters={"hook_id": t[0]},
+                        body={"position": t[2]} if t[1] == "position" else {"params": {t[1]: t[2]}},
+                    )
+                )
+            )
+        return st.one_of(*strategies)
     return base
 
 
@@ -176,3 +218,35 @@ def test_every_route_no_5xx_and_rejections_change_nothing(live, observer):
     srv.wait_step(step + 3)
     obs.check()
     assert obs.steps and obs.steps[-1] > step - 200
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=not os.environ.get("GI_FUZZ_RANDOM"))
+@given(
+    prefix=st.sampled_from(["/static/", "/docs-assets/", "/vendor/"]),
+    name=st.lists(st.sampled_from(["a", ".", "/", "%00", "%2e", "\x00", "app.js", "é"]), max_size=8).map(
+        "".join
+    ),
+)
+def test_page_paths_with_nul_bytes_never_answer_5xx(page_server, prefix, name):
+    """The page's routes are not in the OpenAPI document: their paths are fuzzed here, NUL
+    bytes (raw and percent-encoded) among them."""
+    r = page_server.get(prefix + name.replace("\x00", "%00"))
+    assert r.status_code < 500, (prefix + name, r.status_code, r.text[:300])
+
+
+@pytest.fixture(scope="module")
+def page_server(tmp_path_factory):
+    from tests.live import Live
+
+    srv = Live(
+        tmp_path_factory.mktemp("pages"),
+        "mlp",
+        rate=None,
+        db=False,
+        read_only=False,
+        host="127.0.0.1",
+        token=None,
+        every=1,
+    )
+    yield srv.http()
+    srv.stop()
