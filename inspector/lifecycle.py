@@ -35,7 +35,7 @@ from .errors import InspectorError, describe_error
 from .feed import Feed
 from .nonfinite import Findings, NonfiniteReport
 from .ops import apply_pre_step
-from .records import HookSpec, jsonsafe
+from .records import HookSpec, event_fields, jsonsafe
 from .registry import Change, Registry
 from .scalars import Records, host_means
 from .step_stats import HistSelection, StepStats, learning_rates
@@ -210,7 +210,7 @@ class StepLifecycle:
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
             self._seq += 1
-            ev = {"seq": self._seq, "kind": kind, "time": time.time(), **jsonsafe(fields)}
+            ev = {"seq": self._seq, "kind": kind, "time": time.time(), **event_fields(fields)}
             self._step_events.append(ev)
         self._feed.publish("event", ev)
         return ev

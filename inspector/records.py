@@ -10,7 +10,11 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["HookSpec", "Snapshot", "jsonsafe", "SPEC_FIELDS"]
+__all__ = ["HookSpec", "Snapshot", "jsonsafe", "event_fields", "MAX_EVENT_STRING", "SPEC_FIELDS"]
+
+# The longest string an event keeps (characters). An event goes to every dashboard, into every
+# later hello and into the history: a hook raising with a 35 MB message must not ride along whole.
+MAX_EVENT_STRING = 2048
 
 
 def jsonsafe(x: Any) -> Any:
@@ -27,6 +31,22 @@ def jsonsafe(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [jsonsafe(v) for v in x]
     return x
+
+
+def _cut(x: Any) -> Any:
+    if isinstance(x, str) and len(x) > MAX_EVENT_STRING:
+        return f"{x[:MAX_EVENT_STRING]}… [truncated: {len(x)} characters in all]"
+    if isinstance(x, dict):
+        return {_cut(k): _cut(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_cut(v) for v in x]
+    return x
+
+
+def event_fields(fields: Any) -> Any:
+    """``jsonsafe(fields)`` with every string (keys too, at any depth) longer than
+    ``MAX_EVENT_STRING`` characters cut to that length, followed by a note of its full length."""
+    return _cut(jsonsafe(fields))
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from inspector.records import event_fields
+
 from .history import HistoryReader
 from .protocol import dumps
 
@@ -173,7 +175,9 @@ class HistoryStore(HistoryReader):
         self._queue.put(("scalars", run, payload))
 
     def add_event(self, run: int, event: dict[str, Any]) -> None:
-        self._queue.put(("event", run, event))
+        """Queue an event; its strings are cut to `MAX_EVENT_STRING` characters (the core's events
+        already are: this holds for any other writer too)."""
+        self._queue.put(("event", run, event_fields(event)))
 
     def add_hooks(self, run: int, config_version: int, hooks: list[dict[str, Any]]) -> None:
         self._queue.put(

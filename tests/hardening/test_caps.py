@@ -4,9 +4,12 @@ strings (point 8). Traffic goes to 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
+from inspector.records import MAX_EVENT_STRING, event_fields
 from inspector.registry import MAX_HOOKS
 from tests.live import Inbox
+from tests.support import wait_until
 
 HOOK = {"kind": "scale", "target": "*", "params": {"factor": 1.0}}
 
@@ -36,3 +39,48 @@ def test_one_cap_on_hooks_for_add_and_import_alike(live):
     first = srv.insp.hooks()[0]["id"]
     assert c.delete(f"/api/hooks/{first}").status_code in (200, 204)
     assert c.post("/api/hooks", json=HOOK).status_code == 201, "room again once one is removed"
+
+
+def test_an_oversized_event_string_is_truncated_live_and_stored(live, observer):
+    """Point 8: a hook raising with a 5 MB message, and an event added with a 5 MB field, give
+    events of about 2 KB, with a note; every dashboard stays connected, a later hello stays
+    small, and so does the stored copy."""
+    srv = live(rate=50.0)
+    srv.wait_step(2)
+    obs = observer(srv.ws_url)
+    message = "boom " * 1_000_000
+
+    def raises(name, grad):
+        raise RuntimeError(message)
+
+    srv.insp.add_hook(raises, target="*")
+    srv.insp.add_event("training_error", message=message, step=srv.insp.step)
+    for kind in ("hook_error", "training_error"):
+        event = wait_until(
+            lambda k=kind: next((e for e in obs.events if e["kind"] == k), None), 20, f"the {kind} event"
+        )
+        text = event["message"]
+        assert len(text) <= MAX_EVENT_STRING + 100, (kind, len(text))
+    assert text == f"{message[:MAX_EVENT_STRING]}… [truncated: {len(message)} characters in all]"
+    srv.wait_step(srv.insp.step + 3)
+    obs.check()
+    with srv.ws() as ws:
+        hello = ws.recv(timeout=10)
+        assert len(hello) < 1 << 20, len(hello)
+        assert json.loads(hello)["type"] == "hello"
+
+    def stored() -> list:
+        events = srv.http().get("/api/events").json()["events"]
+        return [e for e in events if e["kind"] in ("hook_error", "training_error")]
+
+    assert len(wait_until(lambda: len(stored()) == 2 and stored(), 20, "the stored events")) == 2
+    biggest = sqlite3.connect(srv.db).execute("SELECT max(length(data)) FROM events").fetchone()[0]
+    assert biggest < MAX_EVENT_STRING + 1000, biggest
+
+
+def test_event_fields_cut_every_string_at_any_depth():
+    long = "x" * (MAX_EVENT_STRING + 1)
+    out = event_fields({"a": long, "b": [long, {"c": long}], long: 1, "d": "short", "e": float("inf")})
+    text = json.dumps(out, allow_nan=False)
+    assert long not in text and text.count("truncated") == 4, text[:200]
+    assert out["d"] == "short" and out["e"] == "inf"
