@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import HookError, HookNotFound
+from .errors import HookError, HookNotFound, shown
 from .kinds import check_kind, check_point, modifies, validate_params
 from .records import HookSpec
 from .targets import check_target
@@ -95,7 +95,7 @@ class Registry:
         check_target(target, *self._names_for(point))
         params = validate_params(kind, point, params if params is not None else {})
         if not isinstance(enabled, bool):
-            raise HookError(("enabled",), f"must be true or false (got {enabled!r})")
+            raise HookError(("enabled",), f"must be true or false (got {shown(enabled)})")
         if point == "post_accumulate" and self.scaler and modifies(kind, params):
             raise HookError(
                 ("point",),
@@ -164,7 +164,7 @@ class Registry:
     ) -> tuple[HookSpec, Change | None]:
         old = self.get(hook_id)
         if params is not None and not isinstance(params, Mapping):
-            raise HookError(("params",), f"must be an object (got {params!r})")
+            raise HookError(("params",), f"must be an object (got {shown(params)})")
         merged = {**old.params, **(params or {})}
         new_target = old.target if target is None else target
         new_enabled = old.enabled if enabled is None else enabled
@@ -175,7 +175,7 @@ class Registry:
         index = old.position
         if position is not None:
             if isinstance(position, bool) or not isinstance(position, int):
-                raise HookError(("position",), f"must be an integer (got {position!r})")
+                raise HookError(("position",), f"must be an integer (got {shown(position)})")
             if not 0 <= position < len(self.requested):
                 raise HookError(
                     ("position",), f"must be between 0 and {len(self.requested) - 1} (got {position})"
@@ -213,7 +213,7 @@ class Registry:
         for i, item in enumerate(items):
             try:
                 if not isinstance(item, Mapping):
-                    raise HookError((), f"must be an object (got {item!r})")
+                    raise HookError((), f"must be an object (got {shown(item)})")
                 extra = set(item) - _PRESET_KEYS
                 if extra:
                     raise HookError(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import HookError
+from .errors import HookError, shown
 
 __all__ = ["Records", "accumulate", "check_scalars", "host_means"]
 
@@ -36,7 +36,7 @@ def check_scalars(scalars: Mapping[str, Any]) -> dict[str, float | Tensor]:
                 raise HookError(("scalars", k), "must be a number in the float range (got a larger integer)")
             vals[k] = float(v)
         else:
-            raise HookError(("scalars", k), f"must be a number or a one-element tensor (got {v!r})")
+            raise HookError(("scalars", k), f"must be a number or a one-element tensor (got {shown(v)})")
     return vals
 
 

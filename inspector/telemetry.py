@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import HookError
+from .errors import HookError, shown
 
 __all__ = ["Cadence", "Pack", "check_cadence"]
 
@@ -48,11 +48,11 @@ PROBE = 16  # at k = 1 under the budget, one unsampled step after this many samp
 def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
     """Validate ``attach``'s cadence options (raises HookError naming the option)."""
     if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < 1:
-        raise HookError(("budget",), f"must be a fraction in (0, 1) (got {budget!r})")
+        raise HookError(("budget",), f"must be a fraction in (0, 1) (got {shown(budget)})")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise HookError(("every",), f"must be a positive integer or None (got {every!r})")
+        raise HookError(("every",), f"must be a positive integer or None (got {shown(every)})")
     if isinstance(hist_every, bool) or not isinstance(hist_every, int) or hist_every < 1:
-        raise HookError(("hist_every",), f"must be a positive integer (got {hist_every!r})")
+        raise HookError(("hist_every",), f"must be a positive integer (got {shown(hist_every)})")
 
 
 class _Recent:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import AttachError
+from .errors import AttachError, shown
 
 __all__ = [
     "enabled_scaler",
@@ -80,9 +80,11 @@ def named_tensors(model: Any) -> tuple[list[tuple[str, Tensor]], dict[str, nn.Mo
         named, modules = [], {}
         for name, t in model.items():
             if not isinstance(name, str) or not isinstance(t, Tensor):
-                raise AttachError(f"a dict model maps names to tensors; got {name!r}: {type(t).__name__}")
+                raise AttachError(
+                    f"a dict model maps names to tensors; got {shown(name)}: {type(t).__name__}"
+                )
             if not t.is_leaf:
-                raise AttachError(f"{name!r} is not a leaf tensor: only leaves accumulate .grad")
+                raise AttachError(f"{shown(name)} is not a leaf tensor: only leaves accumulate .grad")
             named.append((name, t))
     else:
         raise AttachError(

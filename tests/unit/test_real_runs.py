@@ -105,16 +105,20 @@ def test_user_objects_whose_repr_fails_still_give_a_clear_hook_error():
     model = seed_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with inspector.attach(model, opt) as insp:
+        h = insp.add_hook("clip_value", "*", threshold=1.0)
         for call, loc in [
             (lambda: insp.add_hook("clip_value", "*", threshold=BadRepr()), ("params", "threshold")),
             (lambda: insp.add_hook("clip_value", BadRepr(), threshold=1.0), ("target",)),
             (lambda: insp.add_hook(BadRepr(), "*"), ("kind",)),
             (lambda: insp.match_targets(BadRepr()), ("glob",)),
+            (lambda: insp.record(loss=BadRepr()), ("scalars", "loss")),
+            (lambda: insp.update_hook(h.id, enabled=BadRepr()), ("enabled",)),
+            (lambda: insp.import_hooks([BadRepr()]), ("hooks", 0)),
         ]:
             with pytest.raises(inspector.HookError) as e:
                 call()
             assert e.value.loc == loc and "BadRepr object: its repr() failed" in str(e.value)
-        assert insp.hooks() == []
+        assert [x["id"] for x in insp.hooks()] == [h.id]
 
 
 @pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
