@@ -13,8 +13,8 @@ from fastapi.responses import PlainTextResponse
 
 from . import protocol as p
 from .export import python_code
-from .history import MAX_ROWS
-from .sources import Source
+from .history import MAX_BUCKETS, MAX_ROWS
+from .sources import ApiError, Source
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": p.ErrorBody, "description": "missing or wrong token"},
@@ -47,6 +47,16 @@ SinceQuery = Annotated[
 LimitQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="only the newest N")]
 PointsQuery = Annotated[
     int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")
+]
+UntilQuery = Annotated[int | None, Query(ge=0, le=SQLITE_MAX, description="only steps <= this one")]
+BucketsQuery = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=MAX_BUCKETS,
+        description="downsampled: the range cut into N buckets of equal width, of each the steps of the"
+        " smallest and largest values kept (spikes survive); every step when there are no more than N",
+    ),
 ]
 
 
@@ -189,12 +199,17 @@ def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> d
 def snapshots(
     source: SourceDep,
     since: SinceQuery = None,
+    until: UntilQuery = None,
     limit: LimitQuery = None,
     points: PointsQuery = None,
+    buckets: BucketsQuery = None,
     run: RunQuery = None,
 ) -> dict[str, Any]:
-    """Snapshots with step > since, oldest first: the newest `limit`, then `points` spread evenly."""
-    rows = source.snapshots(run, since=since, limit=limit, points=points)
+    """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points` spread
+    evenly, or with `buckets` the steps of each bucket's smallest and largest global gradient norms
+    (raw and final)."""
+    one_of(points, buckets)
+    rows = source.snapshots(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
     return {"params": source.param_names(run), "snapshots": rows}
 
 
@@ -202,12 +217,23 @@ def snapshots(
 def scalars(
     source: SourceDep,
     since: SinceQuery = None,
+    until: UntilQuery = None,
     limit: LimitQuery = None,
     points: PointsQuery = None,
+    buckets: BucketsQuery = None,
     run: RunQuery = None,
 ) -> dict[str, Any]:
-    """Loss and scalars of every recorded step (also the steps the sampler skipped)."""
-    return {"scalars": source.scalars(run, since=since, limit=limit, points=points)}
+    """Loss and scalars of every recorded step (also the steps the sampler skipped); with `buckets`
+    the steps of each bucket's smallest and largest loss."""
+    one_of(points, buckets)
+    rows = source.scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+    return {"scalars": rows}
+
+
+def one_of(points: int | None, buckets: int | None) -> None:
+    """`points` and `buckets` are two ways of thinning a range: a query takes one."""
+    if points is not None and buckets is not None:
+        raise ApiError(422, [{"loc": ["query", "buckets"], "msg": "give points or buckets, not both"}])
 
 
 @router.get(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 from typing import Any
 
 MAX_ROWS = 10_000  # the most rows one history query returns
+MAX_BUCKETS = 2_000  # a `buckets` query keeps at most 4 rows a bucket (2 values, min and max), and 2 more
 
 
 def pick_even(n: int, points: int) -> list[int]:
@@ -26,6 +28,74 @@ def select(steps: list[int], limit: int | None, points: int | None) -> list[int]
     if points is not None:
         steps = [steps[i] for i in pick_even(len(steps), points)]
     return steps
+
+
+# The values a downsampled query (`buckets`) keeps the extremes of, per table: the global
+# gradient norms of a snapshot (its spikes are what the time charts must show), the loss of a step.
+VALUE_KEYS: dict[str, tuple[str, ...]] = {"snapshots": ("total_norm_raw", "total_norm"), "scalars": ("loss",)}
+
+
+def values_of(table: str, step: int, item: dict[str, Any]) -> tuple[Any, ...]:
+    """`(step, value, ...)` of a snapshot or scalars dict, as `HistoryReader.values` reads them."""
+    return (step, *(item.get(k) for k in VALUE_KEYS[table]))
+
+
+def select_buckets(rows: list[tuple[Any, ...]], limit: int | None, buckets: int) -> list[int]:
+    """The newest `limit` of `rows` (`(step, value, ...)`, sorted), then `bucket_extremes` of those."""
+    if limit is not None:
+        rows = rows[-limit:] if limit > 0 else []
+    return bucket_extremes(rows, buckets)
+
+
+def _extreme_key(v: Any) -> float | None:
+    """A value to rank in a bucket: a wire number, "nan"/"inf" ranked above every finite value
+    (a non-finite spike is the one point a downsampled chart must keep), "-inf" below; None for no value."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if v in ("nan", "inf"):
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    return None
+
+
+def bucket_extremes(rows: list[tuple[Any, ...]], buckets: int) -> list[int]:
+    """The steps to keep of `rows` (`(step, value, ...)`, ascending step) so that a chart of
+    `buckets` columns loses no spike: the steps are cut into `buckets` ranges of equal width, and
+    of each range the step of the smallest and of the largest value of every value column are
+    kept (a non-finite value counts as the largest), the range's first step when it holds no
+    value at all; the first and last step always. At most `2 * columns * buckets + 2` steps; all
+    of them when there are no more than `buckets`."""
+    if len(rows) <= buckets:
+        return [r[0] for r in rows]
+    lo, hi = rows[0][0], rows[-1][0]
+    width = hi - lo + 1
+    keep = {lo, hi}
+    best: dict[
+        tuple[int, int], tuple[float, int, float, int]
+    ] = {}  # (bucket, column) -> min, its step, max, its step
+    first: dict[int, int] = {}
+    for row in rows:
+        step = row[0]
+        b = (step - lo) * buckets // width
+        first.setdefault(b, step)
+        for c, v in enumerate(row[1:]):
+            k = _extreme_key(v)
+            if k is None:
+                continue
+            cur = best.get((b, c))
+            if cur is None:
+                best[(b, c)] = (k, step, k, step)
+            else:
+                mn, smn, mx, smx = cur
+                best[(b, c)] = (k, step, mx, smx) if k < mn else (mn, smn, k, step) if k > mx else cur
+    have = {b for b, _ in best}
+    for (_, _), (_, smn, _, smx) in best.items():
+        keep.update((smn, smx))
+    keep.update(s for b, s in first.items() if b not in have)
+    return sorted(keep)
 
 
 def merge_scalars(snap: dict[str, Any], scalars_json: str | None) -> dict[str, Any]:
@@ -101,19 +171,46 @@ class HistoryReader:
         since: int | None = None,
         before: int | None = None,
         cap: int | None = MAX_ROWS,
+        until: int | None = None,
     ) -> list[int]:
-        """Recorded steps of `table` ("snapshots" or "scalars") in (since, before), oldest first;
-        the newest `cap` at most (None: all)."""
+        """Recorded steps of `table` ("snapshots" or "scalars") in (since, before) and <= until,
+        oldest first; the newest `cap` at most (None: all)."""
         rows = self._all(
-            f"SELECT step FROM {table} WHERE run = ? AND step > ? AND step < ? ORDER BY step DESC LIMIT ?",
+            f"SELECT step FROM {table} WHERE run = ? AND step > ? AND step < ? AND step <= ?"
+            " ORDER BY step DESC LIMIT ?",
             (
                 run,
                 -1 if since is None else since,
                 2**62 if before is None else before,
+                2**63 - 1 if until is None else until,
                 -1 if cap is None else cap,
             ),
         )
         return [r[0] for r in reversed(rows)]
+
+    def values(
+        self,
+        table: str,
+        run: int,
+        since: int | None = None,
+        before: int | None = None,
+        until: int | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """`(step, value, ...)` of every recorded step of `table` in (since, before) and <= until,
+        oldest first, the values being `VALUE_KEYS[table]` read in SQL (`json_extract`, the
+        strings "nan"/"inf" as stored). Uncapped: the history is thinned, so a run's rows grow
+        with the logarithm of its length (storage.py)."""
+        cols = ", ".join(f"json_extract(data, '$.{k}')" for k in VALUE_KEYS[table])
+        return self._all(
+            f"SELECT step, {cols} FROM {table} WHERE run = ? AND step > ? AND step < ? AND step <= ?"
+            " ORDER BY step",
+            (
+                run,
+                -1 if since is None else since,
+                2**62 if before is None else before,
+                2**63 - 1 if until is None else until,
+            ),
+        )
 
     def snapshots_at(self, run: int, steps: list[int]) -> list[dict[str, Any]]:
         """The snapshots of these steps, oldest first, loss filled from the scalars table."""
@@ -140,16 +237,46 @@ class HistoryReader:
         return out
 
     def snapshots(
-        self, run: int, *, since: int | None = None, limit: int | None = None, points: int | None = None
+        self,
+        run: int,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Snapshots with step > since, oldest first: the newest `limit`, then `points` spread evenly."""
-        return self.snapshots_at(run, select(self.steps("snapshots", run, since), limit, points))
+        """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points`
+        spread evenly, or with `buckets` the extremes of each bucket (`bucket_extremes`)."""
+        return self.snapshots_at(run, self.chosen("snapshots", run, since, until, limit, points, buckets))
 
     def scalars(
-        self, run: int, *, since: int | None = None, limit: int | None = None, points: int | None = None
+        self,
+        run: int,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
         """`{"step", "loss", "scalars"}` of recorded steps, selected like `snapshots`."""
-        return self.scalars_at(run, select(self.steps("scalars", run, since), limit, points))
+        return self.scalars_at(run, self.chosen("scalars", run, since, until, limit, points, buckets))
+
+    def chosen(
+        self,
+        table: str,
+        run: int,
+        since: int | None,
+        until: int | None,
+        limit: int | None,
+        points: int | None,
+        buckets: int | None,
+    ) -> list[int]:
+        """The steps a `snapshots` or `scalars` query returns."""
+        if buckets is not None:
+            return select_buckets(self.values(table, run, since, until=until), limit, buckets)
+        return select(self.steps(table, run, since, until=until), limit, points)
 
     # -- events and hooks ----------------------------------------------------------------------------
 

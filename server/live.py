@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .history import select
+from .history import select, select_buckets, values_of
 from .protocol import dumps
 from .sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
 from .storage import HistoryStore
@@ -134,6 +134,11 @@ class LiveSource(Source):
     def _is_current(self, run: int | None) -> bool:
         return run is None or run == self.run_id
 
+    def hello(self, history: int = 200, events: int = 100) -> dict[str, Any]:
+        if self.trainer is not None:
+            self.trainer.client_arrived()  # a demo waiting for its first page trains from now on
+        return super().hello(history, events)
+
     def session(self, run: int | None = None) -> dict[str, Any]:
         if not self._is_current(run):
             return self.stored_session(self._run(run), read_only=self.read_only, live=False)
@@ -170,16 +175,19 @@ class LiveSource(Source):
         run: int | None = None,
         *,
         since: int | None = None,
+        until: int | None = None,
         limit: int | None = None,
         points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
         if not self._is_current(run):
-            return super().snapshots(run, since=since, limit=limit, points=points)
+            return super().snapshots(
+                run, since=since, until=until, limit=limit, points=points, buckets=buckets
+            )
         # the core's ring: each snapshot's dict converted once, late scalars already merged in
-        ring = {s["step"]: s for s in self.insp.snapshots(since)}
+        ring = {s["step"]: s for s in self.insp.snapshots(since) if until is None or s["step"] <= until}
         first = min(ring) if ring else None
-        stored = [] if self.store is None else self.store.steps("snapshots", self.run_id, since, before=first)
-        chosen = select(stored + sorted(ring), limit, points)
+        chosen = self._chosen("snapshots", ring, since, first, until, limit, points, buckets)
         old = [s for s in chosen if s not in ring]
         out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
         return out + [ring[s] for s in chosen if s in ring]
@@ -189,16 +197,21 @@ class LiveSource(Source):
         run: int | None = None,
         *,
         since: int | None = None,
+        until: int | None = None,
         limit: int | None = None,
         points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
         if not self._is_current(run):
-            return super().scalars(run, since=since, limit=limit, points=points)
+            return super().scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
         with self._lock:
-            recent = {s: p for s, p in self._recent_scalars.items() if since is None or s > since}
+            recent = {
+                s: p
+                for s, p in self._recent_scalars.items()
+                if (since is None or s > since) and (until is None or s <= until)
+            }
         first = min(recent) if recent else None
-        stored = [] if self.store is None else self.store.steps("scalars", self.run_id, since, before=first)
-        chosen = select(stored + sorted(recent), limit, points)
+        chosen = self._chosen("scalars", recent, since, first, until, limit, points, buckets)
         old = [s for s in chosen if s not in recent]
         out = self.store.scalars_at(self.run_id, old) if (old and self.store is not None) else []
         return out + [
@@ -206,6 +219,28 @@ class LiveSource(Source):
             for s in chosen
             if s in recent
         ]
+
+    def _chosen(
+        self,
+        table: str,
+        recent: dict[int, dict[str, Any]],
+        since: int | None,
+        first: int | None,
+        until: int | None,
+        limit: int | None,
+        points: int | None,
+        buckets: int | None,
+    ) -> list[int]:
+        """The steps a query returns: the stored ones before `first` (the oldest held in memory),
+        then those in memory (`recent`)."""
+        if buckets is not None:
+            stored_rows = (
+                [] if self.store is None else self.store.values(table, self.run_id, since, first, until)
+            )
+            rows = stored_rows + [values_of(table, s, recent[s]) for s in sorted(recent)]
+            return select_buckets(rows, limit, buckets)
+        stored = [] if self.store is None else self.store.steps(table, self.run_id, since, first, until=until)
+        return select(stored + sorted(recent), limit, points)
 
     def events(
         self, run: int | None = None, *, since: int | None = None, limit: int | None = None

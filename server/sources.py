@@ -70,20 +70,28 @@ class Source:
         run: int | None = None,
         *,
         since: int | None = None,
+        until: int | None = None,
         limit: int | None = None,
         points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
-        return self._store().snapshots(self._run(run), since=since, limit=limit, points=points)
+        return self._store().snapshots(
+            self._run(run), since=since, until=until, limit=limit, points=points, buckets=buckets
+        )
 
     def scalars(
         self,
         run: int | None = None,
         *,
         since: int | None = None,
+        until: int | None = None,
         limit: int | None = None,
         points: int | None = None,
+        buckets: int | None = None,
     ) -> list[dict[str, Any]]:
-        return self._store().scalars(self._run(run), since=since, limit=limit, points=points)
+        return self._store().scalars(
+            self._run(run), since=since, until=until, limit=limit, points=points, buckets=buckets
+        )
 
     def events(
         self, run: int | None = None, *, since: int | None = None, limit: int | None = None
