@@ -47,7 +47,7 @@ from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
-from .scalars import accumulate, check_scalars
+from .scalars import Recorder, check_scalars
 from .server_loader import load_server_module
 from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
@@ -119,6 +119,7 @@ class Inspector(StepLifecycle):
         self._stats = StepStats(self.params, self._tensors)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
+        self._records = Recorder(self._feed, self._lock)
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         self._init_step_state()
@@ -304,7 +305,7 @@ class Inspector(StepLifecycle):
         vals = check_scalars(scalars)
         with self._lock:
             late = not self._under_way and self._step > 0
-            accumulate(self._rec_late if late else self._rec_cur, vals)
+            self._records.add(vals, late=late)
 
     def snapshots(self, since: int | None = None) -> list[dict[str, Any]]:
         """Snapshots still in the ring buffer with ``step > since``, as wire dicts."""
@@ -479,7 +480,7 @@ class Inspector(StepLifecycle):
         release(self)
         try:
             self._flush_late()
-            self._flush_pending()
+            self._records.flush_pending()
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
                 f"inspector: the last step's late records could not be sent ({shown(e)})",

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,16 +34,14 @@ from .errors import InspectorError, describe_error
 from .feed import Feed
 from .nonfinite import Findings, NonfiniteReport
 from .ops import apply_pre_step
-from .records import HookSpec, event_fields, jsonsafe
+from .records import HookSpec, event_fields
 from .registry import Change, Registry
-from .scalars import Records, host_means
+from .scalars import Recorder
 from .step_stats import HistSelection, StepStats, learning_rates
 from .telemetry import Cadence
 from .torch_hooks import TorchHooks
 
 __all__ = ["StepLifecycle"]
-
-_MAX_PENDING = 32  # unsampled steps whose records may wait for a later read
 
 
 class StepLifecycle:
@@ -81,9 +78,7 @@ class StepLifecycle:
     _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
     _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
     _nf_pending: Findings | None  # under torch.distributed: reported at the boundary, with the rank
-    _rec_cur: Records  # records of the step under way
-    _rec_late: Records  # records made after the last boundary, before the next forward
-    _rec_pending: list[tuple[int, Records]]  # unsampled steps' records, read later (no sync on their step)
+    _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
     # control
     _paused: bool
     _credit: int  # single steps still allowed while paused
@@ -106,9 +101,6 @@ class StepLifecycle:
         self._fused_skip = False
         self._skip_known = False
         self._nf_pending = None
-        self._rec_cur = {}
-        self._rec_late = {}
-        self._rec_pending = []
         self._paused = False
         self._credit = 0
         self._waiting = False
@@ -137,7 +129,7 @@ class StepLifecycle:
             self._train_tid = threading.get_ident()
             self._drain_locked(torch_ok=True)
         self._flush_late()
-        self._flush_pending()
+        self._records.flush_pending()
 
     def mark_step(self) -> None:
         """The step boundary for loops without a torch optimizer.
@@ -296,7 +288,7 @@ class StepLifecycle:
         if self._skip_known:  # a fused optimizer's skip, reported at its boundary
             self._skip_known = False
             with self._lock:
-                self._rec_cur = {}  # what was recorded after that boundary belongs to the skipped iteration
+                self._records.current = {}  # what was recorded after that boundary belongs to the skipped iteration
         elif lowered:
             self._skip_iteration()
 
@@ -304,7 +296,7 @@ class StepLifecycle:
         """The iteration under way made no update (the scaler found inf/NaN): it is no step. Report it,
         and forget what it recorded and what its backward collected, so the next step shows its own."""
         with self._lock:
-            self._rec_cur = {}
+            self._records.current = {}
         self._hooks.end_step()
         self._stats.end_step()
         self._event("step_skipped", step=self._step + 1, reason="scaler")
@@ -359,7 +351,7 @@ class StepLifecycle:
             self._under_way = False
             step, sampled = self._step, self._sampled
             events, self._step_events = self._step_events, []
-            rec, self._rec_cur = self._rec_cur, {}
+            rec, self._records.current = self._records.current, {}
             # the config this step ran with: once the lock is released, a pre_step-only edit from
             # another thread may apply (no step is under way) and must not reach this step's snapshot
             version, states = self._reg.version, list(self._hooks.states.values())
@@ -397,14 +389,10 @@ class StepLifecycle:
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:
-            self._flush_pending()  # earlier steps' records first: the scalars stream goes in step order
             self._feed.publish("snapshot", snap)
-            if rec:  # every step's records are in the scalars stream (and /api/scalars), sampled or not
-                self._feed.publish(
-                    "scalars", jsonsafe({"step": step, "loss": snap.loss, "scalars": snap.scalars})
-                )
+            self._records.published(snap, rec)  # every step's records reach the scalars stream
         elif rec:
-            self._defer_records(step, rec)
+            self._records.defer(step, rec)
         self._t_ours += time.perf_counter() - t1  # counted with the next step
         if self._dist is not None and not self._dist.broken:
             self._dist_hold(step, hold)
@@ -430,46 +418,8 @@ class StepLifecycle:
             self._sampled_count += 1
 
     def _flush_late(self) -> None:
-        """Send the records made after step N's boundary (before the next forward) as step N's,
-        together with step N's own records when it was not sampled (one ``scalars`` message)."""
-        with self._lock:
-            late, self._rec_late = self._rec_late, {}
-            step = self._step
-        if not late:
-            return
-        if self._rec_pending and self._rec_pending[-1][0] == step:
-            for k, (total, n) in self._rec_pending.pop()[1].items():
-                acc = late.get(k)
-                late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
-        self._flush_pending()  # earlier steps first
-        vals = host_means(late)
-        loss = vals.pop("loss", None)
-        with self._feed._lock:
-            snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
-        if snap is not None:
-            loss = loss if loss is not None else snap.loss
-            vals = {**snap.scalars, **vals}
-            self._feed.replace_snapshot(replace(snap, loss=loss, scalars=vals))
-        self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
-
-    def _defer_records(self, step: int, rec: Records) -> None:
-        """An unsampled step's records: kept until a later boundary reads them, so that this step makes
-        no host read (its tensors are then finished work); at most ``_MAX_PENDING`` steps wait."""
-        if len(self._rec_pending) >= _MAX_PENDING:
-            self._flush_pending()  # earlier steps only: not a read of this step's tensors
-        self._rec_pending.append((step, rec))
-
-    def _flush_pending(self) -> None:
-        """Publish the waiting steps' records, one ``scalars`` message a step, in one host read."""
-        pending, self._rec_pending = self._rec_pending, []
-        if not pending:
-            return
-        flat: Records = {f"{i}:{k}": acc for i, (_, rec) in enumerate(pending) for k, acc in rec.items()}
-        means = host_means(flat)  # the tensors of every waiting step in one transfer
-        for i, (step, rec) in enumerate(pending):
-            vals = {k: means[f"{i}:{k}"] for k in rec}
-            loss = vals.pop("loss", None)
-            self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": vals}))
+        """Send the records made after step N's boundary (before the next forward) as step N's."""
+        self._records.flush_late(self._step)
 
     # ================================================================= torch.distributed
     def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:

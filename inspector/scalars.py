@@ -9,14 +9,16 @@ until the step's one transfer; several records of one key in one step are averag
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .errors import HookError, shown
+from .records import jsonsafe
 
-__all__ = ["Records", "accumulate", "check_scalars", "host_means"]
+__all__ = ["Recorder", "Records", "accumulate", "check_scalars", "host_means"]
 
 Records = dict[str, list[Any]]  # key -> [sum (float or 0-dim tensor), count]
 
@@ -59,3 +61,74 @@ def host_means(records: Records) -> dict[str, float]:
     return {
         k: (next(it) if isinstance(records[k][0], Tensor) else records[k][0]) / records[k][1] for k in keys
     }
+
+
+class Recorder:
+    """One Inspector's records: the step under way's, the late ones, and unsampled steps' waiting ones.
+
+    Every step with records gets a ``scalars`` message on ``feed``: a sampled step's when its snapshot
+    is published (:meth:`published`), an unsampled step's from :meth:`defer` a few steps later, read
+    together with the steps after it (at most ``MAX_PENDING`` wait), so that no step makes a host read of
+    its own tensors; late records (after ``step()``) resend their step's message, merged. The caller
+    holds ``lock`` around :meth:`add` and the ``current`` swap; the other methods take it themselves.
+    """
+
+    MAX_PENDING = 32  # unsampled steps whose records may wait for a later read
+
+    def __init__(self, feed: Any, lock: Any) -> None:
+        self._feed = feed
+        self._lock = lock
+        self.current: Records = {}  # the step under way's
+        self.late: Records = {}  # made after the last boundary, before the next step got under way
+        self.pending: list[tuple[int, Records]] = []  # unsampled steps', oldest first
+
+    def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
+        accumulate(self.late if late else self.current, vals)
+
+    def _send(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
+        self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": scalars}))
+
+    def published(self, snap: Any, rec: Records) -> None:
+        """A sampled step's snapshot went out: earlier steps' records first, then its own."""
+        self.flush_pending()
+        if rec:
+            self._send(snap.step, snap.loss, snap.scalars)
+
+    def defer(self, step: int, rec: Records) -> None:
+        """An unsampled step's records wait (see the class docstring)."""
+        if len(self.pending) >= self.MAX_PENDING:
+            self.flush_pending()  # earlier steps only: not a read of this step's tensors
+        self.pending.append((step, rec))
+
+    def flush_pending(self) -> None:
+        """Publish the waiting steps' records, one message a step, in one host read."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        flat: Records = {f"{i}:{k}": acc for i, (_, rec) in enumerate(pending) for k, acc in rec.items()}
+        means = host_means(flat)  # the tensors of every waiting step in one transfer
+        for i, (step, rec) in enumerate(pending):
+            vals = {k: means[f"{i}:{k}"] for k in rec}
+            self._send(step, vals.pop("loss", None), vals)
+
+    def flush_late(self, step: int) -> None:
+        """Send the records made after step N's boundary as step N's, merged with N's own records when
+        N was not sampled, and into N's snapshot in the feed's ring when it was."""
+        with self._lock:
+            late, self.late = self.late, {}
+        if not late:
+            return
+        if self.pending and self.pending[-1][0] == step:
+            for k, (total, n) in self.pending.pop()[1].items():
+                acc = late.get(k)
+                late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
+        self.flush_pending()  # earlier steps first
+        vals = host_means(late)
+        loss = vals.pop("loss", None)
+        with self._feed._lock:
+            snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
+        if snap is not None:
+            loss = loss if loss is not None else snap.loss
+            vals = {**snap.scalars, **vals}
+            self._feed.replace_snapshot(replace(snap, loss=loss, scalars=vals))
+        self._send(step, loss, vals)
