@@ -5,6 +5,7 @@
 import { api, errorText, takeTokenFromUrl } from "./api.js";
 import { FlowChart, HeatmapChart, HistChart, LossChart, RatioChart } from "./charts.js";
 import { EventLog } from "./eventlog.js";
+import { addExport } from "./exporting.js";
 import { HookPanel } from "./hookpanel.js";
 import { PresetDialog } from "./presets.js";
 import { Scheduler } from "./scheduler.js";
@@ -52,6 +53,9 @@ class Dashboard {
       dialog: this.dialog,
     });
     this.bindControls();
+    // CSV and PNG export on every chart card (issue 14, point 18).
+    for (const el of document.querySelectorAll(".card .chart"))
+      addExport(el.closest(".card").querySelector(".card-head"), el);
     this.conn = new Connection({
       onMessage: (msg) => this.onMessage(msg),
       onState: (state, info) => this.onConnState(state, info),

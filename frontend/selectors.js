@@ -53,6 +53,8 @@ export const SELECTORS = {
   presetText: "preset-text",
   eventLog: "event-log",
   eventItem: "event-item",
+  exportCsv: "export-csv",
+  exportPng: "export-png",
 };
 
 /** `hook-param-<name>`: a parameter field, in a hook row and in the add-hook form. */
