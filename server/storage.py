@@ -36,8 +36,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from inspector.records import event_fields
-
 from .history import HistoryReader
 from .protocol import dumps
 
@@ -177,6 +175,8 @@ class HistoryStore(HistoryReader):
     def add_event(self, run: int, event: dict[str, Any]) -> None:
         """Queue an event; its strings are cut to `MAX_EVENT_STRING` characters (the core's events
         already are: this holds for any other writer too)."""
+        from inspector.records import event_fields  # here: replay and export never import torch
+
         self._queue.put(("event", run, event_fields(event)))
 
     def add_hooks(self, run: int, config_version: int, hooks: list[dict[str, Any]]) -> None:
