@@ -13,11 +13,14 @@ into the HTTP response or the socket's `error` message.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .protocol import error_detail
 from .storage import HistoryStore
+
+log = logging.getLogger("gradient_inspector.server")
 
 Publish = Callable[
     [str, dict[str, Any], "str | None"], None
@@ -109,16 +112,35 @@ class Source:
         return self._store().hooks(self._run(None))[0]
 
     def export_hooks(self) -> dict[str, Any]:
-        """The stored hooks as a preset, written by the core's rules (as `Inspector.export_hooks`)."""
+        """The stored hooks as a preset, written by the core's rules (as `Inspector.export_hooks`).
+
+        A database can be crafted: each stored hook is validated against its kind's schema (kind,
+        point, parameter names and values) as an import would, and one that fails is left out
+        (logged), so the preset, and the Python written from it, hold only what the core accepts.
+        """
+        from inspector.errors import HookError
+        from inspector.kinds import check_kind, check_point, validate_params
         from inspector.records import SPEC_FIELDS, HookSpec
         from inspector.registry import PRESET_FORMAT
 
-        specs = [HookSpec(**{k: h[k] for k in SPEC_FIELDS if k in h}) for h in self.hooks()]
-        return {
-            "format": PRESET_FORMAT,
-            "version": 1,
-            "hooks": [s.preset() for s in specs if s.kind != "python"],
-        }
+        hooks = []
+        for h in self.hooks():
+            try:
+                if not isinstance(h.get("target"), str) or h.get("kind") == "python":
+                    continue
+                kind = check_kind(h.get("kind"))
+                point = check_point(kind, h.get("point"))
+                params = validate_params(kind, point, h.get("params") or {})
+                spec = HookSpec(
+                    **{**{k: h[k] for k in SPEC_FIELDS if k in h}, "point": point, "params": params}
+                )
+            except (HookError, TypeError) as e:
+                log.warning(
+                    "gradient-inspector replay: stored hook %r left out of the export: %s", h.get("id"), e
+                )
+                continue
+            hooks.append(spec.preset())
+        return {"format": PRESET_FORMAT, "version": 1, "hooks": hooks}
 
     def targets(self, glob: str, point: str | None) -> list[str]:
         raise read_only_error()
