@@ -28,8 +28,6 @@ and applied by the training thread at the next safe point (DESIGN.md "Steps").
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -48,7 +46,6 @@ from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
 from .scalars import Recorder, check_scalars
-from .server_loader import load_server_module
 from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
@@ -57,11 +54,8 @@ from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, re
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
-_DEFAULT_PORT = 8000  # serve()'s, when no port is given ...
-_PORT_RETRIES = 50  # ... or the next free one of the ports after it, as Jupyter does
 
-
-class Inspector(StepLifecycle):
+class Inspector(StepLifecycle, Dashboard):
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
     def __init__(

@@ -280,7 +280,7 @@ def test_serve_takes_the_next_free_port_when_the_default_is_taken_but_an_explici
     busy.bind(("127.0.0.1", free_port()))
     busy.listen()
     taken = busy.getsockname()[1]
-    monkeypatch.setattr("inspector.inspector._DEFAULT_PORT", taken)  # a second run on the same box
+    monkeypatch.setattr("inspector.dashboard._DEFAULT_PORT", taken)  # a second run on the same box
     model = seed_mlp()
     try:
         with inspector.attach(model) as insp:
