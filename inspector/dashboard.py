@@ -1,0 +1,121 @@
+"""Serving the dashboard from the training process: ``serve()`` and ``wait()``.
+
+:class:`Dashboard` is a base of the :class:`~inspector.Inspector`; ``serve()`` loads the ``server``
+package lazily (:mod:`inspector.server_loader`), so importing ``inspector`` imports no web code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from typing import Any
+
+from .server_loader import load_server_module
+
+__all__ = ["Dashboard"]
+
+_DEFAULT_PORT = 8000  # serve()'s, when no port is given ...
+_PORT_RETRIES = 50  # ... or the next free one of the ports after it, as Jupyter does
+
+
+class Dashboard:
+    """``serve()`` and ``wait()``; the state used here is the Inspector's."""
+
+    rank: int
+    _server: Any
+    _cond: threading.Condition
+    _closed: bool
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _drain_locked(self, *, torch_ok: bool) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        token: str | None = None,
+        read_only: bool = False,
+        db: str | os.PathLike[str] | bool | None = None,
+    ) -> str | None:
+        """Serve the dashboard from a background thread of this process; returns its URL.
+
+        Loads the ``server`` package shipped with ``inspector`` (even when the working
+        directory has a ``server.py`` of its own). Under ``torch.distributed`` only rank 0
+        serves; on the other ranks this returns None.
+
+        Args:
+            host: bind address; anything but loopback requires a token (generated when None and
+                printed once in the returned URL).
+            port: TCP port. None (the default): 8000, or when that is taken (a second run on the
+                same box) the next free one of the 50 after it, printed as Jupyter does; an explicit
+                port that is taken raises ``PortInUse``; 0 picks any free one.
+            token: the access token.
+            read_only: serve the dashboard and the stream, refuse every command (403).
+            db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
+                file, False for no history on disk.
+        """
+        self._check_open()
+        if self.rank != 0:
+            return None  # under torch.distributed only rank 0 serves
+        if self._server is not None:
+            return str(self._server.url)
+        chosen = _DEFAULT_PORT if port is None else port
+        self._server = load_server_module("embed").start(
+            self,
+            host=host,
+            port=chosen,
+            token=token,
+            read_only=read_only,
+            db=db,
+            port_retries=_PORT_RETRIES if port is None else 0,
+        )
+        if port is None and self._server.port != chosen:
+            print(
+                f"gradient-inspector: port {chosen} is in use; serving on {self._server.url}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return str(self._server.url)
+
+    def wait(self) -> None:
+        """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.
+
+        Prints where it serves and how to stop it (a warning when nothing is served: then it
+        only holds the process until Ctrl-C). Returns once ``close()`` has finished.
+        """
+        self.finish()  # the last step's records are sent now, while the dashboard serves
+        if self._server is not None:
+            print(
+                f"gradient-inspector: training finished; the dashboard stays up at {self._server.url} "
+                "(Ctrl-C to stop)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.rank == 0:
+            warnings.warn(
+                "insp.wait(): nothing is served (call insp.serve() first); waiting for Ctrl-C anyway",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        try:
+            while True:
+                with self._cond:
+                    if self._closed:
+                        break
+                    self._drain_locked(torch_ok=True)
+                    self._cond.wait(timeout=0.5)  # wake for edits; the timeout lets Ctrl-C through
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.close()  # also when another thread closed: returns once that close has finished
