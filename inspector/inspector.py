@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
+from .dashboard import Dashboard
 from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
 from .feed import Feed
