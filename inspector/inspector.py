@@ -47,6 +47,7 @@ from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
 from .scalars import Recorder, check_scalars
+from .sharded import layout_of
 from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
@@ -83,6 +84,7 @@ class Inspector(StepLifecycle, Dashboard):
         self.params: list[str] = [n for n, _ in named]
         self.modules: list[str] = list(module_objs)
         self._tensors: list[Tensor] = [p for _, p in named]
+        self._layout = layout_of(model, self.params, self._tensors)  # FSDP2 (refuses what it cannot handle)
         self._optimizer = optimizer
         self._scaler = enabled_scaler(scaler)
         amp.check_optimizer(optimizer, self._scaler)
@@ -109,9 +111,10 @@ class Inspector(StepLifecycle, Dashboard):
             on_failure=self._hook_failed,
             scaler=self._scaler,
             per_rank=self._dist is not None and per_rank_stats,
+            layout=self._layout,
         )
         self._edits = Edits(self._reg, self._hooks, self._feed, self._event, self._cond)
-        self._stats = StepStats(self.params, self._tensors)
+        self._stats = StepStats(self.params, self._tensors, self._layout)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
         self._records = Recorder(self._feed, self._lock)
@@ -376,87 +379,6 @@ class Inspector(StepLifecycle, Dashboard):
             self._credit += 1
             self._cond.notify_all()
         return self._publish_training()
-
-    # ----------------------------------------------------------------- serving
-    def serve(
-        self,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        token: str | None = None,
-        read_only: bool = False,
-        db: str | os.PathLike[str] | bool | None = None,
-    ) -> str | None:
-        """Serve the dashboard from a background thread of this process; returns its URL.
-
-        Loads the ``server`` package shipped with ``inspector`` (even when the working
-        directory has a ``server.py`` of its own). Under ``torch.distributed`` only rank 0
-        serves; on the other ranks this returns None.
-
-        Args:
-            host: bind address; anything but loopback requires a token (generated when None and
-                printed once in the returned URL).
-            port: TCP port. None (the default): 8000, or when that is taken (a second run on the
-                same box) the next free one of the 50 after it, printed as Jupyter does; an explicit
-                port that is taken raises ``PortInUse``; 0 picks any free one.
-            token: the access token.
-            read_only: serve the dashboard and the stream, refuse every command (403).
-            db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
-                file, False for no history on disk.
-        """
-        self._check_open()
-        if self.rank != 0:
-            return None  # under torch.distributed only rank 0 serves
-        if self._server is not None:
-            return str(self._server.url)
-        chosen = _DEFAULT_PORT if port is None else port
-        self._server = load_server_module("embed").start(
-            self,
-            host=host,
-            port=chosen,
-            token=token,
-            read_only=read_only,
-            db=db,
-            port_retries=_PORT_RETRIES if port is None else 0,
-        )
-        if port is None and self._server.port != chosen:
-            print(
-                f"gradient-inspector: port {chosen} is in use; serving on {self._server.url}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return str(self._server.url)
-
-    def wait(self) -> None:
-        """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.
-
-        Prints where it serves and how to stop it (a warning when nothing is served: then it
-        only holds the process until Ctrl-C). Returns once ``close()`` has finished.
-        """
-        self.finish()  # the last step's records are sent now, while the dashboard serves
-        if self._server is not None:
-            print(
-                f"gradient-inspector: training finished; the dashboard stays up at {self._server.url} "
-                "(Ctrl-C to stop)",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif self.rank == 0:
-            warnings.warn(
-                "insp.wait(): nothing is served (call insp.serve() first); waiting for Ctrl-C anyway",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        try:
-            while True:
-                with self._cond:
-                    if self._closed:
-                        break
-                    self._drain_locked(torch_ok=True)
-                    self._cond.wait(timeout=0.5)  # wake for edits; the timeout lets Ctrl-C through
-        except KeyboardInterrupt:
-            pass
-        finally:
-            self.close()  # also when another thread closed: returns once that close has finished
 
     def close(self) -> None:
         """Remove every hook of ours and stop the server; idempotent. A call while another thread
