@@ -92,6 +92,13 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
         help="access token (default: $GRADIENT_INSPECTOR_TOKEN if set; else none on loopback, "
         "generated for any other --host)",
     )
+    p.add_argument(
+        "--trusted-proxy",
+        metavar="ADDR",
+        default=None,
+        help="believe X-Forwarded-For from this reverse proxy's address (comma-separated, or '*'); "
+        "by default the header is ignored",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +266,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from .storage import HistoryStore, StoreError
 
     try:
-        settings = Settings(host=args.host, port=args.port, token=args.token, read_only=args.read_only)
+        settings = Settings(
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            read_only=args.read_only,
+            trusted_proxy=args.trusted_proxy,
+        )
     except ValueError as e:
         raise _Fail(str(e)) from None
     preset = None
@@ -324,7 +337,9 @@ def run_replay(args: argparse.Namespace) -> int:
     from .sources import ApiError, ReplaySource
 
     try:
-        settings = Settings(host=args.host, port=args.port, token=args.token, read_only=True)
+        settings = Settings(
+            host=args.host, port=args.port, token=args.token, read_only=True, trusted_proxy=args.trusted_proxy
+        )
     except ValueError as e:
         raise _Fail(str(e)) from None
     store = _open_store(args.file)

@@ -3,9 +3,11 @@
 Order of checks, for HTTP and for the websocket handshake:
 
 1. DNS-rebinding guard (loopback binds only): the `Host` name must be
-   `localhost`, `127.0.0.1` or `[::1]`, any port. Otherwise 403.
+   `localhost`, `[::1]` or an address of 127.0.0.0/8 written plainly
+   (`127.0.0.2`; not `127.1`, `2130706433` or `127.000.0.1`), with a port of
+   digits or none. Otherwise 403.
 2. Origin (mutating methods and `/ws`): a present `Origin` must name the
-   request's own `Host` (scheme's default port normalised), else 403. This
+   request's own scheme and `Host` (the default port normalised), else 403. This
    holds through an SSH tunnel on any local port, and stops another site's page
    from changing hooks or pausing training, even with a body-less POST.
 3. Token (when one is in force): `Authorization: Bearer T`, `?token=T`, or on
@@ -98,6 +100,29 @@ class TokenBucket:
         return True
 
 
+def is_loopback_name(name: str) -> bool:
+    """Whether a Host name (as `host_name` returns it) is `localhost`, `[::1]`, or a 127.0.0.0/8
+    address in plain dotted-quad form: every loopback address a bind can print in its URL."""
+    if name in LOOPBACK_NAMES:
+        return True
+    parts = name.split(".")
+    return (
+        len(parts) == 4
+        and parts[0] == "127"
+        and all(p.isascii() and p.isdigit() and str(int(p)) == p and int(p) <= 255 for p in parts)
+    )
+
+
+def host_port_ok(host: str) -> bool:
+    """Whether the port part of a Host header value, if any, is digits (`localhost:evil` is not)."""
+    host = host.strip()
+    if host.startswith("["):
+        rest = host[host.find("]") + 1 :] if "]" in host else "?"
+    else:
+        rest = host[host.find(":") :] if ":" in host else ""
+    return rest == "" or (rest[0] == ":" and rest[1:].isascii() and rest[1:].isdigit() and len(rest) <= 6)
+
+
 def host_name(host: str) -> str:
     """The name part of a Host header value: "[::1]:8000" -> "[::1]", "localhost:80" -> "localhost"."""
     host = host.strip().lower()
@@ -114,7 +139,8 @@ def _netloc(scheme: str, netloc: str) -> str:
 
 
 def origin_matches(origin: str, host: str | None, scheme: str) -> bool:
-    """Whether an Origin header names the request's own Host."""
+    """Whether an Origin header names the request's own scheme and Host (`https://H` is not the
+    origin of a plain-HTTP request to H)."""
     if not host:
         return False
     try:
@@ -124,6 +150,8 @@ def origin_matches(origin: str, host: str | None, scheme: str) -> bool:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return False
     own_scheme = "https" if scheme in ("https", "wss") else "http"
+    if parts.scheme != own_scheme:
+        return False
     return _netloc(parts.scheme, parts.netloc) == _netloc(own_scheme, host)
 
 
@@ -194,11 +222,13 @@ class SecurityMiddleware:
     def _check(
         self, scope: Scope, headers: dict[str, str], host: str | None, check_origin: bool
     ) -> tuple[int, str] | None:
-        if self.guard.loopback and (not host or host_name(host) not in LOOPBACK_NAMES):
+        if self.guard.loopback and (
+            not host or not is_loopback_name(host_name(host)) or not host_port_ok(host)
+        ):
             return (
                 403,
-                "Host not allowed: on a loopback bind use localhost, 127.0.0.1 or [::1] "
-                "(DNS-rebinding guard)",
+                "Host not allowed: on a loopback bind use localhost, 127.0.0.1 (any 127.x.y.z) or "
+                "[::1] (DNS-rebinding guard)",
             )
         origin = headers.get("origin")
         if (

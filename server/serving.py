@@ -70,6 +70,9 @@ def uvicorn_config(app: FastAPI, settings: Settings, *, quiet: bool) -> uvicorn.
         ws_per_message_deflate=False,  # compressing each snapshot per client costs more CPU than it saves here
         timeout_graceful_shutdown=3,
         server_header=False,
+        # X-Forwarded-For only from a proxy the user named (settings.py, `trusted_proxy`)
+        proxy_headers=settings.trusted_proxy is not None,
+        forwarded_allow_ips=settings.trusted_proxy or "",
     )
 
 

@@ -48,6 +48,11 @@ class Settings:
         commands_per_second: per-client command budget (HTTP: per address; websocket: per socket),
             sustained; bursts of twice that.
         hello_history: snapshots sent in `hello`.
+        trusted_proxy: the address of a reverse proxy whose `X-Forwarded-For` and
+            `X-Forwarded-Proto` are believed (comma-separated list, or "*"); None, the default:
+            those headers are ignored from everyone, so a client cannot pick the address that the
+            command budget and the access log see (uvicorn believes 127.0.0.1 by default, and
+            every SSH-tunnelled client comes from there).
     """
 
     host: str = DEFAULT_HOST
@@ -58,6 +63,7 @@ class Settings:
     max_frame: int = 64 << 10
     commands_per_second: float = 50.0
     hello_history: int = 200
+    trusted_proxy: str | None = None
     loopback: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support import NO_CHROMIUM, chromium_path, launch_chromium
@@ -117,3 +118,65 @@ def test_no_cookie_and_the_socket_takes_the_token_as_a_subprotocol(live):
     with pytest.raises(InvalidStatus) as info:
         srv.ws(subprotocols=["gradient-inspector", f"gi-token.{b'wrong-token-value'.hex()}"])
     assert info.value.response.status_code == 401
+
+
+def test_forwarded_for_is_ignored_unless_a_proxy_is_trusted(live):
+    """Point 6: a forged X-Forwarded-For per request does not escape the per-address command
+    budget (uvicorn's proxy headers are off: the access log's address is the real one too)."""
+    srv = live(rate=None, commands_per_second=5.0)  # bursts of 10
+    c = srv.http()
+    codes = [
+        c.post("/api/hooks", json={"kind": "nope"}, headers={"x-forwarded-for": f"10.0.{i // 250}.{i % 250}"})
+        for i in range(40)
+    ]
+    assert 429 in [r.status_code for r in codes], [r.status_code for r in codes]
+    assert srv.server.server.config.proxy_headers is False
+
+
+def test_a_trusted_proxy_is_believed(live):
+    srv = live(rate=None, commands_per_second=5.0, trusted_proxy="127.0.0.1")
+    c = srv.http()
+    codes = [
+        c.post("/api/hooks", json={"kind": "nope"}, headers={"x-forwarded-for": f"10.0.0.{i}"}).status_code
+        for i in range(40)
+    ]
+    assert 429 not in codes, codes  # each forwarded address has its own budget
+
+
+@pytest.mark.parametrize("address", ["127.0.0.2", "127.1.2.3"])
+def test_every_loopback_address_serves_the_url_it_prints(live, address):
+    """Point 11: `--host 127.0.0.2` prints a URL its own Host guard accepts (no token needed)."""
+    srv = live(rate=None, host=address)
+    url = srv.server.url
+    assert url.startswith(f"http://{address}:") and "token" not in url, url
+    with httpx.Client(trust_env=False, timeout=10) as c:
+        assert c.get(url).status_code == 200
+        assert c.get(url.rstrip("/") + "/api/session").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host,status",
+    [
+        ("127.0.0.2", 200),
+        ("127.255.255.254", 200),
+        ("localhost:evil", 403),
+        ("127.0.0.1:80:80", 403),
+        ("[::1]:x", 403),
+        ("127.000.0.1", 403),
+        ("128.0.0.1", 403),
+    ],
+)
+def test_host_names_loopback_addresses_and_ports(live, host, status):
+    """Points 11 and 12: any plain 127.x.y.z counts as loopback; a port that is not digits does not."""
+    srv = live(rate=None)
+    r = srv.http().get("/api/session", headers={"host": host})
+    assert r.status_code == status, (host, r.text[:200])
+
+
+def test_the_origin_check_compares_the_scheme(live):
+    """Point 12: `https://127.0.0.1:P` is not the origin of the plain-HTTP server on that port."""
+    srv = live(rate=None)
+    c = srv.http()
+    own = f"127.0.0.1:{srv.port}"
+    assert c.post("/api/training/pause", headers={"origin": f"https://{own}"}).status_code == 403
+    assert c.post("/api/training/pause", headers={"origin": f"http://{own}"}).status_code == 202

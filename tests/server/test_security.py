@@ -91,7 +91,8 @@ def test_foreign_origin_is_refused_on_commands_and_the_socket(live):
         ("LOCALHOST:80", True),
         ("evil.example", False),
         ("evil.example:8000", False),
-        ("127.0.0.2:8000", False),
+        ("127.0.0.2:8000", True),  # all of 127.0.0.0/8 is loopback (issue 15, point 11)
+        ("127.1:8000", False),
         ("localhost.:80", False),
         ("", False),
     ],
