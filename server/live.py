@@ -64,6 +64,8 @@ class LiveSource(Source):
         self._unsubscribe: Callable[[], None] | None = None
         self._recent_scalars: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> scalars payload
         self._lock = threading.Lock()
+        self._hist_lock = threading.Lock()
+        self._hist_subs: dict[str, list[str]] = {}  # client id -> its histogram parameters
         self.callback_errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -337,4 +339,18 @@ class LiveSource(Source):
         return {"steps_per_second": self.trainer.rate}
 
     def set_hist(self, client_id: str, names: list[str]) -> None:
-        self._core(self.insp.set_hist_subscription, client_id, names)
+        """One client's histogram parameters (`[]` drops them). The core's cap (HIST_CAP) is shared
+        fairly: the dashboards' list handed to the core takes every client's first choice, then
+        every client's second, and so on, so one client asking for the whole cap first cannot
+        deny histograms to another (each of up to HIST_CAP clients gets its first choice)."""
+        with self._hist_lock:
+            subs = {k: v for k, v in self._hist_subs.items() if k != client_id}
+            if names:
+                subs[client_id] = list(dict.fromkeys(names))
+            fair: list[str] = []
+            for rank in range(max((len(v) for v in subs.values()), default=0)):
+                for wanted in subs.values():
+                    if rank < len(wanted) and wanted[rank] not in fair:
+                        fair.append(wanted[rank])
+            self._core(self.insp.set_hist_subscription, "dashboards", fair)  # unknown names: 422
+            self._hist_subs = subs

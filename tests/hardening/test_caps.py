@@ -84,3 +84,26 @@ def test_event_fields_cut_every_string_at_any_depth():
     text = json.dumps(out, allow_nan=False)
     assert long not in text and text.count("truncated") == 4, text[:200]
     assert out["d"] == "short" and out["e"] == "inf"
+
+
+def test_a_viewer_cannot_deny_histograms_to_another(live):
+    """Point 9: a read-only viewer takes the whole histogram cap first; another client's own
+    subscription is still served (the cap is shared in turns)."""
+    from inspector.step_stats import HIST_CAP
+
+    srv = live("exploding", rate=None, read_only=True)
+    names = [p for p in srv.insp.params if p.endswith("weight") or p.endswith("bias")]
+    hog, mine = names[:HIST_CAP], names[HIST_CAP]
+    with srv.ws() as a, srv.ws() as b:
+        inbox_a, inbox_b = Inbox(a), Inbox(b)
+        inbox_a.next(lambda m: m["type"] == "hello")
+        inbox_b.next(lambda m: m["type"] == "hello")
+        a.send(json.dumps({"type": "subscribe", "request_id": 1, "hist": hog}))
+        assert inbox_a.reply(1)["type"] == "ack"
+        assert srv.insp.hist_params == hog
+        b.send(json.dumps({"type": "subscribe", "request_id": 2, "hist": [mine]}))
+        assert inbox_b.reply(2)["type"] == "ack"
+        served = srv.insp.hist_params
+        assert mine in served and len(served) == HIST_CAP, served
+        assert hog[0] in served, "the first client keeps its first choice too"
+    wait_until(lambda: srv.insp.hist_params == [], 20, "both subscriptions dropped with their sockets")
