@@ -7,6 +7,7 @@ import { FlowChart, HeatmapChart, HistChart, LossChart, RatioChart } from "./cha
 import { EventLog } from "./eventlog.js";
 import { addExport } from "./exporting.js";
 import { HookPanel } from "./hookpanel.js";
+import { MeasuredCards } from "./measuredcards.js";
 import { PresetDialog } from "./presets.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
@@ -32,6 +33,7 @@ class Dashboard {
     this.flow = new FlowChart($("chartFlow"), pick);
     this.hist = new HistChart($("chartHist"));
     this.ratio = new RatioChart($("chartRatio"), pick);
+    this.measured = new MeasuredCards(() => this.scheduler); // issue 14, part J's cards
     this.scheduler = new Scheduler(
       [
         ["loss", this.loss],
@@ -39,6 +41,7 @@ class Dashboard {
         ["flow", this.flow],
         ["ratio", this.ratio],
         ["hist", this.hist],
+        ...this.measured.charts(),
       ],
       () => this.view,
       () => this.everyFrame(),
@@ -122,6 +125,7 @@ class Dashboard {
     switch (msg.type) {
       case "snapshot": {
         const row = live.addSnapshot(msg.data);
+        this.measured.add(live, msg.data);
         for (const ev of msg.data.events || []) this.addEvent(ev);
         if (!row || this.view !== live) break;
         const lossY = row.lossAdded ? live.loss.y[live.loss.y.length - 1] : null;
@@ -228,7 +232,10 @@ class Dashboard {
     ]);
     const rows = [...(snaps.ok ? snaps.data.snapshots || [] : []), ...(msg.history || [])];
     rows.sort((a, b) => num(a.step) - num(b.step));
-    for (const s of rows) live.addSnapshot(s);
+    for (const s of rows) {
+      live.addSnapshot(s);
+      this.measured.add(live, s);
+    }
     const events = [...(evs.ok ? evs.data.events || [] : []), ...(msg.events || [])];
     events.sort((a, b) => (a.seq ?? 0) - (b.seq ?? 0));
     const fresh = events.slice(-400);
@@ -263,7 +270,7 @@ class Dashboard {
     this.statsDirty = false;
     this.showStats();
     const v = this.view;
-    this.panel.showEffects(v.latest ? v.latest.hook_effects : null);
+    this.panel.showEffects({ ...(v.latest ? v.latest.hook_effects : {}), ...this.measured.moduleEffects(v) });
     if (!this.histParam) this.defaultHistParam();
     this.showHistStatus();
   }
@@ -330,6 +337,7 @@ class Dashboard {
   // ----- histogram parameter -----
 
   fillParamSelect() {
+    this.measured.setParams(this.view.params);
     const sel = $("histParam");
     sel.replaceChildren(...this.view.params.map((p) => h("option", { value: p }, p)));
     if (this.histParam && this.view.params.includes(this.histParam)) sel.value = this.histParam;
@@ -360,6 +368,7 @@ class Dashboard {
     $("histParam").value = name;
     this.hist.param = name;
     this.scheduler.resetNow("hist");
+    this.measured.pick(name);
     this.subscribeHist();
     this.showHistStatus();
   }
@@ -490,7 +499,10 @@ class Dashboard {
     const state = new DashboardState();
     state.setSession(sess.data);
     state.readOnly = true;
-    for (const s of (snaps.ok && snaps.data.snapshots) || []) state.addSnapshot(s);
+    for (const s of (snaps.ok && snaps.data.snapshots) || []) {
+      state.addSnapshot(s);
+      this.measured.add(state, s);
+    }
     for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) state.addEvent(ev);
     if (state.latest) state.step = state.latest.step;
     this.view = state;

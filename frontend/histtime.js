@@ -1,0 +1,139 @@
+// Histograms over time (issue 14, point 3), TensorBoard's "distributions": for
+// the parameter the histogram card shows, quantile bands of its gradient's
+// distribution at every step that has a histogram (min-max, 7-93 %, 16-84 %,
+// 31-69 %, and the median), raw or final. Each step's histogram has its own
+// edges (its own range), so quantiles, not a common bin grid, are drawn.
+
+import { measuredOf } from "./measured.js";
+import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { plotlyText, plottable } from "./util.js";
+
+const Plotly = window.Plotly;
+// The normal distribution's -inf, -1.5, -1, -0.5, 0, ... sigma: TensorBoard's bands.
+export const QUANTILES = [0, 0.0668, 0.1587, 0.3085, 0.5, 0.6915, 0.8413, 0.9332, 1];
+
+/**
+ * The values at QUANTILES of a histogram (counts over edges), linear within a
+ * bin; null when it holds no count.
+ */
+export function histQuantiles(edges, counts) {
+  const e = (edges || []).map(plottable);
+  const c = (counts || []).map((v) => Math.max(0, plottable(v) ?? 0));
+  const total = c.reduce((a, b) => a + b, 0);
+  if (!(total > 0) || e.length !== c.length + 1 || e.some((v) => v === null)) return null;
+  const first = c.findIndex((v) => v > 0);
+  const last = c.length - 1 - [...c].reverse().findIndex((v) => v > 0);
+  return QUANTILES.map((q) => {
+    if (q === 0) return e[first];
+    if (q === 1) return e[last + 1];
+    const target = q * total;
+    let acc = 0;
+    for (let i = 0; i < c.length; i++) {
+      if (c[i] > 0 && acc + c[i] >= target) return e[i] + ((target - acc) / c[i]) * (e[i + 1] - e[i]);
+      acc += c[i];
+    }
+    return e[last + 1];
+  });
+}
+
+export class HistTimeChart {
+  constructor(el) {
+    this.el = el;
+    this.param = null;
+    this.source = "raw"; // or "final"
+    this.shown = null;
+  }
+
+  render(state, force) {
+    const m = measuredOf(state);
+    const key = `${m.runId}|${this.param}|${this.source}|${m.histVersion}`;
+    if (!force && key === this.shown) return;
+    this.shown = key;
+    const list = (this.param && m.hists.get(this.param)) || [];
+    const x = [];
+    const qs = QUANTILES.map(() => []);
+    for (const hg of list) {
+      const q = histQuantiles(hg.edges, this.source === "raw" ? hg.raw : hg.final);
+      if (!q) continue;
+      x.push(hg.step);
+      q.forEach((v, i) => qs[i].push(v));
+    }
+    this.el.dataset.param = this.param || "";
+    this.el.dataset.points = String(x.length);
+    const color = this.source === "raw" ? "110, 168, 254" : "255, 166, 87";
+    const traces = [];
+    const n = QUANTILES.length;
+    for (let i = 0; i < (n - 1) / 2; i++) {
+      const lo = QUANTILES[i];
+      const hi = QUANTILES[n - 1 - i];
+      const band = `${Math.round(lo * 100)}–${Math.round(hi * 100)} %`;
+      traces.push(
+        {
+          name: `q${lo}`,
+          x,
+          y: qs[i],
+          type: "scatter",
+          mode: "lines",
+          line: { width: 0 },
+          hoverinfo: "skip",
+          showlegend: false,
+        },
+        {
+          name: `q${hi}`,
+          x,
+          y: qs[n - 1 - i],
+          type: "scatter",
+          mode: "lines",
+          line: { width: 0 },
+          fill: "tonexty",
+          fillcolor: `rgba(${color}, ${0.16 + 0.14 * i})`,
+          showlegend: false,
+          hovertemplate: `step %{x}<br>${band}: up to %{y:.3g}<extra></extra>`,
+        },
+      );
+    }
+    traces.push({
+      name: "median",
+      x,
+      y: qs[(n - 1) / 2],
+      type: "scatter",
+      mode: "lines",
+      line: { color: `rgb(${color})`, width: 1.5 },
+      showlegend: false,
+      hovertemplate: "step %{x}<br>median %{y:.3g}<extra></extra>",
+    });
+    const note = !this.param
+      ? "pick a parameter"
+      : x.length
+        ? null
+        : `waiting for histograms of ${this.param}${this.source === "final" ? " with a final gradient" : ""}…`;
+    const layout = baseLayout({
+      margin: { l: 56, r: 12, t: 8, b: 40 },
+      showlegend: false,
+      xaxis: axis({ title: { text: "step" }, visible: x.length > 0 }),
+      yaxis: axis({ title: { text: `${this.source} gradient value` }, visible: x.length > 0 }),
+      annotations: note
+        ? [
+            {
+              text: plotlyText(note),
+              xref: "paper",
+              yref: "paper",
+              x: 0.5,
+              y: 0.5,
+              showarrow: false,
+              font: { size: 12, color: COLORS.muted },
+            },
+          ]
+        : [],
+    });
+    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+  }
+
+  reset(state) {
+    this.render(state, true);
+  }
+
+  update(state) {
+    this.render(state, false);
+  }
+}

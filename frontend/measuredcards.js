@@ -1,0 +1,82 @@
+// The cards that show what the core measures beyond the main charts (issue 14,
+// part J): module gradients, per-parameter statistics, histograms over steps
+// and hook effects. app.js makes one MeasuredCards, adds its charts to the
+// scheduler, hands it every wire snapshot a state gets (add), and tells it
+// which parameter was picked on another chart (pick).
+
+import { api } from "./api.js";
+import { EffectsChart } from "./effectschart.js";
+import { HistTimeChart } from "./histtime.js";
+import { measuredOf } from "./measured.js";
+import { ModuleChart, moduleEffects } from "./modulechart.js";
+import { ParamStats } from "./paramstats.js";
+import { byTestId } from "./selectors.js";
+
+export class MeasuredCards {
+  /** @param {() => object} scheduler the page's Scheduler (built after these charts) */
+  constructor(scheduler) {
+    this.scheduler = scheduler;
+    this.modules = new ModuleChart(byTestId("chart-modules"));
+    this.params = new ParamStats(byTestId("chart-param-stats"), {
+      stats: byTestId("param-stats-toggle"),
+      filter: byTestId("param-filter"),
+      status: byTestId("param-filter-status"),
+      picked: byTestId("param-picked"),
+      table: byTestId("param-table"),
+    });
+    this.params.onChange = () => this.scheduler().resetNow("paramStats");
+    this.histTime = new HistTimeChart(byTestId("chart-hist-time"));
+    this.effects = new EffectsChart(byTestId("chart-effects"));
+    this.targets = new Map(); // module_log target -> matching module names (null while asked)
+    const seg = byTestId("hist-time-source");
+    seg.addEventListener("click", (ev) => {
+      const btn = ev.target.closest("button[data-value]");
+      if (!btn || btn.getAttribute("aria-pressed") === "true") return;
+      for (const b of seg.querySelectorAll("button")) b.setAttribute("aria-pressed", String(b === btn));
+      this.histTime.source = btn.dataset.value;
+      this.scheduler().resetNow("histTime");
+    });
+  }
+
+  /** The scheduler's entries: [name, chart]. */
+  charts() {
+    return [
+      ["modules", this.modules],
+      ["paramStats", this.params],
+      ["histTime", this.histTime],
+      ["effects", this.effects],
+    ];
+  }
+
+  /** A wire snapshot that `state` got (the stream, a backfill, an earlier run). */
+  add(state, snapshot) {
+    measuredOf(state).add(snapshot, state.latest ? state.latest.step : null);
+  }
+
+  /** A parameter picked on another chart (or the histogram's list). */
+  pick(name) {
+    this.params.pick(name);
+    this.histTime.param = name;
+    this.scheduler().resetNow("histTime");
+  }
+
+  /** The page shows another state (a new run, an earlier one): keep the picks it has. */
+  setParams(params) {
+    this.params.setParams(params);
+  }
+
+  /** Each module_log hook's newest module values, shown in its row like an effect. */
+  moduleEffects(state) {
+    return moduleEffects(state, (target) => this.matches(target));
+  }
+
+  matches(target) {
+    if (this.targets.has(target)) return this.targets.get(target);
+    this.targets.set(target, null);
+    api.targets(target, "module").then((res) => {
+      if (res.ok) this.targets.set(target, (res.data && res.data.matches) || []);
+      else this.targets.delete(target); // asked again next time
+    });
+    return null;
+  }
+}
