@@ -5,7 +5,7 @@ the one that serves the dashboard, so edits from another thread only ever arrive
 At each step boundary every rank takes part in **one** small ``all_gather`` on a separate
 gloo group (CPU tensors, so an NCCL job's GPUs are never synchronised for it). Each row:
 
-    [hold, payload, next_sampled, local_bad, *local_norms (sampled steps only)]
+    [hold, payload, next_sampled, local_bad, *hist (HIST_SLOTS), *local_norms (sampled steps only)]
 
 - ``hold``, ``payload``, ``next_sampled`` are rank 0's: whether every rank waits at this
   boundary (pause / single step), whether rank 0 has pending edits to broadcast (then a
@@ -15,8 +15,11 @@ gloo group (CPU tensors, so an NCCL job's GPUs are never synchronised for it). E
 - ``local_bad``: the first parameter whose **local** (pre-all-reduce) gradient was not
   finite on this rank, or -1: after the all-reduce every rank has the NaN, so this is how
   the event names the rank where it appeared.
-- ``local_norms``: on sampled steps, each parameter's local gradient norm: rank 0's
-  snapshot reports their spread (``ranks``).
+- ``hist``: rank 0's, under FSDP2: the parameters whose histograms the next step takes (-1 in an
+  unused slot). A sharded parameter's histogram is a collective, so every rank takes rank 0's
+  choice (the page's subscriptions live on rank 0).
+- ``local_norms``: on sampled steps, each parameter's local gradient norm (under FSDP2, of this
+  rank's shard): rank 0's snapshot reports their spread (``ranks``).
 
 While paused, rank 0 repeats the exchange every ``HEARTBEAT`` seconds, so the other ranks
 wait in a bounded collective (the group's timeout), never in DDP's all-reduce. If a peer
@@ -35,9 +38,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["ControlPlane", "HEARTBEAT", "Rows", "active"]
+__all__ = ["ControlPlane", "HEARTBEAT", "HIST_SLOTS", "Rows", "active"]
 
 HEARTBEAT = 0.5  # seconds between exchanges while paused
+HIST_SLOTS = 8  # histogram parameters a row carries (step_stats.HIST_CAP)
 
 
 def active() -> bool:
@@ -54,10 +58,20 @@ class ControlPlane:
         self.broken: str | None = None
 
     def exchange(
-        self, hold: bool, payload: bool, next_sampled: bool, local_bad: int, local_norms: list[float] | None
+        self,
+        hold: bool,
+        payload: bool,
+        next_sampled: bool,
+        local_bad: int,
+        local_norms: list[float] | None,
+        hist: list[int] | None = None,
     ) -> Rows:
         """One all_gather of every rank's row (the columns of :class:`Rows`)."""
         row = [0.0] * Rows.NORMS
+        slots = (hist or [])[:HIST_SLOTS]
+        row[Rows.HIST : Rows.HIST + HIST_SLOTS] = [float(i) for i in slots] + [-1.0] * (
+            HIST_SLOTS - len(slots)
+        )
         row[Rows.HOLD], row[Rows.PAYLOAD], row[Rows.NEXT_SAMPLED] = (
             float(hold),
             float(payload),
@@ -81,7 +95,8 @@ class Rows:
     """Every rank's row of one exchange, a (world, columns) float64 tensor read by column name."""
 
     HOLD, PAYLOAD, NEXT_SAMPLED, LOCAL_BAD = 0, 1, 2, 3  # rank 0's decisions, then each rank's finding
-    NORMS = 4  # the first of the local norms (sampled steps only): one column per parameter
+    HIST = 4  # rank 0's histogram parameters for the next step (HIST_SLOTS columns, -1: none)
+    NORMS = HIST + HIST_SLOTS  # the first of the local norms (sampled steps only): one column per parameter
 
     def __init__(self, rows: Tensor) -> None:
         self.rows = rows
@@ -99,6 +114,11 @@ class Rows:
     @property
     def next_sampled(self) -> bool:
         return bool(self.rows[0, self.NEXT_SAMPLED])
+
+    @property
+    def hist(self) -> list[int]:
+        """Rank 0's histogram parameters for the next step."""
+        return [int(v) for v in self.rows[0, self.HIST : self.HIST + HIST_SLOTS].tolist() if v >= 0]
 
     def bad_ranks(self) -> list[int]:
         """The ranks whose local gradient had a non-finite parameter."""

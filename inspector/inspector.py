@@ -47,6 +47,7 @@ from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
 from .scalars import Recorder, check_scalars
+from .sharded import layout_of
 from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
@@ -83,6 +84,7 @@ class Inspector(StepLifecycle, Dashboard):
         self.params: list[str] = [n for n, _ in named]
         self.modules: list[str] = list(module_objs)
         self._tensors: list[Tensor] = [p for _, p in named]
+        self._layout = layout_of(model, self.params, self._tensors)  # FSDP2 (refuses what it cannot handle)
         self._optimizer = optimizer
         self._scaler = enabled_scaler(scaler)
         amp.check_optimizer(optimizer, self._scaler)
@@ -98,6 +100,7 @@ class Inspector(StepLifecycle, Dashboard):
             scaler=self._scaler is not None,
             distributed=self._dist is not None,
             compiled=is_compiled(model),
+            is_script=lambda: threading.get_ident() == self._train_tid,
         )
         self._feed = Feed()
         self._cadence = Cadence(float(budget), every)
@@ -109,9 +112,10 @@ class Inspector(StepLifecycle, Dashboard):
             on_failure=self._hook_failed,
             scaler=self._scaler,
             per_rank=self._dist is not None and per_rank_stats,
+            layout=self._layout,
         )
         self._edits = Edits(self._reg, self._hooks, self._feed, self._event, self._cond)
-        self._stats = StepStats(self.params, self._tensors)
+        self._stats = StepStats(self.params, self._tensors, self._layout)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
         self._records = Recorder(self._feed, self._lock)

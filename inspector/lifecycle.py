@@ -64,6 +64,7 @@ class StepLifecycle:
     _stats: StepStats
     _nonfinite: NonfiniteReport
     _hist: HistSelection
+    _layout: Any  # sharded.Layout under FSDP2, else None
     # step state
     _step: int  # completed optimizer steps
     _under_way: bool  # between the first root forward of a step and its boundary
@@ -78,6 +79,7 @@ class StepLifecycle:
     _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
     _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
     _nf_pending: Findings | None  # under torch.distributed: reported at the boundary, with the rank
+    _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
     _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
     # control
     _paused: bool
@@ -101,6 +103,7 @@ class StepLifecycle:
         self._fused_skip = False
         self._skip_known = False
         self._nf_pending = None
+        self._hist_next = []
         self._paused = False
         self._credit = 0
         self._waiting = False
@@ -173,10 +176,12 @@ class StepLifecycle:
         """A validated change was queued: apply it now where DESIGN.md allows (lock held)."""
         on_train = threading.get_ident() == self._train_tid
         if self._dist is not None and not self._dist.broken:
-            # one config for the job: edits from the training thread run on every rank (the
-            # script is the same everywhere); rank 0's other edits travel at the next boundary
-            if on_train and len(self._reg.pending) == 1:
-                self._drain_locked(torch_ok=True)
+            # one config for the job: an edit from the training thread is made on every rank (the
+            # script is the same everywhere), so it is a collective: rank 0's pending changes (its
+            # dashboard's, then this one) go to every rank and apply now, in the same order
+            # everywhere; rank 0's other edits travel at the next boundary
+            if on_train:
+                self._dist_sync_edits()
             elif self._waiting:
                 self._cond.notify_all()
             return
@@ -307,7 +312,12 @@ class StepLifecycle:
         t0 = time.perf_counter()
         plan, sampled = self._hooks.plan, self._sampled
         with self._lock:
-            hist = self._hist.due(self._sampled_count) if sampled else []
+            if not sampled:
+                hist = []
+            elif self._layout is not None and self._dist is not None and not self._dist.broken:
+                hist = self._hist_next  # every rank takes the same histograms (collectives under FSDP2)
+            else:
+                hist = self._hist.due(self._sampled_count)
         raw = self._stats.raw(self._hooks, sampled, hist)
         found = raw.findings
         for finding, action in self._hooks.take_post_findings():  # this step's backwards, one report
@@ -433,6 +443,8 @@ class StepLifecycle:
                 self._credit -= 1  # a single step: run one more, hold at its boundary
             payload = rank0 and bool(self._reg.pending)
             next_sampled = self._cadence.is_sampled(step + 1)
+            if first and rank0 and self._layout is not None:
+                self._hist_next = self._hist.due(self._sampled_count + 1) if next_sampled else []
         raw = self._stats.raw_read if first else None
         with_norms = first and sampled and self._hooks.per_rank
         norms = None
@@ -444,7 +456,12 @@ class StepLifecycle:
             )
         try:
             rows = plane.exchange(
-                hold, payload, next_sampled, raw.local_bad if raw is not None else -1, norms
+                hold,
+                payload,
+                next_sampled,
+                raw.local_bad if raw is not None else -1,
+                norms,
+                self._hist_next if rank0 and self._layout is not None else None,
             )
             changes = None
             if rows.payload:
@@ -467,6 +484,8 @@ class StepLifecycle:
                     self._reg.adopt(changes)
                 self._drain_locked(torch_ok=True)
             self._sampled = rows.next_sampled
+            if self._layout is not None:
+                self._hist_next = rows.hist
             if self._sampled:
                 self._sampled_count += 1
         if first:
@@ -482,6 +501,28 @@ class StepLifecycle:
                 )
             self._nf_pending = None
         return (rows.spread(len(self.params)) if with_norms else None), rows.hold
+
+    def _dist_sync_edits(self) -> None:
+        """A script edit under torch.distributed (every rank makes it at the same point of the
+        script): one broadcast of rank 0's pending changes, then every rank applies them (lock held)."""
+        plane = self._dist
+        assert plane is not None
+        try:
+            changes = plane.broadcast(list(self._reg.pending) if plane.rank == 0 else None)
+        except Exception as e:
+            plane.broken = describe_error(e)
+            self._event(
+                "distributed_error",
+                step=self._step,
+                rank=plane.rank,
+                message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
+                "hook edits and pauses with the others",
+            )
+            self._drain_locked(torch_ok=True)
+            return
+        if plane.rank != 0:
+            self._reg.replace_pending(changes)
+        self._drain_locked(torch_ok=True)
 
     def _dist_hold(self, step: int, hold: bool) -> None:
         """Every rank waits here together while rank 0 is paused (heartbeat exchanges)."""

@@ -55,17 +55,18 @@ class Findings:
         self.points[f.index] = "post_accumulate"
 
 
-def find_nonfinite(raw_norms: dict[int, float], tensors: list[Tensor]) -> Findings:
+def find_nonfinite(raw_norms: dict[int, float], grads: dict[int, Tensor]) -> Findings:
     """The parameters whose raw norm is not finite, with their counts; corrects ``raw_norms`` in
-    place where only the float32 norm of finite values overflowed."""
+    place where only the float32 norm of finite values overflowed. ``grads``: index -> the gradient
+    the norm is of (under FSDP2, this rank's shard)."""
     total = sum(raw_norms.values())  # finite exactly when every norm is
     if math.isfinite(total):
         return Findings()
     bad = [i for i, v in raw_norms.items() if not math.isfinite(v)]
-    counts = {i: count_nonfinite(dense(tensors[i].grad)) for i in bad}  # type: ignore[arg-type]
+    counts = {i: count_nonfinite(dense(grads[i])) for i in bad}
     overflow = {}
     for i in [i for i in bad if counts[i] == (0, 0)]:  # finite values whose float32 norm overflowed
-        overflow[i] = wide_norm(dense(tensors[i].grad))  # type: ignore[arg-type]
+        overflow[i] = wide_norm(dense(grads[i]))
         raw_norms[i] = float(overflow[i])  # a host read, on this rare path only
         bad.remove(i)
         del counts[i]

@@ -17,6 +17,16 @@ targets (a ``global`` ``clip_norm`` takes its norm over those). Two kinds act on
 gradient as a whole: ``freeze`` sets it to None like any other, and ``nan_guard`` checks its
 stored values (``zero`` empties it, ``skip`` drops it with the others), so that a guard on
 ``*`` guards every parameter.
+
+Under FSDP2 (:mod:`inspector.sharded`) a target's gradient is a DTensor and every kind works on
+``grad.to_local()``, this rank's shard: ``clip_value``, ``scale``, ``l2``, ``noise`` and ``freeze``
+act on the shards; ``clip_norm`` takes each full tensor's norm from the shards' ``p``-th power sums
+(a max for ``inf``) in one collective per application, so ``global`` equals ``clip_grad_norm_``;
+``nan_guard`` decides from the NaN/Inf counts summed across the mesh (one collective per
+application), so every rank zeroes or skips alike. ``noise`` draws a replicated parameter's noise
+from the hook's one stream (seeded ``seed``: the same on every rank) and a sharded parameter's from
+a stream of this rank's own (seeded ``seed + (rank + 1) * 2**32``), so shards get independent
+noise. A ``python`` hook receives the parameter as FSDP2 holds it, a DTensor.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import torch
 from torch import Tensor
 
 from .records import HookSpec
+from .sharded import Layout, local
 from .stats import clamp_abs_, dense, foreach_norm, real_dtype, sq_norm
 
 __all__ = ["HookState", "ParamTarget", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
@@ -40,6 +51,13 @@ class ParamTarget:
     index: int  # position in Inspector.params
     name: str
     param: Tensor
+    layout: Layout | None = None  # FSDP2: the model's layout (every target of such a model has it)
+    sharded: bool = False  # FSDP2 shards this parameter: its gradient here is this rank's shard
+
+    def grad(self) -> Tensor | None:
+        """The gradient this rank edits: ``param.grad``, or its local shard (a view) under FSDP2."""
+        g = self.param.grad
+        return g if g is None or self.layout is None else local(g)
 
 
 @dataclass(slots=True)
@@ -58,18 +76,21 @@ class HookState:
 
     spec: HookSpec
     fn: Callable[[str, Tensor], Any] | None = None  # the user's callable (kind "python")
-    generators: dict[torch.device, torch.Generator] = field(default_factory=dict)
+    generators: dict[tuple[torch.device, int], torch.Generator] = field(default_factory=dict)
     changed: Tensor | float = 0.0
     before_sq: Tensor | float = 0.0
     after_sq: Tensor | float = 0.0
     measured: bool = False
 
-    def generator(self, device: torch.device) -> torch.Generator:
-        gen = self.generators.get(device)
+    def generator(self, device: torch.device, stream: int = 0) -> torch.Generator:
+        """The hook's noise stream on ``device``: stream 0 (seeded ``seed``, the same on every rank),
+        or under FSDP2 a sharded parameter's stream ``rank + 1`` (seeded ``seed + stream * 2**32``)."""
+        key = (device, stream)
+        gen = self.generators.get(key)  # type: ignore[call-overload]
         if gen is None:
             gen = torch.Generator(device=device)
-            gen.manual_seed(int(self.spec.params.get("seed", 0)))
-            self.generators[device] = gen
+            gen.manual_seed(int(self.spec.params.get("seed", 0)) + stream * 2**32)
+            self.generators[key] = gen  # type: ignore[index]
         return gen
 
     def reset_effects(self) -> None:
@@ -93,9 +114,27 @@ def count_nonfinite(g: Tensor) -> tuple[int, int]:
     return int(torch.isnan(g).sum()), int(torch.isinf(g).sum())
 
 
-def _clip_norm_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mode: str) -> list[Tensor]:
-    """The factor for each gradient, exactly as ``torch.nn.utils.clip_grad_norm_`` computes it."""
+def _clip_norm_coefs(
+    grads: list[Tensor],
+    max_norm: float,
+    norm_type: float,
+    mode: str,
+    layout: Layout | None = None,
+    sharded: list[bool] | None = None,
+) -> list[Tensor]:
+    """The factor for each gradient, exactly as ``torch.nn.utils.clip_grad_norm_`` computes it.
+
+    Under FSDP2 (``layout``, ``sharded`` per gradient) ``grads`` are the local shards: each full
+    tensor's norm comes from the shards' ``p``-th power sums (a max for ``inf``), one collective."""
     norms = foreach_norm(grads, norm_type)
+    if layout is not None and sharded is not None and any(sharded):
+        dev = grads[0].device
+        stacked = torch.stack([n.to(dev) for n in norms])
+        if math.isinf(norm_type):
+            norms = list(layout.combine(stacked, torch.zeros(len(norms), dtype=torch.bool)).unbind())
+        else:
+            summed = layout.combine(stacked.pow(norm_type), torch.tensor(sharded, dtype=torch.bool))
+            norms = list(summed.pow(1.0 / norm_type).unbind())
     if mode == "global":
         dev = grads[0].device
         stacked = torch.stack([n.to(dev) for n in norms])
@@ -124,7 +163,7 @@ def apply_pre_step(
     spec, p = state.spec, state.spec.params
     kind = spec.kind
     if kind == "freeze":
-        grads = [dense(t.param.grad) for t in targets if t.param.grad is not None]
+        grads = [dense(g) for g in (t.grad() for t in targets) if g is not None]
         if measure and grads:
             _add_effect(state, _numel(grads), _sq(foreach_norm(grads)), 0.0)
         for t in targets:
@@ -135,7 +174,7 @@ def apply_pre_step(
     tg = [t for t in targets if _strided(t.param.grad)]
     if not tg:
         return None
-    grads = [t.param.grad for t in tg]
+    grads: list[Tensor] = [t.grad() for t in tg]  # type: ignore[misc]
     before = foreach_norm(grads) if measure else None
     changed: Tensor | float = 0.0
     result: list[NanFinding] | bool | None = None
@@ -146,7 +185,14 @@ def apply_pre_step(
                 changed = _count(grads, lambda g: g.abs() > thr)
             clamp_abs_(grads, thr)  # complex: each magnitude clamped, the phase kept
         elif kind == "clip_norm":
-            coefs = _clip_norm_coefs(grads, float(p["max_norm"]), float(p["norm_type"]), p["mode"])
+            coefs = _clip_norm_coefs(
+                grads,
+                float(p["max_norm"]),
+                float(p["norm_type"]),
+                p["mode"],
+                tg[0].layout,
+                [t.sharded for t in tg],
+            )
             if measure:
                 changed = torch.stack(
                     [
@@ -162,7 +208,7 @@ def apply_pre_step(
             torch._foreach_mul_(grads, factor)
         elif kind == "l2":
             lam = float(p["lam"])
-            ps = [t.param.detach() for t in tg]
+            ps = [local(t.param.detach()) for t in tg]
             if measure and lam != 0.0:
                 changed = _count(ps, lambda x: x != 0)
             torch._foreach_add_(grads, ps, alpha=lam)
@@ -170,8 +216,13 @@ def apply_pre_step(
             std = float(p["std"])
             if std > 0:
                 noise = [
-                    torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype)
-                    for g in grads
+                    torch.randn(
+                        g.shape,
+                        generator=state.generator(g.device, _stream(t)),
+                        device=g.device,
+                        dtype=g.dtype,
+                    )
+                    for g, t in zip(grads, tg, strict=True)
                 ]
                 torch._foreach_add_(grads, noise, alpha=std)
                 changed = _numel(grads)
@@ -181,7 +232,7 @@ def apply_pre_step(
             for t in tg:
                 state.fn(t.name, t.param)
             if snap is not None:
-                now = [t.param.grad for t in tg]
+                now = [t.grad() for t in tg]
                 changed = torch.stack(
                     [
                         (a != b).sum().float() if b is not None else torch.tensor(float(a.numel()))
@@ -191,9 +242,14 @@ def apply_pre_step(
                 grads = [g for g in now if g is not None] or grads
     if measure:
         assert before is not None
-        after = foreach_norm([dense(t.param.grad) for t in tg if t.param.grad is not None])
+        after = foreach_norm([dense(g) for g in (t.grad() for t in tg) if g is not None])
         _add_effect(state, changed, _sq(before), _sq(after) if after else 0.0)
     return result
+
+
+def _stream(t: ParamTarget) -> int:
+    """The noise stream of a target: 0, or under FSDP2 this rank's own for a sharded parameter."""
+    return t.layout.rank + 1 if t.sharded and t.layout is not None else 0
 
 
 def _nan_guard_pre_step(
@@ -202,12 +258,21 @@ def _nan_guard_pre_step(
     """``nan_guard`` at ``pre_step`` over every target with a gradient (a sparse one: its stored values)."""
     if not tg:
         return None
-    grads = [t.param.grad for t in tg]
+    grads = [t.grad() for t in tg]
     values = [dense(g) for g in grads]  # type: ignore[arg-type]
     norms = foreach_norm(values)
     # host read of one float per target: the only way to name the parameter
     host = torch.stack([n.to(values[0].device) for n in norms]).tolist()
     found = [(i, count_nonfinite(values[i])) for i, v in enumerate(host) if not math.isfinite(v)]
+    lay = tg[0].layout
+    if lay is not None and any(t.sharded for t in tg):
+        # FSDP2: the counts of the full gradients, so that every rank decides alike (one collective)
+        mine = torch.zeros(2 * len(tg), device=values[0].device)
+        for i, (nan, inf) in found:
+            mine[2 * i], mine[2 * i + 1] = float(nan), float(inf)
+        summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
+        total = lay.combine(mine, summed).tolist()
+        found = [(i, (int(total[2 * i]), int(total[2 * i + 1]))) for i in range(len(tg))]
     found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
     changed: Tensor | float = 0.0
     result: list[NanFinding] | bool | None = None
@@ -221,7 +286,7 @@ def _nan_guard_pre_step(
         elif state.spec.params["action"] == "skip":
             result = True
     if measure:
-        after = foreach_norm([dense(t.param.grad) for t in tg if t.param.grad is not None])
+        after = foreach_norm([dense(g) for g in (t.grad() for t in tg) if g is not None])
         _add_effect(state, changed, _sq(norms), _sq(after) if after else 0.0)
     return result
 
@@ -231,7 +296,7 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
 
     A sparse gradient is left alone, except by ``nan_guard`` (see the module docstring).
     """
-    g = t.param.grad
+    g = t.grad()  # under FSDP2 this rank's shard, after FSDP's reduce-scatter
     spec, p = state.spec, state.spec.params
     if g is None or (g.layout != torch.strided and spec.kind != "nan_guard"):
         return None
@@ -254,14 +319,20 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 changed = (g != 0).sum().float()
             g.mul_(float(p["factor"]))
         elif spec.kind == "l2":
+            w = local(t.param.detach())
             if measure:
-                changed = (t.param != 0).sum().float()
-            g.add_(t.param.detach(), alpha=float(p["lam"]))
+                changed = (w != 0).sum().float()
+            g.add_(w, alpha=float(p["lam"]))
         elif spec.kind == "noise":
             std = float(p["std"])
             if std > 0:
                 g.add_(
-                    torch.randn(g.shape, generator=state.generator(g.device), device=g.device, dtype=g.dtype),
+                    torch.randn(
+                        g.shape,
+                        generator=state.generator(g.device, _stream(t)),
+                        device=g.device,
+                        dtype=g.dtype,
+                    ),
                     alpha=std,
                 )
                 changed = float(g.numel())
@@ -279,7 +350,8 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
             assert state.fn is not None
             snap = g.clone() if measure else None
             state.fn(t.name, t.param)
-            g = t.param.grad if t.param.grad is not None else g
+            now = t.grad()
+            g = now if now is not None else g
             if snap is not None:
                 changed = (snap != g).sum().float()
     if measure:

@@ -8,6 +8,12 @@ where DESIGN.md allows it); applying one makes its config the applied config and
 
 The registry does no locking and registers no torch hooks: :class:`inspector.Inspector`
 holds the lock and owns the torch side.
+
+Hook ids: ``h1``, ``h2``, ... in the order hooks are added. Under ``torch.distributed`` every rank
+runs the same script, so the hooks the script adds (on the training thread) get ``h`` ids from a
+counter that advances alike on every rank, while rank 0's other edits (its dashboard, its HTTP
+API) get ``r`` ids (``r1``, ``r2``, ...) from a counter of their own: a script hook has the same
+id on every rank whatever dashboard edits came before it.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class Registry:
         scaler: bool = False,
         distributed: bool = False,
         compiled: bool = False,
+        is_script: Callable[[], bool] | None = None,
     ) -> None:
         self.param_names = param_names
         self.module_names = module_names
@@ -74,6 +81,8 @@ class Registry:
         self.version = 0
         self.fns: dict[str, Callable[[str, Any], Any]] = {}
         self._next_id = 1
+        self._next_remote = 1  # under torch.distributed: ids of rank 0's edits from other threads
+        self._is_script = is_script  # whether the edit comes from the training thread (the script)
 
     # ---------------------------------------------------------------- validation
     def _names_for(self, point: str) -> tuple[list[str], str]:
@@ -119,6 +128,14 @@ class Registry:
         return kind, target, point, params, enabled
 
     # ---------------------------------------------------------------- edits
+    def _new_id(self) -> str:
+        """The next hook id: ``r<n>`` for rank 0's non-script edits under torch.distributed, else ``h<n>``."""
+        if self.distributed and self._is_script is not None and not self._is_script():
+            self._next_remote += 1
+            return f"r{self._next_remote - 1}"
+        self._next_id += 1
+        return f"h{self._next_id - 1}"
+
     def _commit(
         self, action: str, hook_id: str | None, before: Any, after: Any, config: list[HookSpec]
     ) -> Change:
@@ -146,8 +163,7 @@ class Registry:
         if len(self.requested) >= MAX_HOOKS:
             raise HookError((), f"too many hooks: at most {MAX_HOOKS} (MAX_HOOKS); remove some first")
         kind, target, point, params, enabled = self.validate(kind, target, point, params, enabled, fn)
-        spec = HookSpec(f"h{self._next_id}", kind, point, target, params, enabled, len(self.requested))
-        self._next_id += 1
+        spec = HookSpec(self._new_id(), kind, point, target, params, enabled, len(self.requested))
         if fn is not None:
             self.fns[spec.id] = fn
         change = self._commit("add", spec.id, None, spec, [*self.requested, spec])
@@ -209,7 +225,6 @@ class Registry:
         if len(items) > MAX_HOOKS:
             raise HookError(("hooks",), f"too many hooks: at most {MAX_HOOKS} (MAX_HOOKS), got {len(items)}")
         new: list[HookSpec] = []
-        next_id = self._next_id
         for i, item in enumerate(items):
             try:
                 if not isinstance(item, Mapping):
@@ -234,9 +249,8 @@ class Registry:
                 )
             except HookError as e:
                 raise HookError(("hooks", i, *e.loc), e.msg) from None
-            new.append(HookSpec(f"h{next_id}", kind, point, target, params, enabled, i))
-            next_id += 1
-        self._next_id = next_id
+            new.append(HookSpec("", kind, point, target, params, enabled, i))
+        new = [replace(s, id=self._new_id()) for s in new]  # ids only once every item is valid
         return self._commit("import", None, list(self.requested), new, new)
 
     def adopt(self, changes: list[Change]) -> None:
@@ -245,8 +259,15 @@ class Registry:
             self.pending.append(ch)
         if changes:
             self.requested = list(changes[-1].config)
-            ids = [int(s.id[1:]) for ch in changes for s in ch.config if s.id[1:].isdigit()]
-            self._next_id = max([self._next_id, *(i + 1 for i in ids)])
+            ids = [s.id for ch in changes for s in ch.config if s.id[1:].isdigit()]
+            self._next_id = max([self._next_id, *(int(i[1:]) + 1 for i in ids if i[0] == "h")])
+            self._next_remote = max([self._next_remote, *(int(i[1:]) + 1 for i in ids if i[0] == "r")])
+
+    def replace_pending(self, changes: list[Change]) -> None:
+        """Under torch.distributed, on a rank other than 0: rank 0's pending changes (which include
+        the script's own edit just made here, with the same id) replace this rank's."""
+        self.pending.clear()
+        self.adopt(changes)
 
     # ---------------------------------------------------------------- applying
     def apply_next(self, applied_step: int) -> Change | None:

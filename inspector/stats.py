@@ -29,6 +29,7 @@ __all__ = [
     "sq_norm",
     "clamp_abs_",
     "real_dtype",
+    "value_range",
 ]
 
 _HAS_NORM_DTYPE: bool | None = None
@@ -161,8 +162,41 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], 
     return means, stds
 
 
+def _hist_values(x: Tensor, finite: bool) -> Tensor:
+    """The float32 values a histogram counts: magnitudes for complex, non-finite ones dropped
+    unless the caller knows there are none."""
+    x = x.detach().reshape(-1)
+    if x.is_complex():
+        x = x.abs()
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x if finite else x[torch.isfinite(x)]
+
+
+def value_range(
+    raw: Tensor, final: Tensor | None, *, raw_finite: bool = False, final_finite: bool = False
+) -> Tensor:
+    """``[-min, max]`` of the values :func:`histograms` would count (float32, on device; ``-inf``
+    for no values): a max across ranks of these is the range of a sharded tensor's histogram."""
+    parts = [_hist_values(raw, raw_finite)]
+    if final is not None:
+        parts.append(_hist_values(final, final_finite))
+    out = torch.full((2,), -math.inf, device=raw.device)
+    for x in parts:
+        if x.numel():
+            lo, hi = torch.aminmax(x)
+            out = torch.maximum(out, torch.stack([-lo, hi]))
+    return out
+
+
 def histograms(
-    raw: Tensor, final: Tensor | None, bins: int = 64, *, raw_finite: bool = False, final_finite: bool = False
+    raw: Tensor,
+    final: Tensor | None,
+    bins: int = 64,
+    *,
+    raw_finite: bool = False,
+    final_finite: bool = False,
+    span: Tensor | None = None,
 ) -> Tensor:
     """Histograms of ``raw`` and ``final`` over common edges, entirely on device.
 
@@ -174,22 +208,19 @@ def histograms(
     come from ``bincount`` on the CPU and from ``index_add_`` on accelerators (where
     ``bincount`` would sync to size its output). ``raw_finite`` / ``final_finite`` (the
     caller knows that tensor holds no NaN/Inf) skip masking non-finite values out, a costly
-    gather on large tensors.
+    gather on large tensors. ``span`` (``[-min, max]`` from :func:`value_range`, maxed across the
+    ranks of a sharded tensor) gives the range instead of these values' own.
     """
-
-    def values(x: Tensor, finite: bool) -> Tensor:
-        x = x.detach().reshape(-1)
-        if x.is_complex():
-            x = x.abs()
-        if x.dtype != torch.float32:
-            x = x.float()
-        return x if finite else x[torch.isfinite(x)]
-
-    r = values(raw, raw_finite)
-    f = values(final, final_finite) if final is not None else None
+    r = _hist_values(raw, raw_finite)
+    f = _hist_values(final, final_finite) if final is not None else None
     present = [x for x in (r, f) if x is not None and x.numel()]
     dev = r.device
-    if not present:
+    if span is not None:
+        some = torch.isfinite(span).all()  # no values on any rank: the empty histogram's range, [0, 1]
+        lo = torch.where(some, -span[0], torch.zeros((), device=dev))
+        hi = torch.where(some, span[1], torch.ones((), device=dev))
+        hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
+    elif not present:
         lo, hi = torch.zeros((), device=dev), torch.ones((), device=dev)
     else:
         both = torch.stack([torch.stack(torch.aminmax(x)) for x in present])  # (1 or 2, 2): min, max

@@ -30,7 +30,8 @@ from torch import Tensor
 from .nonfinite import Findings, find_nonfinite
 from .ops import HookState
 from .records import Snapshot
-from .stats import absmax, dense, foreach_norm, histograms, mean_std, wide_norm
+from .sharded import Layout, local
+from .stats import absmax, dense, foreach_norm, histograms, mean_std, value_range, wide_norm
 from .telemetry import Pack
 from .torch_hooks import TorchHooks
 
@@ -96,9 +97,11 @@ class RawRead:
 class StepStats:
     """The statistics of the step under way; see the module docstring for the order."""
 
-    def __init__(self, params: list[str], tensors: list[Tensor]) -> None:
+    def __init__(self, params: list[str], tensors: list[Tensor], layout: Layout | None = None) -> None:
         self.params = params
         self.tensors = tensors
+        self.layout = layout  # FSDP2: statistics of sharded parameters combine across the mesh
+        self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
         self.raw_read: RawRead | None = None
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
@@ -111,17 +114,27 @@ class StepStats:
         if self._before_ready:
             return
         with torch.no_grad():
+            ps = self._params_local()
             if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults
-                self._param_buf = [torch.empty_like(p) for p in self.tensors]
-            torch._foreach_copy_(self._param_buf, [p.detach() for p in self.tensors])
+                self._param_buf = [torch.empty_like(p) for p in ps]
+            torch._foreach_copy_(self._param_buf, ps)
         self._before_ready = True
+
+    def _params_local(self) -> list[Tensor]:
+        """The parameters, detached; under FSDP2 this rank's shards (a DTensor has no foreach kernels)."""
+        if self.layout is None:
+            return [p.detach() for p in self.tensors]
+        return [local(p.detach()) for p in self.tensors]
 
     def raw(self, hooks: TorchHooks, sampled: bool, hist: Iterable[int]) -> RawRead:
         """Raw norms and NaN/Inf findings (one host read, every step); raw abs-max and histogram
         copies on sampled steps."""
         present = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
         idx = [i for i, _ in present]
-        grads = [dense(g) for _, g in present]
+        if self.layout is None:
+            grads = [dense(g) for _, g in present]
+        else:  # FSDP2: this rank's shards; the snapshot combines them (norms here are the shards')
+            grads = [dense(local(g)) for _, g in present]
         norms = foreach_norm(grads)
         read = Pack()
         read.add("norm", norms)
@@ -131,33 +144,42 @@ class StepStats:
         read.add("local_norm", [hooks.local_sq[i].sqrt() for i in local_idx])  # type: ignore[union-attr]
         host = read.transfer()  # NaN/Inf detection on every step: the one host read of an unsampled step
         raw_norms = dict(zip(idx, host.get("norm", []), strict=True))
-        findings = find_nonfinite(raw_norms, self.tensors)
+        findings = find_nonfinite(raw_norms, dict(zip(idx, grads, strict=True)))
         for k, i in enumerate(idx):  # a finite gradient whose float32 norm overflowed: its float64 norm
             if i in findings.overflow:
                 norms[k] = findings.overflow[i]
         findings.bad_modules = [n for n, v in zip(mod_names, host.get("module_bad", []), strict=True) if v]
         out = RawRead(norms=raw_norms, norm_tensors=norms, findings=findings)
+        if (
+            self.layout is not None and hooks.per_rank
+        ):  # FSDP2: a sharded parameter's local norm is its shard's
+            local_idx = sorted({*local_idx, *(i for i in idx if self.layout.sharded[i])})
         if local_idx:
-            local = [math.nan] * len(self.params)
-            for i, v in zip(local_idx, host["local_norm"], strict=True):
-                local[i] = v
-            out.local_norms = local
-            out.local_bad = next((i for i in local_idx if not math.isfinite(local[i])), -1)
+            mine = [math.nan] * len(self.params)
+            for i, v in zip(local_idx, host.get("local_norm", []), strict=False):
+                mine[i] = v
+            if self.layout is not None:
+                for i in idx:
+                    if self.layout.sharded[i]:
+                        mine[i] = raw_norms[i]
+            out.local_norms = mine
+            out.local_bad = next((i for i in local_idx if not math.isfinite(mine[i])), -1)
         if sampled:
             out.absmax = absmax(grads)
             for i in hist:
                 g = self.tensors[i].grad
                 if g is not None:
-                    out.hist_raw[i] = dense(g).detach().clone()
+                    out.hist_raw[i] = dense(local(g)).detach().clone()
         self.raw_read = out
         return out
 
     def final(self, raw: RawRead, *, hooks_ran: bool) -> None:
         """The sampled step's statistics of the final gradients (after every ``pre_step`` hook)."""
         pack = Pack()
-        pack.add("raw_absmax", raw.absmax)
+        if self.layout is None:
+            pack.add("raw_absmax", raw.absmax)
         fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
-        fgrads = [dense(g) for _, g in fin]
+        fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
         if hooks_ran:
             fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
             for k, (i, _) in enumerate(fin):  # reduced as the raw norm was (see find_nonfinite)
@@ -165,27 +187,41 @@ class StepStats:
                     fnorms[k] = wide_norm(fgrads[k])
         else:  # no pre_step hook ran: the final gradients are the raw ones
             fnorms, fabsmax = raw.norm_tensors, raw.absmax
-        pack.add("final_norm", fnorms)
-        pack.add("final_absmax", fabsmax)
         strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
-        means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
-        pack.add("std", stds)
-        pack.add("mean", means)
+        if self.layout is None:
+            pack.add("final_norm", fnorms)
+            pack.add("final_absmax", fabsmax)
+            means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
+            pack.add("std", stds)
+            pack.add("mean", means)
+        else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
+            self._part = {
+                "fnorms": fnorms,
+                "fabsmax": fabsmax,
+                "sums": [fgrads[k].sum() for k in strided],
+            }
+        hist_in = []
         for i, g_raw in raw.hist_raw.items():
             g = self.tensors[i].grad
             raw_finite = math.isfinite(raw.norms.get(i, math.nan))
             # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
             # non-finite, and only a host read could tell
-            pack.add(
-                f"hist:{i}",
-                histograms(
+            hist_in.append(
+                (
+                    i,
                     g_raw,
-                    dense(g) if g is not None else None,
-                    HIST_BINS,
-                    raw_finite=raw_finite,
-                    final_finite=raw_finite and not hooks_ran,
-                ),
+                    dense(local(g)) if g is not None else None,
+                    raw_finite,
+                    raw_finite and not hooks_ran,
+                )
             )
+        spans = self._hist_spans(hist_in)
+        for i, g_raw, g_fin, rf, ff in hist_in:
+            h = histograms(g_raw, g_fin, HIST_BINS, raw_finite=rf, final_finite=ff, span=spans.get(i))
+            if i in spans:  # a sharded parameter's counts: summed across the mesh in the snapshot
+                self._part.setdefault("hist", {})[i] = h
+            else:
+                pack.add(f"hist:{i}", h)
         self._meta = {
             "fin_idx": [i for i, _ in fin],
             "dense_idx": [fin[k][0] for k in strided],
@@ -194,6 +230,98 @@ class StepStats:
         }
         self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
         self._pack = pack
+
+    def _hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None, bool, bool]]) -> dict[int, Tensor]:
+        """FSDP2: the global ``[-min, max]`` of each sharded parameter's histogram, in one collective
+        (every rank takes the same histograms: the exchange carries rank 0's choice)."""
+        lay = self.layout
+        mine = [h for h in hist_in if lay is not None and lay.sharded[h[0]]]
+        if lay is None or not mine:
+            return {}
+        ranges = torch.cat([value_range(g, f, raw_finite=rf, final_finite=ff) for _, g, f, rf, ff in mine])
+        ranges = lay.combine(ranges, torch.zeros(ranges.numel(), dtype=torch.bool))
+        return {h[0]: ranges[2 * k : 2 * k + 2] for k, h in enumerate(mine)}
+
+    def _combine(
+        self,
+        pack: Pack,
+        raw: RawRead | None,
+        meta: dict[str, Any],
+        pnorms: list[Tensor],
+        unorms: list[Tensor] | None,
+        effs: list[tuple[str, list[Tensor]]],
+    ) -> None:
+        """FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
+        results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
+        unsharded path uses. Every rank builds the same columns (the same config and sampling, the
+        same histograms): a sharded parameter's sums of squares, sums, NaN/Inf and histogram counts
+        are summed, abs-max and a histogram's range maxed; a parameter that is not sharded keeps
+        its own values (the max of equal ones)."""
+        lay = self.layout
+        assert lay is not None
+        n = len(self.params)
+        dev = pnorms[0].device if pnorms else torch.device("cpu")
+        sharded = torch.tensor(lay.sharded, dtype=torch.bool)
+        cols: list[tuple[str, Tensor, Tensor]] = []
+
+        def column(name: str, indices: list[int], values: list[Tensor], *, summed: bool) -> None:
+            v = torch.zeros(n, device=dev)
+            if indices:
+                v[torch.tensor(indices, device=dev)] = torch.stack(
+                    [x.reshape(()).to(dev, torch.float32) for x in values]
+                )
+            cols.append((name, v, sharded if summed else torch.zeros(n, dtype=torch.bool)))
+
+        raw_idx = list(raw.norms) if raw is not None else []
+        part = self._part
+        fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
+        sums = part.get("sums", [])
+        counts = raw.findings.counts if raw is not None else {}
+        column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)
+        column("raw_am", raw_idx, raw.absmax if raw else [], summed=False)
+        column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
+        column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
+        column("re", dense_idx, [x.real if x.is_complex() else x for x in sums], summed=True)
+        column("im", dense_idx, [x.imag if x.is_complex() else torch.zeros(()) for x in sums], summed=True)
+        one = torch.ones(())
+        column("nan", list(counts), [one * c[0] for c in counts.values()], summed=True)
+        column("inf", list(counts), [one * c[1] for c in counts.values()], summed=True)
+        column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
+        column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
+        for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
+            v = torch.stack([x.to(dev) for x in e])
+            cols.append((f"eff:{hid}", v, torch.ones(3, dtype=torch.bool)))
+        for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
+            summed = torch.ones(h.numel(), dtype=torch.bool)
+            summed[:2] = False
+            cols.append((f"hist:{i}", h.to(dev), summed))
+        flat = lay.combine(torch.cat([c[1] for c in cols]), torch.cat([c[2] for c in cols]))
+        got, at = {}, 0
+        for name, v, _ in cols:
+            got[name] = flat[at : at + v.numel()]
+            at += v.numel()
+        pack.add("raw_norm", got["raw_sq"].sqrt())
+        pack.add("nan", got["nan"])
+        pack.add("inf", got["inf"])
+        if raw_idx:
+            pack.add("raw_absmax", got["raw_am"][raw_idx])
+        if fin_idx:
+            pack.add("final_norm", got["fin_sq"][fin_idx].sqrt())
+            pack.add("final_absmax", got["fin_am"][fin_idx])
+        if dense_idx:
+            numel = torch.tensor([float(self.tensors[i].numel()) for i in dense_idx], dtype=torch.float64)
+            numel = numel.to(dev)
+            re, im = got["re"][dense_idx].double() / numel, got["im"][dense_idx].double() / numel
+            var = (got["fin_sq"][dense_idx].double() - numel * (re * re + im * im)) / (numel - 1)
+            pack.add("std", torch.where(numel > 1, var.clamp_min(0).sqrt(), math.nan).float())
+            pack.add("mean", re.float())
+        pack.add("param_norm", got["p_sq"].sqrt())
+        if unorms:
+            pack.add("update_norm", got["u_sq"].sqrt())
+        for hid, _ in effs:
+            pack.add(f"eff:{hid}", got[f"eff:{hid}"])
+        for i in part.get("hist", {}):
+            pack.add(f"hist:{i}", got[f"hist:{i}"])
 
     def _wide_final(
         self,
@@ -220,6 +348,7 @@ class StepStats:
         self._pack = None
         self._meta = {}
         self._fgrads = {}
+        self._part = {}
         self._before_ready = False
 
     def close(self) -> None:
@@ -246,26 +375,33 @@ class StepStats:
         raw = self.raw_read if self._pack is not None else None
         n = len(self.params)
         with torch.no_grad():
-            pack.add("param_norm", foreach_norm([p.detach() for p in self.tensors]))
+            ps = self._params_local()
+            pnorms = foreach_norm(ps)
+            unorms = None
             if self._before_ready and self._param_buf is not None:
                 buf = self._param_buf
-                torch._foreach_sub_(buf, [p.detach() for p in self.tensors])  # now before - after, in place
-                pack.add("update_norm", foreach_norm(buf))
-        eff_ids = []
+                torch._foreach_sub_(buf, ps)  # now before - after, in place
+                unorms = foreach_norm(buf)
+        if self.layout is None:
+            pack.add("param_norm", pnorms)
+            if unorms is not None:
+                pack.add("update_norm", unorms)
+        eff_ids, effs = [], []
         for st in states:
             if st.measured:
-                pack.add(
-                    f"eff:{st.spec.id}",
-                    [
-                        torch.as_tensor(x, dtype=torch.float32)
-                        for x in (st.changed, st.before_sq, st.after_sq)
-                    ],
+                effs.append(
+                    [torch.as_tensor(x, dtype=torch.float32) for x in (st.changed, st.before_sq, st.after_sq)]
                 )
                 eff_ids.append(st.spec.id)
+        if self.layout is None:
+            for hid, e in zip(eff_ids, effs, strict=True):
+                pack.add(f"eff:{hid}", e)
         mod_keys = sorted(hooks.mod_sq)
         pack.add("modules", [hooks.mod_sq[k] for k in mod_keys])
         rec_keys = [k for k, v in records.items() if isinstance(v[0], Tensor)]
         pack.add("rec", [records[k][0] for k in rec_keys])
+        if self.layout is not None:
+            self._combine(pack, raw, meta, pnorms, unorms, list(zip(eff_ids, effs, strict=True)))
         data = pack.transfer()  # the one host transfer of this snapshot
 
         def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
@@ -279,12 +415,17 @@ class StepStats:
         fin_idx = meta.get("fin_idx", [])
         dense_idx = meta.get("dense_idx", [])
         counts = raw.findings.counts if raw is not None else {}
+        if "raw_norm" in data:  # FSDP2: the full gradients' raw norms and counts, combined
+            raw_norms = dict(zip(range(n), data["raw_norm"], strict=True))
+            raw_norms = {i: raw_norms[i] for i in raw_idx}
+            counts = {i: (int(data["nan"][i]), int(data["inf"][i])) for i in raw_idx}
         grad_norm_raw = scatter(raw_idx, list(raw_norms.values()))
         grad_norm = scatter(fin_idx, data.get("final_norm"))
         std = scatter(dense_idx, data.get("std"))
         mean = scatter(dense_idx, data.get("mean"))
         absmax_final = scatter(fin_idx, data.get("final_absmax"))
-        self._wide_final(grad_norm, absmax_final, std, set(dense_idx))
+        if self.layout is None:  # (under FSDP2 a shard's float64 norm is not the tensor's)
+            self._wide_final(grad_norm, absmax_final, std, set(dense_idx))
         for i in dense_idx:  # a complex mean is not one number (see stats.mean_std)
             if self.tensors[i].is_complex():
                 mean[i] = None

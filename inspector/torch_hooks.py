@@ -18,7 +18,8 @@ keeps torch's registrations in line with the plan:
   an in-place module (``ReLU(inplace=True)``, whose output is its input tensor) reports the
   gradient of its real input, not of its output;
 - under DDP (``per_rank``), a post-accumulate hook on every parameter that keeps this rank's
-  local, pre-all-reduce squared gradient norm.
+  local, pre-all-reduce squared gradient norm. Under FSDP2 a sharded parameter gets none: its
+  per-rank norm is that of this rank's shard of the reduced gradient (:mod:`inspector.step_stats`).
 
 Only the training thread calls :meth:`TorchHooks.sync` and :meth:`TorchHooks.remove_all`
 (torch hooks are registered and removed there, never from the server's threads). The step
@@ -38,7 +39,8 @@ from torch import Tensor, nn
 from .ops import HookState, NanFinding, ParamTarget, apply_post_accumulate
 from .owned import OwnedHook
 from .records import HookSpec
-from .stats import dense
+from .sharded import Layout, is_dtensor
+from .stats import dense, sq_norm
 from .targets import match
 
 __all__ = ["Plan", "TorchHooks"]
@@ -81,6 +83,7 @@ class TorchHooks:
         on_failure: ``on_failure(spec, name, err)``, called when a hook raised (it disables it).
         scaler: the GradScaler whose scale module norms are divided by, or None.
         per_rank: keep each parameter's local gradient norm (DDP's per-rank spread).
+        layout: the FSDP2 layout of the parameters, or None.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class TorchHooks:
         on_failure: FailCallback,
         scaler: Any = None,
         per_rank: bool = False,
+        layout: Layout | None = None,
     ) -> None:
         self.params = params
         self.tensors = tensors
@@ -100,6 +104,8 @@ class TorchHooks:
         self._is_sampled = is_sampled
         self._on_failure = on_failure
         self._scaler = scaler
+        self.layout = layout
+        self._per_rank = per_rank
         self.plan = Plan()
         self.states: dict[str, HookState] = {}
         self.dirty = False  # the plan changed since torch's registrations were last synced
@@ -116,12 +122,12 @@ class TorchHooks:
         self.post_found: dict[int, tuple[NanFinding, str]] = {}
         if per_rank:
             for i, t in enumerate(tensors):
-                if t.requires_grad:
+                if t.requires_grad and not is_dtensor(t):
                     self._local_handles.append(t.register_post_accumulate_grad_hook(self._local_hook(i)))
 
     @property
     def per_rank(self) -> bool:
-        return bool(self._local_handles)
+        return self._per_rank
 
     # ------------------------------------------------------------ plan
     def rebuild(self, applied: list[HookSpec], fns: Mapping[str, Callable[[str, Tensor], Any]]) -> None:
@@ -143,8 +149,12 @@ class TorchHooks:
                 for name in match(list(self.modules), s.target):
                     module.setdefault(name, []).append(st)
                 continue
+            lay = self.layout
             targets = tuple(
-                ParamTarget(index[n], n, self.tensors[index[n]]) for n in match(self.params, s.target)
+                ParamTarget(
+                    index[n], n, self.tensors[index[n]], lay, lay is not None and lay.sharded[index[n]]
+                )
+                for n in match(self.params, s.target)
             )
             if s.point == "pre_step":
                 pre.append((st, targets))
@@ -279,7 +289,7 @@ class TorchHooks:
             t0 = time.perf_counter()
             try:
                 with torch.no_grad():
-                    sq = grad.detach().float().pow(2).sum()
+                    sq = sq_norm(grad.detach())
                     if self._scaler is not None and getattr(self._scaler, "_scale", None) is not None:
                         sq = sq / self._scaler._scale.to(sq.device).float().pow(2)  # report unscaled norms
                     key = (name, which)
@@ -301,8 +311,6 @@ class TorchHooks:
             g = param.grad
             if g is not None:
                 with torch.no_grad():
-                    self.local_sq[i] = (
-                        dense(g).detach().float().pow(2).sum()
-                    )  # accumulated in place: last wins
+                    self.local_sq[i] = sq_norm(dense(g).detach())  # accumulated in place: last wins
 
         return hook

@@ -45,6 +45,17 @@ def last_step(out: Path, rank: int) -> int:
     return rows[-1]["step"] if rows else 0
 
 
+def assert_script_hook_agrees(rows0: list[dict], rows1: list[dict], at: int) -> None:
+    """The hook the script added at step ``at`` while a dashboard edit was pending on rank 0 has the
+    same id on both ranks, and both ranks apply both hooks from that step (issue 13, point 7)."""
+    sid0 = {r["script_id"] for r in rows0 if r["step"] >= at}
+    sid1 = {r["script_id"] for r in rows1 if r["step"] >= at}
+    assert sid0 == sid1 and len(sid0) == 1 and None not in sid0, (sid0, sid1)
+    row = next(r for r in rows0 if r["step"] == at)
+    applied = dict(row["applied"])
+    assert applied[sid0.pop()] == at and sum(1 for s in applied.values() if s == at) == 2, row
+
+
 def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
     master, http_port = free_port(), free_port()
     env = {
@@ -69,6 +80,8 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
                 str(http_port),
                 "--nan-step",
                 "12",
+                "--interleave",
+                "5",
             ],
             env={**env, "RANK": str(r)},
             stdout=subprocess.PIPE,
@@ -137,6 +150,8 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
         assert a["step"] == b["step"]
         assert a["sum"] == b["sum"], f"ranks diverged at step {a['step']}"
         assert a["version"] == b["version"], f"config differs at step {a['step']}"
+        assert a["applied"] == b["applied"], f"hook ids differ at step {a['step']}"
+    assert_script_hook_agrees(rows0, rows1, 5)
     for rows in (rows0, rows1):
         for row in rows:
             if row["step"] < applied:

@@ -45,6 +45,12 @@ def main() -> None:
         "--die-at", type=int, default=-1, help="rank 1 exits inside optimizer.step() of this step"
     )
     ap.add_argument("--dist-timeout", type=float, default=60.0)
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=-1,
+        help="before this step: rank 0 adds a hook from another thread, then the script adds one",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -80,8 +86,15 @@ def main() -> None:
         print("URL " + url, flush=True)
     tick = threading.Event()
     out = (args.out / f"rank{rank}.jsonl").open("w")
+    script_id = None
     for _ in range(args.steps):
         x = torch.randn(8, 16, generator=data)
+        if insp.step + 1 == args.interleave:
+            if rank == 0:  # a dashboard edit, still pending when the script's edit comes
+                t = threading.Thread(target=lambda: insp.add_hook("scale", target="*", factor=1.0))
+                t.start()
+                t.join()
+            script_id = insp.add_hook("clip_value", target="*", threshold=1e6).id
         if rank == 1 and insp.step + 1 == args.nan_step:
             x[0, 0] = float("nan")
         opt.zero_grad()
@@ -115,7 +128,14 @@ def main() -> None:
             )
         out.write(
             json.dumps(
-                {"step": step, "sum": checksum(model), "version": insp.config_version, "clip_err": clip_err}
+                {
+                    "step": step,
+                    "sum": checksum(model),
+                    "version": insp.config_version,
+                    "applied": [[h["id"], h["applied_step"]] for h in insp.hooks() if h["applied_step"]],
+                    "script_id": script_id,
+                    "clip_err": clip_err,
+                }
             )
             + "\n"
         )
