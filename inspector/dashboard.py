@@ -1,4 +1,5 @@
-"""Serving the dashboard from the training process: ``serve()`` and ``wait()``.
+"""Serving the dashboard from the training process: ``serve()`` and ``wait()``; in a notebook,
+``_repr_html_()`` (a link to it) and ``show()`` (it inline), from :mod:`inspector.notebook`.
 
 :class:`Dashboard` is a base of the :class:`~inspector.Inspector`; ``serve()`` loads the ``server``
 package lazily (:mod:`inspector.server_loader`), so importing ``inspector`` imports no web code.
@@ -12,6 +13,7 @@ import threading
 import warnings
 from typing import Any
 
+from . import notebook
 from .server_loader import load_server_module
 
 __all__ = ["Dashboard"]
@@ -21,7 +23,7 @@ _PORT_RETRIES = 50  # ... or the next free one of the ports after it, as Jupyter
 
 
 class Dashboard:
-    """``serve()`` and ``wait()``; the state used here is the Inspector's."""
+    """``serve()``, ``wait()``, ``_repr_html_()`` and ``show()``; the state used here is the Inspector's."""
 
     rank: int
     _server: Any
@@ -87,6 +89,13 @@ class Dashboard:
                 flush=True,
             )
         return str(self._server.url)
+
+    def _repr_html_(self) -> str:  # a notebook's display: a link to the dashboard (inspector/notebook.py)
+        return notebook.status_html(self)
+
+    def show(self, height: int = 720) -> Any:
+        """The dashboard inline in a notebook (an iframe; served first if need be): inspector/notebook.py."""
+        return notebook.show(self, height)
 
     def wait(self) -> None:
         """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.

@@ -24,6 +24,12 @@ from .errors import HookError, shown
 __all__ = ["POINTS", "KINDS", "KindDef", "ParamDef", "hook_kinds", "validate_params", "check_point"]
 
 POINTS = ("pre_step", "post_accumulate", "module")
+# One line per point, sent with each kind's schema (`point_descriptions`) for the page's form.
+POINT_DESCRIPTIONS = {
+    "pre_step": "before optimizer.step(): the final gradients (accumulated, unscaled), once per step",
+    "post_accumulate": "as each backward accumulates into .grad (every micro-batch); already inside 'raw'",
+    "module": "on each target module's backward (grad_output / grad_input), every backward",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +296,8 @@ def hook_kinds() -> dict[str, dict[str, Any]]:
     """Every kind as a JSON Schema of its params, with defaults, plus its points.
 
     ``{"clip_value": {"type": "object", "description": ..., "points": ["pre_step", ...],
-    "default_point": "pre_step", "properties": {"threshold": {...}}, "required": ["threshold"],
+    "default_point": "pre_step", "point_descriptions": {"pre_step": "before optimizer.step(): ...", ...},
+    "properties": {"threshold": {...}}, "required": ["threshold"],
     "additionalProperties": false}, ...}``
     """
     return {
@@ -299,6 +306,7 @@ def hook_kinds() -> dict[str, dict[str, Any]]:
             "description": k.description,
             "points": list(k.points),
             "default_point": k.points[0],
+            "point_descriptions": {pt: POINT_DESCRIPTIONS[pt] for pt in k.points},
             "modifies": k.modifies,
             "python_only": k.name == "python",
             "properties": {p.name: _schema(p) for p in k.params},

@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Train a built-in scenario in a background thread and serve the dashboard.\n\n"
             "Scenarios: mlp (a small MLP, nothing wrong), exploding (gradients blow up: try clip_norm),\n"
             "nan (a bad batch poisons the weights: try nan_guard), tiny_gpt (a small transformer).\n\n"
-            "Training starts at once and runs until Ctrl-C, at most --steps-per-second steps a second\n"
+            "Training starts when the first page connects (--no-wait: at once), so the scenario can\n"
+            "be followed from step 0, and runs until Ctrl-C, at most --steps-per-second steps a second\n"
             "(changeable from the page). Every step is sampled (every=1). A scenario whose loss stays\n"
             "non-finite for 30 steps is reset in place: same run, same hooks, the step count goes on,\n"
             "and a scenario_reset event marks it. Each start is a new run in the database."
@@ -158,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--hooks",
         metavar="PRESET.json",
         help="start with these hooks (a preset, as GET /api/hooks/export writes it)",
+    )
+    demo.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="start training at once instead of waiting for the first page to connect",
     )
     demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
     demo.add_argument(
@@ -303,7 +309,7 @@ def run_demo(args: argparse.Namespace) -> int:
         insp.close()
         raise _Fail(str(e)) from None
     scenario = {"name": sc.name, "description": sc.description, "try_this": getattr(sc, "try_this", None)}
-    trainer = Trainer(sc, insp, steps_per_second=args.steps_per_second)
+    trainer = Trainer(sc, insp, steps_per_second=args.steps_per_second, wait_for_client=not args.no_wait)
     source = LiveSource(
         insp,
         mode="demo",
@@ -314,6 +320,8 @@ def run_demo(args: argparse.Namespace) -> int:
         owns_inspector=True,
     )
     lines = [f"scenario {sc.name}: {sc.description}"]
+    if not args.no_wait:
+        lines.append("training starts when the first page connects (--no-wait: at once)")
     lines.append(f"history in {os.path.abspath(args.db)}" if store is not None else "no history (--no-db)")
     try:
         return _serve(create_app(source, settings), settings, lines)

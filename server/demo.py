@@ -6,6 +6,12 @@ the machine goes). The cap can change at run time (`set_rate`, the
 `/api/training/rate` route) and takes effect at once. Pause, resume and single
 step are the core's (`insp.pause()`...): the thread blocks at the step boundary.
 
+Waiting for a page: with `wait_for_client=True` (the CLI's default; `--no-wait`
+turns it off) the thread trains nothing until `client_arrived()` is called,
+which the live source does when the first websocket (a page) says hello, so a
+person who opens the URL sees the scenario from step 0 and can follow hints
+such as "add clip_norm before step ~40".
+
 Non-finite runs: a scenario whose loss stays non-finite for `reset_after`
 consecutive steps (its weights are NaN: nothing can recover) is reset in place
 (`scenario.reset()`: fresh weights and optimizer state, same model objects).
@@ -33,10 +39,17 @@ class Trainer:
         insp: the inspector attached to the scenario's model and optimizer.
         steps_per_second: the cap (None for none).
         reset_after: consecutive non-finite losses before the scenario is reset.
+        wait_for_client: train nothing until `client_arrived()` (the first page).
     """
 
     def __init__(
-        self, scenario: Any, insp: Any, *, steps_per_second: float | None = 10.0, reset_after: int = 30
+        self,
+        scenario: Any,
+        insp: Any,
+        *,
+        steps_per_second: float | None = 10.0,
+        reset_after: int = 30,
+        wait_for_client: bool = False,
     ) -> None:
         self.scenario = scenario
         self.insp = insp
@@ -46,6 +59,9 @@ class Trainer:
         self._rate = steps_per_second
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._go = threading.Event()  # set: training may run (a page arrived, or no wait asked)
+        if not wait_for_client:
+            self._go.set()
         self._thread: threading.Thread | None = None
 
     @property
@@ -56,6 +72,15 @@ class Trainer:
         self._rate = steps_per_second
         self._wake.set()  # a long wait under the old cap ends now
 
+    @property
+    def waiting(self) -> bool:
+        """True while training waits for its first page (`wait_for_client`)."""
+        return not self._go.is_set()
+
+    def client_arrived(self) -> None:
+        """A page connected: training starts now if it was waiting; harmless afterwards."""
+        self._go.set()
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="gradient-inspector-demo", daemon=True)
@@ -64,6 +89,7 @@ class Trainer:
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._wake.set()
+        self._go.set()  # a thread still waiting for its first page sees the stop flag
         if self._thread is not None and self._thread.is_alive():
             if self.insp.state["state"] == "paused":
                 self.insp.resume()  # the thread waits at the boundary: let it reach the stop flag
@@ -71,6 +97,7 @@ class Trainer:
 
     def _run(self) -> None:
         bad = 0
+        self._go.wait()
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()

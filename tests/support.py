@@ -218,12 +218,15 @@ def start_demo(
     rate: float | str = 10.0,
     db: Path | str | None = None,
     extra: Iterable[str] = (),
+    wait: bool = False,
     **kwargs: Any,
 ) -> ServerProcess:
-    """``gradient-inspector demo --scenario SCENARIO --steps-per-second RATE --db DB EXTRA``
-    (``--no-db`` when ``db`` is None) as a `ServerProcess`; ``kwargs`` go to `start_cli`."""
+    """``gradient-inspector demo --scenario SCENARIO --steps-per-second RATE --db DB --no-wait EXTRA``
+    (``--no-db`` when ``db`` is None; without ``--no-wait`` when ``wait``: training then starts
+    with the first page) as a `ServerProcess`; ``kwargs`` go to `start_cli`."""
     history = ["--db", str(db)] if db is not None else ["--no-db"]
-    args = ["demo", "--scenario", scenario, "--steps-per-second", str(rate), *history, *extra]
+    no_wait = [] if wait else ["--no-wait"]
+    args = ["demo", "--scenario", scenario, "--steps-per-second", str(rate), *history, *no_wait, *extra]
     return start_cli(args, log_dir=log_dir, **kwargs)
 
 

@@ -203,7 +203,7 @@ def test_a_full_disk_file_size_limit_in_a_demo_process(tmp_path):
 @pytest.mark.slow
 def test_replay_and_export_read_the_file_while_a_run_records_it(cli_server, tmp_path):
     db = tmp_path / "h.sqlite"
-    demo = cli_server(["demo", "--db", str(db), "--steps-per-second", "50"])
+    demo = cli_server(["demo", "--no-wait", "--db", str(db), "--steps-per-second", "50"])
     wait_until(lambda: demo.client.get("/api/session").json()["training"]["step"] >= 20, 30, "steps")
     replay = cli_server(["replay", str(db)])
     live_run = demo.client.get("/api/session").json()["run_id"]

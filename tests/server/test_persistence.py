@@ -15,7 +15,7 @@ WINDOW = 1.0  # the writer's promise: history at most this far behind
 @pytest.mark.slow
 def test_kill_9_then_replay_holds_history_and_hook_changes(cli_server, tmp_path):
     db = tmp_path / "run.sqlite"
-    demo = cli_server(["demo", "--db", str(db), "--steps-per-second", "40"])
+    demo = cli_server(["demo", "--no-wait", "--db", str(db), "--steps-per-second", "40"])
     c = demo.client
     observed: list[tuple[float, int]] = []
 
