@@ -101,8 +101,10 @@ export const api = {
   training: (action) => request("POST", `/api/training/${action}`),
   rate: (stepsPerSecond) =>
     request("POST", "/api/training/rate", { body: { steps_per_second: stepsPerSecond } }),
-  snapshots: ({ since, limit, points, run } = {}) =>
-    request("GET", "/api/snapshots", { params: { since, limit, points, run } }),
+  snapshots: ({ since, until, limit, points, buckets, run } = {}) =>
+    request("GET", "/api/snapshots", { params: { since, until, limit, points, buckets, run } }),
+  scalars: ({ since, until, limit, points, buckets, run } = {}) =>
+    request("GET", "/api/scalars", { params: { since, until, limit, points, buckets, run } }),
   events: ({ since, run } = {}) => request("GET", "/api/events", { params: { since, run } }),
   runs: () => request("GET", "/api/runs"),
 };

@@ -12,6 +12,8 @@ import { PresetDialog } from "./presets.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
+import { timeControls } from "./timecontrols.js";
+import { Timeline } from "./timeline.js";
 import { debounce, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
 import { Connection } from "./ws.js";
 
@@ -46,6 +48,20 @@ class Dashboard {
       () => this.view,
       () => this.everyFrame(),
     );
+    // The time charts' shared step axis, and the loss chart's own controls (issue 14, part K).
+    this.timeline = new Timeline(
+      () => this.view,
+      (charts) => this.scheduler.resetSome(charts),
+    );
+    for (const c of [this.loss, this.heatmap]) this.timeline.join(c);
+    this.timeControls = timeControls({
+      header: $("chartLoss").closest(".card").querySelector(".card-head"),
+      loss: this.loss,
+      timeline: this.timeline,
+      view: () => this.view,
+      redraw: () => this.scheduler.resetNow("loss"),
+      note: (text) => this.localEvent("history", text),
+    });
 
     this.dialog = new PresetDialog($("presetDialog"));
     this.panel = new HookPanel({
@@ -181,8 +197,8 @@ class Dashboard {
     if (!this.live.addEvent(ev)) return;
     if (this.view !== this.live) return;
     this.log.addServerEvent(ev);
-    if (ev.kind === "hook_applied" || ev.kind === "nonfinite" || ev.kind === "step_skipped") {
-      this.scheduler.mark((p, name) => name === "loss" && (p.markers = true));
+    if (["hook_applied", "nonfinite", "step_skipped", "scenario_reset"].includes(ev.kind)) {
+      this.scheduler.mark((p, name) => (name === "loss" || name === "heatmap") && (p.markers = true));
       this.statsDirty = true;
     }
   }
@@ -276,6 +292,8 @@ class Dashboard {
   }
 
   resetCharts() {
+    this.timeline.reset();
+    this.timeControls.reset();
     this.view.pruneMarkers();
     this.scheduler.resetAll();
     this.statsDirty = true;

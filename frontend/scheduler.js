@@ -71,6 +71,18 @@ export class Scheduler {
     this.request();
   }
 
+  /** Redraw these charts from the state at the next frames (older history arrived). */
+  resetSome(charts) {
+    for (const s of this.slots) {
+      if (!charts.includes(s.chart)) continue;
+      s.pending = emptyPending();
+      s.pending.reset = true;
+      s.pending.dirty = true;
+      s.nextAt = 0;
+    }
+    this.request();
+  }
+
   /** Redraw one chart from scratch now (a toggle the user just clicked). */
   resetNow(name) {
     const s = this.slots.find((x) => x.name === name);

@@ -36,8 +36,13 @@ export class DashboardState {
     this.training = { state: "running", step: 0, scenario: null, steps_per_second: null };
     this.readOnly = false;
     this.snapshots = []; // compact rows, ascending step
-    this.loss = { x: [], y: [] };
-    this.markers = []; // {x, kind: "hook"|"nonfinite", text}
+    this.loss = { x: [], y: [], bad: [] }; // bad: {x, v} of non-finite losses (a gap in y, a marker)
+    this.markers = []; // {x, kind: "hook"|"nonfinite"|"reset", action (of a hook change), text}
+    // Older history fetched from the server for a zoomed-out view (the whole run, downsampled with
+    // each bucket's extremes kept; a zoomed-in range at full resolution): rows and loss points
+    // before the window, shown ahead of it on the time charts. Replaced by each fetch: bounded.
+    this.history = { rows: [], loss: { x: [], y: [] }, range: null };
+    this.compare = null; // another run overlaid on the loss chart: {runId, loss, norm, normRaw, markers}
     this.events = []; // newest last
     this.seenSeq = new Set();
     this.lastSeq = -1;
@@ -141,6 +146,7 @@ export class DashboardState {
     if (value === null || value === undefined || (x.length && step <= x[x.length - 1])) return false;
     x.push(step);
     this.loss.y.push(Number.isFinite(value) ? value : null);
+    if (!Number.isFinite(value)) this.loss.bad.push({ x: step, v: value });
     // Keep loss within the snapshot window too, so both share the x range.
     const w = this.window();
     const from = w.length > 1 ? w[0].step : -Infinity;
@@ -149,6 +155,8 @@ export class DashboardState {
     if (cut > 0) {
       x.splice(0, cut);
       this.loss.y.splice(0, cut);
+      const first = x.length ? x[0] : Infinity;
+      this.loss.bad = this.loss.bad.filter((b) => b.x >= first);
     }
     this.step = Math.max(this.step, step);
     return true;
@@ -172,9 +180,45 @@ export class DashboardState {
     return true;
   }
 
-  /** Drop markers left of the window; true when any went. */
+  /**
+   * Older history for the time charts (rows and loss of `/api/snapshots` and `/api/scalars`
+   * over `range`, [from, to]); only what lies before the window is kept.
+   */
+  setHistory(snapshots, scalars, range) {
+    const start = this.windowStart();
+    const rows = [];
+    for (const s of snapshots) {
+      const step = num(s.step);
+      if (!(step < start)) continue;
+      const row = { step, loss: num(s.loss), total_norm_raw: s.total_norm_raw, total_norm: s.total_norm };
+      for (const k of PER_PARAM) row[k] = s[k] || [];
+      rows.push(row);
+    }
+    const loss = { x: [], y: [] };
+    for (const r of scalars) {
+      const step = num(r.step);
+      const v = num(r.loss);
+      if (!(step < start) || v === null) continue;
+      loss.x.push(step);
+      loss.y.push(Number.isFinite(v) ? v : null);
+    }
+    this.history = { rows, loss, range };
+  }
+
+  /** The marker x positions kept: markers left of the shown history or window go. */
+  markersFrom() {
+    const h = this.history;
+    const first = Math.min(
+      h.rows.length ? h.rows[0].step : Infinity,
+      h.loss.x.length ? h.loss.x[0] : Infinity,
+      h.range ? h.range[0] : Infinity,
+    );
+    return Math.min(first, this.windowStart());
+  }
+
+  /** Drop markers left of the history and window; true when any went. */
   pruneMarkers() {
-    const from = this.windowStart();
+    const from = this.markersFrom();
     if (!Number.isFinite(from)) return false;
     const before = this.markers.length;
     this.markers = this.markers.filter((m) => m.x >= from);
@@ -191,19 +235,39 @@ function sameConfig(a, b) {
   );
 }
 
-/** A vertical marker on the loss chart for hook changes and non-finite gradients. */
-function markerFor(ev) {
+/** A vertical marker on the time charts for hook changes, non-finite gradients and scenario resets. */
+export function markerFor(ev) {
   const x = eventStep(ev);
   if (x === null) return null;
-  if (ev.kind === "hook_applied")
-    return { x, kind: "hook", text: plotlyText(`step ${x}: ${describeHookChange(ev)}`) };
+  if (ev.kind === "hook_applied") {
+    const action = ev.action || "update";
+    const more = values(ev);
+    const text = plotlyText(`step ${x}: ${describeHookChange(ev)}`) + (more ? `<br>${plotlyText(more)}` : "");
+    return { x, kind: "hook", action, text };
+  }
   if (ev.kind === "nonfinite" || ev.kind === "step_skipped") {
     return { x, kind: "nonfinite", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
+  }
+  if (ev.kind === "scenario_reset") {
+    return { x, kind: "reset", text: plotlyText(`step ${x}: scenario reset · ${describeEvent(ev)}`) };
   }
   return null;
 }
 
+/**
+ * The values a hook change leaves in force, for the hover of a marker whose action does not
+ * name them (an update's text has each "before → after" already, an add its params).
+ */
+function values(ev) {
+  if (!["enable", "disable", "remove"].includes(ev.action)) return "";
+  const spec = (ev.action === "remove" ? ev.before : ev.after) || ev.before || {};
+  const params = Object.entries(spec.params || {});
+  const text = params.map(([k, v]) => `${k}=${v}`).join(", ");
+  const state = ev.action === "remove" ? "was" : "now";
+  return text ? `${state}: ${text}${spec.point ? ` at ${spec.point}` : ""}` : "";
+}
+
 /** Plotly reads a few HTML tags in hover text: user text (targets, names) is escaped. */
-function plotlyText(s) {
+export function plotlyText(s) {
   return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }

@@ -17,6 +17,20 @@ export const COLORS = {
   text: "#c9d3df",
   muted: "#8592a3",
   plotBg: "#0e131a",
+  reset: "#f0883e",
+  compareLoss: "#c3f0c8",
+  compareNorm: "#ffd8b0",
+};
+
+// A hook change's marker on the time charts, by action: [symbol, colour] (the hover names
+// the action and the values too, so colour is never the only cue).
+export const HOOK_ACTIONS = {
+  add: ["triangle-down", "#d2a8ff"],
+  update: ["diamond", "#79c0ff"],
+  enable: ["circle", "#56d4dd"],
+  disable: ["circle-open", "#b1bac4"],
+  remove: ["triangle-down-open", "#ff9492"],
+  import: ["square", "#e3b341"],
 };
 
 // A perceptually even scale that reads well on the dark background.

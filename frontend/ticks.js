@@ -73,17 +73,75 @@ export function decadeTicks(lo, hi) {
 }
 
 /**
- * Tick labels for a log axis over these values: plain numbers (0.2, 0.5, 1, 2)
- * within about a decade and a half, where Plotly would otherwise label the 2s and 5s
- * with a bare digit; powers of ten across wider spans.
+ * Ticks of a log axis over these values, at round values only, as Plotly's
+ * `tickmode: "array"` keys: powers of ten (every k-th, so at most `maxTicks`)
+ * across wide spans; 1, 2, 5 times them within a few decades; within less than
+ * a decade, multiples of a round step (1, 2 or 5 times a power of ten: 0.4, 0.6,
+ * 0.8). Never one label per decade stacked on top of each other, never a label
+ * such as 1.43408. `maxTicks` follows the axis length (about 30 px a label).
  */
-export function logTicks(values) {
+export function logTicks(values, maxTicks = 8) {
   const [lo, hi] = positiveRange(values);
-  const span = Number.isFinite(lo) ? Math.log10(hi / lo) : 0;
-  // Powers of ten: every decade up to six of them, beyond that Plotly's choice.
-  if (span > 1.6) return { tickformat: "", exponentformat: "power", dtick: span > 6 ? null : 1 };
-  // 1-2-5 ticks; under half a decade Plotly's own (linear-looking) ticks read fine.
-  return { tickformat: "~g", exponentformat: "none", dtick: span > 0.5 ? "D2" : null };
+  if (!Number.isFinite(lo)) return {};
+  return logTicksIn(Math.log10(lo), Math.log10(hi), maxTicks);
+}
+
+/** The same over a log10 range [a, b] (an axis's visible range after a zoom). */
+export function logTicksIn(a, b, maxTicks = 8) {
+  const m = Math.max(2, maxTicks);
+  const vals = [];
+  const first = Math.ceil(a - 1e-9);
+  const last = Math.floor(b + 1e-9);
+  const decades = last - first + 1;
+  if (decades >= 3) {
+    const k = Math.max(1, Math.ceil(decades / m));
+    for (let e = Math.ceil(first / k) * k; e <= last; e += k) vals.push(Number(`1e${e}`));
+  } else {
+    for (const mult of [[1], [1, 5], [1, 2, 5]]) {
+      const cand = [];
+      for (let e = first - 1; e <= last; e++) {
+        for (const c of mult) {
+          const v = Number(`${c}e${e}`); // exact: 10 ** -5 is 9.999999999999999e-6
+          const lv = Math.log10(v);
+          if (lv >= a - 1e-9 && lv <= b + 1e-9) cand.push(v);
+        }
+      }
+      if (cand.length > m) break;
+      vals.length = 0;
+      vals.push(...cand);
+      if (cand.length >= 3) break;
+    }
+    if (vals.length < 2) {
+      // Less than a decade and too few 1-2-5 values inside: a round linear step.
+      const lo = 10 ** a;
+      const hi = 10 ** b;
+      const step = niceStep((hi - lo) / Math.min(m - 1, 4));
+      vals.length = 0;
+      for (let v = Math.ceil(lo / step - 1e-9) * step; v <= hi * (1 + 1e-9); v += step) {
+        vals.push(Number(v.toPrecision(12)));
+      }
+    }
+  }
+  return { tickmode: "array", tickvals: vals, ticktext: vals.map(tickLabel) };
+}
+
+/** 1, 2 or 5 times a power of ten: the round step nearest above `raw`. */
+export function niceStep(raw) {
+  if (!(raw > 0) || !Number.isFinite(raw)) return 1;
+  const e = Math.floor(Math.log10(raw));
+  const f = raw / 10 ** e;
+  const c = f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10;
+  return c * 10 ** e;
+}
+
+/** A round tick value as a short label: 0.002, 50, 2e-5, 1e34. */
+export function tickLabel(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e-3 && a < 1e5) return String(Number(v.toPrecision(6)));
+  const [mant, exp] = v.toExponential().split("e");
+  const m = String(Number(Number(mant).toPrecision(6)));
+  return `${m === "1" ? "1" : m}e${Number(exp)}`;
 }
 
 /** [min, max] of the positive finite values ([Infinity, -Infinity] for none). */

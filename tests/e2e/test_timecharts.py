@@ -1,0 +1,259 @@
+"""The whole run at any scale (issue 14, points 5, 6, 7, 8, 9 and 13), in a real Chromium.
+
+Zooming out after 2,000 steps fetches a downsampled history and shows step 1 on every time
+chart, zooming into an old range shows it at full resolution, and the charts share one
+step axis; on the exploding demo the axes switch to log with round ticks and the heatmap's
+colours follow robust quantiles; a non-finite value is a marker; the EMA slider smooths
+with the raw line kept faint; another run is overlaid; hook-change markers say which action.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests import support
+
+pytestmark = pytest.mark.e2e
+
+# The loss chart as drawn: each trace's name, x and y, and the axes' ranges and tick labels.
+LOSS = """() => {
+  const gd = document.querySelector('[data-testid="chart-loss"]');
+  if (!gd || !gd.data || !gd._fullLayout) return null;
+  const fl = gd._fullLayout;
+  const tr = {};
+  for (const d of gd.data) tr[d.name] = { x: Array.from(d.x || []), y: Array.from(d.y || []),
+    opacity: d.opacity === undefined ? 1 : d.opacity, text: Array.from(d.hovertext || []),
+    symbol: d.marker ? d.marker.symbol : null, color: d.marker ? d.marker.color : null };
+  return { traces: tr, range: fl.xaxis.range, y: { type: fl.yaxis.type, text: fl.yaxis.ticktext || null },
+           y2: { type: fl.yaxis2.type, text: fl.yaxis2.ticktext || null }, scale: gd.dataset.lossScale };
+}"""
+
+HEAT = """() => {
+  const gd = document.querySelector('[data-testid="chart-heatmap"]');
+  if (!gd || !gd.data || !gd.data.length || !gd._fullLayout) return null;
+  return { x: Array.from(gd.data[0].x), range: gd._fullLayout.xaxis.range,
+           zmin: gd.data[0].zmin, zmax: gd.data[0].zmax };
+}"""
+
+ROUND = re.compile(r"^(0\.0*[125]|[125]0*|[125]e-?\d+|0)$")
+
+
+def wait_until(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    return support.wait_until(pred, timeout, what, interval=0.05)
+
+
+def open_page(new_page: Any, server: support.ServerProcess, size: tuple[int, int] = (1440, 900)) -> tuple:
+    page, log = new_page()
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    page.goto(server.url)
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+    wait_until(
+        lambda: (page.evaluate(LOSS) or {}).get("traces", {}).get("loss", {}).get("x"), what="loss drawn"
+    )
+    return page, log
+
+
+def loss(page: Any) -> dict:
+    return page.evaluate(LOSS)
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[support.ServerProcess]:
+    """An mlp demo at 400 steps/s: past 2,000 steps within seconds."""
+    tmp = tmp_path_factory.mktemp("fast")
+    with support.start_demo(tmp, rate=400, db=tmp / "h.sqlite") as server:
+        yield server
+
+
+def test_zooming_out_after_2000_steps_shows_step_1_and_zooming_in_full_resolution(fast, new_page):
+    wait_until(lambda: fast.get("/api/session")["training"]["step"] > 2000, 120, "2,000 steps")
+    page, log = open_page(new_page, fast)
+    first = loss(page)["traces"]["loss"]["x"][0]
+    assert first > 1000, "before zooming out the chart holds the streamed window only"
+    page.get_by_test_id("whole-run").click()
+    wait_until(lambda: loss(page)["traces"]["loss"]["x"][0] == 1, what="step 1 on the loss chart")
+    wait_until(lambda: page.evaluate(HEAT)["x"][0] <= 2, what="the oldest steps on the heatmap")
+    d = loss(page)
+    assert d["range"][0] <= 1, "the axis shows step 1"
+    assert len(d["traces"]["loss"]["x"]) < 2 * 2000, "the whole run comes downsampled"
+    # streaming goes on at the right edge
+    right = d["range"][1]
+    wait_until(lambda: loss(page)["range"][1] > right + 50, what="the right edge following the stream")
+    # zooming into an old range: that range at full resolution, on every time chart
+    page.evaluate(
+        """() => Plotly.relayout(document.querySelector('[data-testid="chart-loss"]'),
+                                 {"xaxis.range[0]": 300, "xaxis.range[1]": 360})"""
+    )
+
+    def zoomed() -> bool:
+        xs = [x for x in loss(page)["traces"]["loss"]["x"] if 300 <= x <= 360]
+        return xs == list(range(300, 361))
+
+    wait_until(zoomed, what="every step of 300..360 on the loss chart")
+    wait_until(lambda: [round(v) for v in page.evaluate(HEAT)["range"]] == [300, 360], what="heatmap linked")
+    assert log.errors == []
+
+
+def test_the_loss_chart_smooths_with_an_ema_and_keeps_the_raw_line_faint(fast, new_page):
+    page, log = open_page(new_page, fast)
+    assert loss(page)["traces"]["loss smoothed"]["y"] == []
+    slider = page.get_by_test_id("smoothing")
+    slider.fill("0.9")
+    expect(page.get_by_test_id("smoothing-value")).to_have_text("0.9")
+
+    def smoothed() -> dict | None:
+        t = loss(page)["traces"]
+        return t if len(t["loss smoothed"]["y"]) == len(t["loss"]["y"]) > 20 else None
+
+    t = wait_until(smoothed, what="a smoothed loss as long as the loss")
+    assert t["loss"]["opacity"] < 0.5 and t["grad norm final"]["opacity"] < 0.5, "raw kept, faint"
+    raw = [v for v in t["loss"]["y"] if v is not None]
+    ema = [v for v in t["loss smoothed"]["y"] if v is not None]
+    rough = lambda ys: sum(abs(a - b) for a, b in zip(ys, ys[1:], strict=False))  # noqa: E731
+    assert rough(ema) < 0.5 * rough(raw), "the EMA is smoother than the raw loss"
+    assert len(t["grad norm final smoothed"]["y"]) == len(t["grad norm final"]["y"])
+    assert log.errors == []
+
+
+def test_hook_change_markers_show_the_action_with_its_own_symbol(fast, new_page):
+    page, log = open_page(new_page, fast)
+    fast.client.post("/api/training/pause").raise_for_status()
+    try:
+        hook = fast.client.post(
+            "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 5.0}}
+        ).json()
+        for change in (
+            lambda: fast.client.patch(f"/api/hooks/{hook['id']}", json={"params": {"threshold": 2.5}}),
+            lambda: fast.client.patch(f"/api/hooks/{hook['id']}", json={"enabled": False}),
+            lambda: fast.client.patch(f"/api/hooks/{hook['id']}", json={"enabled": True}),
+            lambda: fast.client.delete(f"/api/hooks/{hook['id']}"),
+        ):
+            fast.client.post("/api/training/step").raise_for_status()  # each change on a step of its own
+            change().raise_for_status()
+        fast.client.post("/api/training/step").raise_for_status()
+
+        def tips() -> dict | None:
+            t = loss(page)["traces"]["hook change"]
+            return t if len(t["x"]) >= 5 else None
+
+        t = wait_until(tips, what="five hook-change markers")
+    finally:
+        fast.client.post("/api/training/resume").raise_for_status()
+    texts = t["text"][-5:]
+    for word, text in zip(["added", "updated", "disabled", "enabled", "removed"], texts, strict=True):
+        assert word in text, texts
+    assert "threshold 5 → 2.5" in texts[1], "an edit names the values before and after"
+    assert "threshold=2.5" in texts[2] and "threshold=2.5" in texts[4], "disable and remove name the values"
+    assert len(set(t["symbol"][-5:])) == 5 and len(set(t["color"][-5:])) == 5, t
+    assert log.errors == []
+
+
+def test_the_exploding_demos_axes_go_log_with_round_ticks_and_robust_heatmap_colours(tmp_path, new_page):
+    with support.start_demo(tmp_path, scenario="exploding", rate=40, db=None) as server:
+        page, log = open_page(new_page, server, (1024, 768))
+
+        def exploded() -> dict | None:
+            d = loss(page)
+            ys = [v for v in d["traces"]["loss"]["y"] if v is not None and v > 0]
+            return d if ys and max(ys) / min(ys) > 1e12 and d["scale"] == "log" else None
+
+        d = wait_until(exploded, 60, "the loss spanning 12 decades, on a log axis")
+        for ax in ("y", "y2"):
+            assert d[ax]["type"] == "log"
+            labels = d[ax]["text"]
+            assert labels and 2 <= len(labels) <= 12, labels
+            assert all(ROUND.match(s) for s in labels), labels
+            assert len(set(labels)) == len(labels)
+        # the heatmap's colour range: robust quantiles, below the largest cell's value
+        zmax_cells = page.evaluate(
+            """() => Math.max(...document.querySelector('[data-testid="chart-heatmap"]').data[0].z
+                 .flat().filter((v) => v !== null && Number.isFinite(v)))"""
+        )
+        heat = wait_until(lambda: page.evaluate(HEAT), what="the heatmap drawn")
+        assert heat["zmax"] < zmax_cells, (heat, zmax_cells)
+        page.screenshot(path=str(tmp_path / "exploding-1024.png"))
+        assert log.errors == []
+
+
+def test_tick_labels_are_round_at_every_span_and_one_outlier_does_not_set_the_colours(fast, new_page):
+    page, log = open_page(new_page, fast)
+    out = page.evaluate(
+        """async () => {
+          const { logTicks } = await import("/static/ticks.js");
+          const { HeatmapChart } = await import("/static/charts.js");
+          const spans = [[1e-3, 1e34], [0.94482, 1.43408], [0.5, 3], [2.1, 2.3], [1e-5, 1e-2], [0.2, 40]];
+          const ticks = spans.map((s) => logTicks(s, 8).ticktext);
+          const hm = new HeatmapChart(document.createElement("div"), () => {});
+          const rows = Array.from({ length: 50 }, (_, i) => [-2 + (i % 5) * 0.1, -1]);
+          rows[7][0] = 31; // the one 1e31 cell
+          return { ticks, z: hm.zRange(rows) };
+        }"""
+    )
+    for labels in out["ticks"]:
+        assert 2 <= len(labels) <= 8 and all(ROUND.match(s) or re.match(r"^\d\.\d+$", s) for s in labels), (
+            labels
+        )
+        assert len(set(labels)) == len(labels)
+    assert out["ticks"][1] == ["1", "1.2", "1.4"], "never 1.43408 / 0.94482"
+    assert out["z"][1] < 1, f"the colour range ignores the outlier: {out['z']}"
+    assert log.errors == []
+
+
+def test_a_non_finite_value_is_a_marker_and_a_scenario_reset_has_its_own(tmp_path, new_page):
+    with support.start_demo(tmp_path, scenario="nan", rate=40, db=None) as server:
+        page, log = open_page(new_page, server)
+
+        def marked() -> dict | None:
+            t = loss(page)["traces"]
+            return t if t["non-finite value"]["x"] and t["NaN/Inf"]["x"] else None
+
+        t = wait_until(marked, 60, "a non-finite value marker and a NaN/Inf event marker")
+        bad = t["non-finite value"]
+        assert all(re.search(r"(NaN|Inf)", s) for s in bad["text"]), bad["text"]
+        events = server.get("/api/events")["events"]
+        first_nf = min(e["step"] for e in events if e["kind"] == "nonfinite")
+        assert min(t["NaN/Inf"]["x"]) == first_nf, "the NaN/Inf event marker at the first such step"
+        assert min(bad["x"]) <= first_nf + 1, "the value's marker where the event is"
+
+        def reset() -> dict | None:
+            r = loss(page)["traces"]["scenario reset"]
+            return r if r["x"] else None
+
+        r = wait_until(reset, 60, "the scenario reset's marker (weights NaN for 30 steps)")
+        assert "scenario reset" in r["text"][0] and r["symbol"][0] == "star"
+        assert log.errors == []
+
+
+def test_another_run_of_the_database_is_overlaid_with_its_hook_markers(tmp_path, new_page):
+    db = tmp_path / "h.sqlite"
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    with support.start_demo(tmp_path / "a", rate=200, db=db) as first:
+        first.client.post(
+            "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}}
+        ).raise_for_status()
+        wait_until(lambda: first.get("/api/session")["training"]["step"] > 300, 60, "300 steps of run 1")
+        run1 = first.get("/api/session")["run_id"]
+    with support.start_demo(tmp_path / "b", rate=40, db=db) as second:
+        page, log = open_page(new_page, second)
+        picker = page.get_by_test_id("compare-run")
+        picker.focus()
+        expect(picker.locator(f'option[value="{run1}"]')).to_have_count(1)
+        picker.select_option(str(run1))
+
+        def overlaid() -> dict | None:
+            t = loss(page)["traces"]
+            return t if t.get(f"run {run1} loss", {}).get("x") else None
+
+        t = wait_until(overlaid, what="run 1's loss overlaid")
+        assert max(t[f"run {run1} loss"]["x"]) > 300 and t[f"run {run1} final norm"]["x"]
+        marks = t[f"run {run1} hook change"]
+        assert marks["x"] and "added clip_value" in marks["text"][0]
+        assert all(math.isfinite(v) for v in t[f"run {run1} loss"]["y"] if v is not None)
+        assert log.errors == []
