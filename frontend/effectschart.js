@@ -67,8 +67,8 @@ export class EffectsChart {
       showlegend: ids.length > 0,
       legend: { ...LEGEND_ABOVE },
       xaxis: axis({ title: { text: "step" }, anchor: "y2" }),
-      yaxis: axis({ domain: [0.45, 1], title: { text: "norm after / before" } }),
-      yaxis2: axis({ domain: [0, 0.36], title: { text: "elements changed" }, rangemode: "tozero" }),
+      yaxis: axis({ domain: [0.45, 1], title: { text: "‖g‖ after/before" } }),
+      yaxis2: axis({ domain: [0, 0.36], title: { text: "changed" }, rangemode: "tozero" }),
       shapes: [
         {
           type: "line",

@@ -28,6 +28,7 @@ export const LEGEND_ABOVE = {
   yanchor: "bottom",
   bgcolor: "rgba(0,0,0,0)",
 };
+const MAX_LEGEND = 8;
 const WHICH = [
   ["grad_output_norm", "grad_output", "solid"],
   ["grad_input_norm", "grad_input", "dot"],
@@ -40,6 +41,7 @@ export class ModuleChart {
   constructor(el) {
     this.el = el;
     this.card = el.closest(".card");
+    this.note = this.card.querySelector('[data-role="modules-note"]');
     this.shown = -1;
   }
 
@@ -72,12 +74,16 @@ export class ModuleChart {
       }
     });
     const layout = baseLayout({
-      margin: { l: 60, r: 16, t: 26, b: 40 },
-      showlegend: true,
+      margin: { l: 60, r: 16, t: traces.length <= MAX_LEGEND ? 26 : 8, b: 40 },
+      // Past MAX_LEGEND lines a legend would crowd the plot out: the hover names each line.
+      showlegend: traces.length <= MAX_LEGEND,
       legend: { ...LEGEND_ABOVE },
       xaxis: axis({ title: { text: "step" } }),
       yaxis: axis({ type: "log", title: { text: "‖∂L/∂output‖ (L2)" }, ...logTicks(values) }),
     });
+    if (this.note)
+      this.note.textContent =
+        traces.length > MAX_LEGEND ? `${traces.length} lines: hover one for its module` : "";
     Plotly.react(this.el, traces, layout, PLOT_CONFIG);
   }
 

@@ -2,6 +2,13 @@
 
 The socket is bound here, before uvicorn starts, so a taken port fails at once
 with a clear message, and port 0 resolves to the real port for the URL.
+
+HTTP is uvicorn's h11 protocol with two bounds for slow or greedy clients
+(`guarded_http`): a request not received whole (headers and body) within
+`Settings.request_timeout` seconds of its first byte (or of the connection's
+opening) is closed, and each client address holds at most
+`Settings.connections_per_client` open HTTP connections (more are closed at
+once), so partial requests can neither pile up nor lock out a complete one.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+import h11
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import LOGGING_CONFIG
@@ -56,6 +64,95 @@ def log_config() -> dict[str, Any]:
     return config
 
 
+def guarded_http(
+    request_timeout: float, per_client: int, base: type[asyncio.Protocol] | None = None
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (`base`: httptools' when installed, else h11's, as uvicorn picks),
+    bounded (see the module docstring); one class per server, which holds that server's count of
+    open connections per client address."""
+    if base is None:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        base = AutoHTTPProtocol
+    open_per_client: dict[str, int] = {}
+
+    class GuardedHTTPProtocol(base):  # type: ignore[valid-type, misc]
+        _counted: str | None = None
+        _deadline: asyncio.TimerHandle | None = None
+        _in_request = True  # from the opening until a request has arrived whole
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else "?"
+            if open_per_client.get(address, 0) >= per_client:
+                transport.close()  # over the cap: refused before it costs anything more
+                return
+            open_per_client[address] = open_per_client.get(address, 0) + 1
+            self._counted = address
+            self._arm()
+
+        def _arm(self) -> None:  # not re-armed while armed: trickling bytes do not extend it
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(request_timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self._in_request and not self.transport.is_closing():
+                self.transport.close()  # the request never arrived whole
+
+        def _started(self) -> None:
+            self._in_request = True
+            self._arm()
+
+        def _complete(self) -> None:
+            self._in_request = False
+            self._disarm()
+
+        def _uncount(self) -> None:
+            if self._counted is not None:
+                left = open_per_client.get(self._counted, 1) - 1
+                if left > 0:
+                    open_per_client[self._counted] = left
+                else:
+                    open_per_client.pop(self._counted, None)
+                self._counted = None
+
+        # httptools: its parser calls these by name
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._started()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            conn = getattr(self, "conn", None)
+            if isinstance(conn, h11.Connection):  # h11: read its state
+                if conn.their_state in (h11.IDLE, h11.SEND_BODY):
+                    self._started()
+                else:
+                    self._complete()
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            self._complete()
+            self._uncount()  # the websocket protocol takes the connection over (ws.py bounds it)
+            super().handle_websocket_upgrade(*args)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            self._uncount()
+            super().connection_lost(exc)
+
+    return GuardedHTTPProtocol
+
+
 def uvicorn_config(app: FastAPI, settings: Settings, *, quiet: bool) -> uvicorn.Config:
     """`quiet` (user mode): no access log and no logging set-up, the user's process owns its logging."""
     return uvicorn.Config(
@@ -66,6 +163,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, *, quiet: bool) -> uvicorn.
         log_level="warning" if quiet else "info",
         access_log=not quiet,
         lifespan="on",
+        http=guarded_http(settings.request_timeout, settings.connections_per_client),
         ws_max_size=max(4 * settings.max_frame, 1 << 20),  # past max_frame the app closes with 1008
         ws_per_message_deflate=False,  # compressing each snapshot per client costs more CPU than it saves here
         timeout_graceful_shutdown=3,

@@ -48,6 +48,9 @@ class Settings:
         commands_per_second: per-client command budget (HTTP: per address; websocket: per socket),
             sustained; bursts of twice that.
         hello_history: snapshots sent in `hello`.
+        request_timeout: seconds a request may take to arrive whole (headers and body), from its
+            first byte or the connection's opening; the connection is closed past it.
+        connections_per_client: open HTTP connections per client address; more are closed at once.
         trusted_proxy: the address of a reverse proxy whose `X-Forwarded-For` and
             `X-Forwarded-Proto` are believed (comma-separated list, or "*"); None, the default:
             those headers are ignored from everyone, so a client cannot pick the address that the
@@ -63,6 +66,8 @@ class Settings:
     max_frame: int = 64 << 10
     commands_per_second: float = 50.0
     hello_history: int = 200
+    request_timeout: float = 5.0
+    connections_per_client: int = 64
     trusted_proxy: str | None = None
     loopback: bool = field(init=False)
 

@@ -107,6 +107,18 @@ def test_a_module_log_hook_makes_a_module_chart_with_finite_values(
     # The hook's row shows the newest value.
     row = page.get_by_test_id("hook-row").filter(has_text="module_log")
     expect(row).to_contain_text("‖grad_output‖")
+    # grad_input when a hook asks for it (module 0's input is the data: it has none; module 2's is
+    # the ReLU's output).
+    demo.client.post(
+        "/api/hooks", json={"kind": "module_log", "target": "2", "params": {"grad_input": True}}
+    ).raise_for_status()
+    page.wait_for_function(
+        """() => { const gd = document.querySelector('[data-testid="chart-modules"]');
+                   return gd.data.some((t) => t.meta.module === "2" && t.meta.key === "grad_input_norm" &&
+                                              t.y.some((v) => v !== null && v > 0)); }"""
+    )
+    second = page.get_by_test_id("hook-row").filter(has_text="module_log").nth(1)
+    expect(second).to_contain_text("‖grad_input‖")
     assert log.errors == []
 
 

@@ -4,7 +4,9 @@ strings (point 8). Traffic goes to 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
+import time
 
 from inspector.records import MAX_EVENT_STRING, event_fields
 from inspector.registry import MAX_HOOKS
@@ -107,3 +109,41 @@ def test_a_viewer_cannot_deny_histograms_to_another(live):
         assert mine in served and len(served) == HIST_CAP, served
         assert hog[0] in served, "the first client keeps its first choice too"
     wait_until(lambda: srv.insp.hist_params == [], 20, "both subscriptions dropped with their sockets")
+
+
+def test_partial_requests_are_closed_and_bounded_per_address(live):
+    """Point 3: 300 requests whose headers never finish, from one address (127.0.0.2, a loopback
+    source): the server holds at most `connections_per_client` of them, closes each within its
+    request timeout, and a complete request from another address is served meanwhile."""
+    srv = live(rate=None, request_timeout=1.0, connections_per_client=16)
+    partial = []
+    try:
+        for _ in range(300):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(10)
+            s.connect(("127.0.0.1", srv.port))
+            try:
+                s.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            except OSError:  # already refused: over the cap
+                pass
+            partial.append(s)
+        assert srv.http().get("/api/health").status_code == 200
+
+        def held() -> int:
+            conns = list(srv.server.server.server_state.connections)
+            return sum(1 for c in conns if c.client and c.client[0] == "127.0.0.2")
+
+        wait_until(lambda: held() <= 16, 10, "at most 16 connections held for 127.0.0.2")
+        deadline = time.monotonic() + 30
+        for s in partial:  # every one is closed by the server (EOF or reset), none left hanging
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                data = s.recv(1024)  # a timeout here: the server left it open
+            except ConnectionResetError:
+                data = b""
+            assert data == b"", data
+        assert held() == 0
+    finally:
+        for s in partial:
+            s.close()
