@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import api, ws
 from .hub import ClientHub
 from .protocol import StrictJSONResponse, pydantic_detail
-from .security import Guard, SecurityMiddleware
+from .security import Guard, SecurityMiddleware, bounded_detail
 from .settings import Settings
 from .sources import ApiError, Source
 
@@ -131,7 +131,7 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        return StrictJSONResponse({"detail": exc.detail}, status_code=exc.status)
+        return StrictJSONResponse({"detail": bounded_detail(exc.detail)}, status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -141,11 +141,13 @@ def _add_error_handlers(app: FastAPI) -> None:
             if loc[:1] == ("body",) and len(loc) > 1:  # body fields are named as the core names them
                 loc = loc[1:]
             errors.append({**err, "loc": loc})
-        return StrictJSONResponse({"detail": pydantic_detail(errors)}, status_code=422)
+        return StrictJSONResponse({"detail": bounded_detail(pydantic_detail(errors))}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return StrictJSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return StrictJSONResponse(
+            {"detail": bounded_detail(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:  # a bug: say so, never a bare 500

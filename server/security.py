@@ -172,6 +172,21 @@ def subprotocol_token(value: str) -> str | None:
     return None
 
 
+DETAIL_STRING_LIMIT = 1000  # characters of any one string in an error's detail
+
+
+def bounded_detail(detail: Any, limit: int = DETAIL_STRING_LIMIT) -> Any:
+    """An error `detail` with every string in it (messages, `loc` entries) cut to `limit`
+    characters plus a note of the full length: a 422 or 404 never echoes unbounded input."""
+    if isinstance(detail, str):
+        return detail if len(detail) <= limit else f"{detail[:limit]}... ({len(detail)} characters)"
+    if isinstance(detail, dict):
+        return {bounded_detail(k, limit): bounded_detail(v, limit) for k, v in detail.items()}
+    if isinstance(detail, list | tuple):
+        return [bounded_detail(v, limit) for v in detail]
+    return detail
+
+
 def _detail(status: int, detail: Any) -> bytes:
     return json.dumps({"detail": detail}, separators=(",", ":")).encode()
 

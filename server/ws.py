@@ -28,7 +28,7 @@ from starlette.status import WS_1000_NORMAL_CLOSURE, WS_1008_POLICY_VIOLATION, W
 
 from .hub import ClientHub, ClientQueue
 from .protocol import COMMAND_TYPES, command_adapter, dumps, error_detail, pydantic_detail
-from .security import WS_SUBPROTOCOL, TokenBucket
+from .security import WS_SUBPROTOCOL, TokenBucket, bounded_detail
 from .settings import Settings
 from .sources import ApiError, Source
 
@@ -98,7 +98,7 @@ class Connection:
     def error(self, request_id: Any, status: int, detail: Any) -> None:
         if isinstance(detail, str):
             detail = error_detail((), detail)
-        self.reply("error", request_id, status=status, detail=detail)
+        self.reply("error", request_id, status=status, detail=bounded_detail(detail))
 
     async def handle(self, text: str) -> None:
         try:

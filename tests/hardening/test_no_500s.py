@@ -83,3 +83,27 @@ def test_the_core_raises_hook_error_for_numbers_too_large_for_a_float(live):
     with pytest.raises(HookError):
         insp.add_hook("scale", target="*", factor=-BIG)
     assert insp.hooks() == []
+
+
+def test_error_details_never_echo_unbounded_input(live):
+    """Point 12: a 500 KB key or value, or a 60 KB id, comes back cut (a few KB at most) in a
+    422 or 404, over HTTP and the websocket."""
+    srv = live(rate=None)
+    c = srv.http()
+    big = "x" * 500_000
+    for method, path, body in (
+        ("POST", "/api/hooks", {big: 1}),
+        ("POST", "/api/hooks", {"kind": "nan_guard", "target": "*", "params": {"action": big}}),
+        ("POST", "/api/hooks", {"kind": "nan_guard", "target": "*", "params": {big: 1}}),
+        ("POST", "/api/hooks/import", {"hooks": [{"kind": big, "target": "*"}]}),
+        ("PATCH", f"/api/hooks/{big[:60_000]}", {}),
+    ):
+        r = c.request(method, path, json=body)
+        assert r.status_code in (404, 422), r.status_code
+        assert len(r.content) < 4096, (method, path[:40], len(r.content))
+    with srv.ws() as ws:
+        inbox = Inbox(ws)
+        inbox.next(lambda m: m["type"] == "hello")
+        ws.send(json.dumps({"type": "add_hook", "request_id": 3, "kind": "scale", big[:60_000]: 1}))
+        reply = inbox.reply(3)
+        assert reply["type"] == "error" and len(json.dumps(reply)) < 4096, len(json.dumps(reply))
