@@ -147,3 +147,26 @@ def test_partial_requests_are_closed_and_bounded_per_address(live):
     finally:
         for s in partial:
             s.close()
+
+
+def test_protocol_md_states_the_real_frame_limit_and_seed_maximum():
+    """Point 12: PROTOCOL.md's numbers are the server's: uvicorn's frame limit, noise's seed range."""
+    from pathlib import Path
+
+    from inspector.kinds import KINDS
+    from server.app import create_app
+    from server.serving import uvicorn_config
+    from server.settings import Settings
+
+    text = Path(__file__).parents[2].joinpath("server", "PROTOCOL.md").read_text()
+    settings = Settings(port=0)
+    config = uvicorn_config(create_app(_NoSource(), settings), settings, quiet=True)  # type: ignore[arg-type]
+    assert config.ws_max_size == 1 << 20
+    assert "| 1009 | a frame over 1 MiB" in text
+    assert f"a frame over {settings.max_frame >> 10} KiB" in text
+    (seed,) = [p for p in KINDS["noise"].params if p.name == "seed"]
+    assert seed.maximum == 2**63 - 1 and "from 0 to 2^63-1" in text
+
+
+class _NoSource:
+    read_only = True
