@@ -1,8 +1,10 @@
 // The five charts. Each draws once with Plotly.newPlot / Plotly.react (reset)
 // and then streams: time series grow with Plotly.extendTraces over a bounded
 // window (maxPoints per trace), the per-parameter charts are redrawn from the
-// newest snapshot. The caller batches messages and calls update() at most once
-// per animation frame.
+// newest snapshot. The time charts (loss, heatmap) share a step axis
+// (timeline.js); while they show older history fetched ahead of the window,
+// they redraw instead of extending. The caller batches messages and calls
+// update() at most once per animation frame.
 
 import {
   COLORS,

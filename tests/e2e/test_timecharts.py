@@ -151,6 +151,10 @@ def test_hook_change_markers_show_the_action_with_its_own_symbol(fast, new_page)
     assert "threshold 5 → 2.5" in texts[1], "an edit names the values before and after"
     assert "threshold=2.5" in texts[2] and "threshold=2.5" in texts[4], "disable and remove name the values"
     assert len(set(t["symbol"][-5:])) == 5 and len(set(t["color"][-5:])) == 5, t
+    # the heatmap, on the same step axis, shows the same changes as lines
+    shapes = """() => (document.querySelector('[data-testid="chart-heatmap"]').layout.shapes || [])
+                       .map((s) => s.x0)"""
+    wait_until(lambda: set(t["x"][-5:]) <= set(page.evaluate(shapes)), what="the markers on the heatmap")
     assert log.errors == []
 
 
