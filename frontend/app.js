@@ -14,10 +14,13 @@ import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
 import { timeControls } from "./timecontrols.js";
 import { Timeline } from "./timeline.js";
-import { debounce, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
+import { debounce, fmt, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
 import { Connection } from "./ws.js";
 
 const $ = (key) => byTestId(SELECTORS[key]); // an element of the page, by its SELECTORS key
+const PRESET_FORMAT = "gradient-inspector/hooks"; // the preset format POST /api/hooks/import takes
+const RATE_MAX = 10000; // the server's cap on steps_per_second (POST /api/training/rate)
+const RATE_WINDOW = 6; // seconds of step counts the measured rate is taken over
 
 class Dashboard {
   constructor() {
@@ -27,6 +30,10 @@ class Dashboard {
     this.buffer = [];
     this.histParam = null;
     this.connState = null;
+    this.disconnected = false; // the socket is down: controls off, the state reads "disconnected"
+    this.previousHooks = []; // the hooks of the run before a server restart (the restart banner)
+    this.resetStep = null; // the step of the newest scenario_reset (the "try this" hint)
+    this.stepSamples = []; // [time s, step] once a second: the measured steps/s
 
     this.log = new EventLog($("eventLog"));
     this.loss = new LossChart($("chartLoss"));
@@ -88,6 +95,7 @@ class Dashboard {
     // end of training ("finished") and the run picker's step counts are not: every
     // 15 s re-read the session, and every third time the list of runs.
     setInterval(() => this.refreshTraining(), 15000);
+    setInterval(() => this.sampleRate(), 1000);
   }
 
   // ----- websocket -----
@@ -109,6 +117,16 @@ class Dashboard {
       this.localEvent("connection", `connection lost (code ${info.code ?? "?"}); reconnecting with backoff`);
     }
     if (state !== "connecting") this.connState = state;
+    const down = state === "reconnecting" || state === "closed";
+    if (state === "open" || down) this.setDisconnected(down);
+  }
+
+  /** While the socket is down nothing can be commanded: controls off, the state says so. */
+  setDisconnected(on) {
+    if (on === this.disconnected) return;
+    this.disconnected = on;
+    this.showTrainingState();
+    this.applyReadOnly();
   }
 
   /** A refused socket: say so when it is the token (the retries go on). */
@@ -195,6 +213,10 @@ class Dashboard {
 
   addEvent(ev) {
     if (!this.live.addEvent(ev)) return;
+    if (ev.kind === "scenario_reset") {
+      this.resetStep = num(ev.step);
+      if (this.view === this.live) this.showSession();
+    }
     if (this.view !== this.live) return;
     this.log.addServerEvent(ev);
     if (["hook_applied", "nonfinite", "step_skipped", "scenario_reset"].includes(ev.kind)) {
@@ -227,7 +249,10 @@ class Dashboard {
     this.buffer = [];
     if (!sameRun) {
       const previous = live.runId;
+      const before = [...live.hooks.values()];
       live.setSession(session);
+      this.resetStep = null;
+      if (previous !== null) this.offerReapply(previous, before, session);
       this.log.clear();
       if (previous !== null)
         this.localEvent(
@@ -256,6 +281,7 @@ class Dashboard {
     events.sort((a, b) => (a.seq ?? 0) - (b.seq ?? 0));
     const fresh = events.slice(-400);
     for (const ev of fresh) if (live.addEvent(ev) && this.view === live) this.log.addServerEvent(ev);
+    for (const ev of fresh) if (ev.kind === "scenario_reset") this.resetStep = num(ev.step); // the newest
     this.syncing = false;
     const buffered = this.buffer;
     this.buffer = [];
@@ -324,21 +350,28 @@ class Dashboard {
     $("scenario").textContent = t.scenario ? `scenario: ${t.scenario}` : "your training";
     $("scenario").title = sc && sc.description ? sc.description : "";
     const tryThis = document.querySelector('[data-role="try-this"]');
-    tryThis.textContent = sc && sc.try_this ? `Try this: ${sc.try_this}` : "";
+    const again =
+      this.resetStep !== null && v === this.live
+        ? ` The scenario was reset at step ${this.resetStep} (fresh weights, same hooks): you can try it again.`
+        : "";
+    tryThis.textContent = sc && sc.try_this ? `Try this: ${sc.try_this}${again}` : "";
     tryThis.hidden = !(sc && sc.try_this) || v !== this.live;
     this.showTrainingState();
+    // The cap (demo mode, live run only): 0 reads "no cap", as the CLI's --steps-per-second.
     const rateWrap = document.querySelector('[data-role="rate-wrap"]');
     const sps = num(t.steps_per_second);
-    rateWrap.hidden = sps === null;
+    rateWrap.hidden = !(v === this.live && this.live.session && this.live.session.mode === "demo");
     const rate = $("rate");
-    if (sps !== null && document.activeElement !== rate) rate.value = String(sps);
+    if (document.activeElement !== rate) rate.value = sps === null ? "0" : String(sps);
+    this.showMeasuredRate();
     this.showConfigVersion();
     this.applyReadOnly();
   }
 
   showTrainingState() {
     const el = $("trainingState");
-    const state = this.view === this.live ? this.live.training.state || "running" : "history";
+    let state = this.view === this.live ? this.live.training.state || "running" : "history";
+    if (this.disconnected && this.view === this.live) state = "disconnected";
     el.textContent = state;
     el.dataset.state = state;
   }
@@ -347,8 +380,9 @@ class Dashboard {
     const ro = this.view !== this.live || this.live.readOnly;
     $("readOnlyBadge").hidden = !ro;
     $("readOnlyBadge").textContent = this.view !== this.live ? "read-only: earlier run" : "read-only";
-    for (const id of ["pause", "resume", "step", "rate"]) $(id).disabled = ro;
-    this.panel.setReadOnly(ro, this.view !== this.live);
+    const off = ro || (this.disconnected && this.view === this.live); // nothing to command
+    for (const id of ["pause", "resume", "step", "rate", "reapplyHooks"]) $(id).disabled = off;
+    this.panel.setReadOnly(off, this.view !== this.live);
     document.body.classList.toggle("read-only", ro);
   }
 
@@ -412,13 +446,10 @@ class Dashboard {
     $("pause").addEventListener("click", () => this.training("pause"));
     $("resume").addEventListener("click", () => this.training("resume"));
     $("step").addEventListener("click", () => this.training("step"));
-    $("rate").addEventListener("change", async () => {
-      const v = Number($("rate").value);
-      if (!Number.isFinite(v) || v <= 0) return;
-      const res = await api.rate(v);
-      if (!res.ok) this.localEvent("training", `rate: ${errorText(res)}`);
-      else this.live.training.steps_per_second = num(res.data && res.data.steps_per_second) ?? v;
-    });
+    $("rate").addEventListener("change", () => this.setRate());
+    $("rate").addEventListener("keydown", (ev) => ev.key === "Enter" && $("rate").blur());
+    $("reapplyHooks").addEventListener("click", () => this.reapply());
+    $("restartDismiss").addEventListener("click", () => ($("restartBanner").hidden = true));
     segmented($("lossScale"), (v) => {
       this.loss.lossLog = v === "log";
       this.scheduler.resetNow("loss");
@@ -451,6 +482,103 @@ class Dashboard {
     window.addEventListener(
       "resize",
       debounce(() => this.scheduler.resetAll(), 300),
+    );
+  }
+
+  /** The steps/s field: 0 lifts the cap; negatives, text and values past the server's cap are refused here. */
+  async setRate() {
+    const input = $("rate");
+    const text = input.value.trim();
+    const v = text === "" ? NaN : Number(text);
+    let error = null;
+    if (!Number.isFinite(v)) error = `not a number: ${text === "" ? "(empty)" : text}; 0 for no cap`;
+    else if (v < 0) error = `must be ≥ 0 (0: no cap), got ${text}`;
+    else if (v > RATE_MAX) error = `at most ${RATE_MAX} steps/s (0: no cap), got ${text}`;
+    if (error === null) {
+      const res = await api.rate(v === 0 ? null : v);
+      if (res.ok) {
+        const sps = res.data ? num(res.data.steps_per_second) : null;
+        this.live.training.steps_per_second = sps;
+        this.showRateError(null);
+        input.value = sps === null ? "0" : String(sps);
+        return;
+      }
+      error = errorText(res);
+    }
+    this.showRateError(error);
+    const sps = num(this.live.training.steps_per_second);
+    input.value = sps === null ? "0" : String(sps); // back to the cap in force
+  }
+
+  showRateError(msg) {
+    $("rateError").textContent = msg || "";
+    $("rate").setAttribute("aria-invalid", msg ? "true" : "false");
+  }
+
+  /** Once a second: the live step count, for the measured rate beside the cap. */
+  sampleRate() {
+    const now = performance.now() / 1000;
+    this.stepSamples.push([now, this.live.step]);
+    while (this.stepSamples.length > RATE_WINDOW + 1) this.stepSamples.shift();
+    this.showMeasuredRate();
+  }
+
+  showMeasuredRate() {
+    const el = $("rateMeasured");
+    const s = this.stepSamples;
+    const running = (this.live.training.state || "running") === "running" && !this.disconnected;
+    if (!running || s.length < 3) {
+      el.textContent = "";
+      return;
+    }
+    const [t0, s0] = s[0];
+    const [t1, s1] = s[s.length - 1];
+    el.textContent = t1 > t0 ? `≈ ${fmt(Math.max(0, s1 - s0) / (t1 - t0), 2)}/s` : "";
+  }
+
+  /**
+   * A server restart started a new run without the page's hooks: say so, and
+   * offer the previous run's hooks back (a preset import, one change).
+   */
+  offerReapply(previous, before, session) {
+    const banner = $("restartBanner");
+    const key = (x) => JSON.stringify([x.kind, x.point, x.target, x.params, x.enabled]);
+    const now = (session.hooks || []).map(key).sort().join("|");
+    this.previousHooks = before.filter((x) => x.kind !== "python"); // Python callables stay in Python
+    if (!before.length || before.map(key).sort().join("|") === now) {
+      banner.hidden = true;
+      return;
+    }
+    const n = before.length;
+    const py = n - this.previousHooks.length;
+    banner.querySelector('[data-role="restart-text"]').textContent =
+      `New run ${session.run_id}: its hooks are not the previous run's (run ${previous} had ${n} hook${n === 1 ? "" : "s"}` +
+      `${py ? `, ${py} of them Python callables that only Python can add back` : ""}; this run has ${(session.hooks || []).length}).`;
+    $("reapplyHooks").hidden = !this.previousHooks.length;
+    $("reapplyHooks").title = "replace this run's hooks with the previous run's (one change)";
+    banner.hidden = false;
+  }
+
+  async reapply() {
+    const hooks = this.previousHooks.map(({ kind, point, target, params, enabled }) => ({
+      kind,
+      point,
+      target,
+      params,
+      enabled,
+    }));
+    $("reapplyHooks").disabled = true;
+    const res = await api.importHooks({ format: PRESET_FORMAT, version: 1, hooks });
+    $("reapplyHooks").disabled = false;
+    const text = $("restartBanner").querySelector('[data-role="restart-text"]');
+    if (!res.ok) {
+      text.textContent = `The previous run's hooks could not be re-applied: ${errorText(res)}`;
+      return;
+    }
+    $("restartBanner").hidden = true;
+    this.localEvent(
+      "hooks",
+      `re-applied the previous run's ${hooks.length} hook${hooks.length === 1 ? "" : "s"}`,
     );
   }
 

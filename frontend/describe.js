@@ -3,11 +3,17 @@
 
 import { num } from "./util.js";
 
+/** A target or module name as shown: the root module's name is "", shown as "(root)". */
+export function targetName(name) {
+  return name === "" ? "(root)" : name;
+}
+
 /** What a `hook_applied` event changed. */
 export function describeHookChange(ev) {
   const spec = (Array.isArray(ev.after) ? null : ev.after) || ev.before || {};
   const id = ev.hook_id ? ` ${ev.hook_id}` : "";
-  const head = `${spec.kind || "hook"}${id} on '${spec.target ?? "?"}'`;
+  const target = spec.target === undefined || spec.target === null ? "?" : targetName(spec.target);
+  const head = `${spec.kind || "hook"}${id} on ${target === "(root)" ? target : `'${target}'`}`;
   switch (ev.action) {
     case "add":
       return `added ${head} ${paramText(spec.params)}`.trim();

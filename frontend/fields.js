@@ -1,6 +1,8 @@
-// Parameter fields built from a hook kind's JSON Schema, parsed in the page
-// before anything is sent (types, required); ranges are the server's to judge,
-// and its `detail` is shown beside the field it names.
+// Parameter fields built from a hook kind's JSON Schema, checked in the page
+// against that schema before anything is sent (types, required, enums, bounds),
+// so a value the server would refuse is not sent at all; rules the schema does
+// not carry stay the server's to judge, and its `detail` is shown beside the
+// field it names.
 
 import { detailText } from "./api.js";
 import { SELECTORS, paramTestId } from "./selectors.js";
@@ -16,13 +18,29 @@ function types(prop) {
   return Array.isArray(t) ? t : t ? [t] : [];
 }
 
+// Integers a browser holds exactly (Number.MAX_SAFE_INTEGER); past them JSON.parse rounds.
+const SAFE_INT = 2 ** 53 - 1;
+
+/**
+ * A bound in words: 9223372036854775807 (int64's largest, which JSON.parse
+ * reads as 2^63) is "2^63-1", other powers of two past 2^53 are "2^k", and
+ * anything else its plain number.
+ */
+export function fmtLimit(n) {
+  if (typeof n !== "number" || !Number.isInteger(n) || Math.abs(n) <= SAFE_INT) return String(n);
+  const k = Math.round(Math.log2(Math.abs(n)));
+  if (2 ** k !== Math.abs(n)) return n.toExponential(3).replace("e+", "e");
+  if (n === 2 ** 63) return "2^63-1";
+  return `${n < 0 ? "-" : ""}2^${k}`;
+}
+
 /** A short hint of the constraint, shown as placeholder and tooltip. */
 export function constraintHint(prop) {
   const parts = [];
-  if (prop.exclusiveMinimum !== undefined) parts.push(`> ${prop.exclusiveMinimum}`);
-  if (prop.minimum !== undefined) parts.push(`≥ ${prop.minimum}`);
-  if (prop.exclusiveMaximum !== undefined) parts.push(`< ${prop.exclusiveMaximum}`);
-  if (prop.maximum !== undefined) parts.push(`≤ ${prop.maximum}`);
+  if (prop.exclusiveMinimum !== undefined) parts.push(`> ${fmtLimit(prop.exclusiveMinimum)}`);
+  if (prop.minimum !== undefined) parts.push(`≥ ${fmtLimit(prop.minimum)}`);
+  if (prop.exclusiveMaximum !== undefined) parts.push(`< ${fmtLimit(prop.exclusiveMaximum)}`);
+  if (prop.maximum !== undefined) parts.push(`≤ ${fmtLimit(prop.maximum)}`);
   const t = types(prop).filter((x) => x !== "null");
   if (!parts.length && t.length) parts.push(t.join(" or "));
   return parts.join(", ");
@@ -71,14 +89,18 @@ export function makeInput(name, prop, value, { onCommit } = {}) {
 }
 
 /**
- * The value of a field as JSON, or {error}. Numbers accept "inf", "-inf" and
- * "nan" (sent as those strings, the wire's spelling of non-finite numbers).
+ * The value of a field as JSON, or {error} (the reason, in the server's words
+ * where it has them), checked against the field's schema: enum, type, and the
+ * bounds. A number field whose type also allows a string (norm_type) takes
+ * "inf", sent as that string (the wire's spelling); NaN and other infinities
+ * are refused, as the server refuses them.
  */
 export function readInput(prop, input, required) {
   const t = types(prop);
   if (Array.isArray(prop.enum)) {
     const hit = prop.enum.find((v) => String(v) === input.value);
-    return { value: hit === undefined ? input.value : hit };
+    if (hit === undefined) return { error: `must be one of ${prop.enum.join(", ")}` };
+    return { value: hit };
   }
   if (t.includes("boolean")) return { value: input.checked };
   const text = input.value.trim();
@@ -88,17 +110,39 @@ export function readInput(prop, input, required) {
   }
   if (t.includes("number") || t.includes("integer")) {
     const lower = text.toLowerCase();
-    if (["inf", "+inf", "infinity", "-inf", "-infinity", "nan"].includes(lower)) {
-      return { value: lower === "nan" ? "nan" : lower.startsWith("-") ? "-inf" : "inf" };
-    }
+    if (["inf", "+inf", "infinity"].includes(lower) && t.includes("string")) return { value: "inf" };
+    if (["inf", "+inf", "infinity", "-inf", "-infinity", "nan"].includes(lower))
+      return { error: `must be finite (got ${text})` };
     const n = Number(text);
-    if (!Number.isFinite(n)) return { error: "not a number" };
-    if (t.includes("integer") && !t.includes("number") && !Number.isInteger(n)) {
-      return { error: "must be an integer" };
+    if (!Number.isFinite(n)) return { error: `must be a number (got '${text}')` };
+    const integer = t.includes("integer") && !t.includes("number");
+    if (integer) {
+      if (!Number.isInteger(n)) return { error: `must be an integer (got ${text})` };
+      if (Math.abs(n) > SAFE_INT)
+        return { error: `at most 2^53-1 in magnitude from the page (a browser rounds past it)` };
     }
+    const bound = outOfBounds(prop, n);
+    // "(got -1.0)": the value as the server shows it (a number parameter is a Python float)
+    if (bound) return { error: `${bound} (got ${integer ? String(n) : pyFloat(n)})` };
     return { value: n };
   }
   return { value: text };
+}
+
+/** The schema bound `n` breaks, in the server's words ("must be >= 0"), or null. */
+function outOfBounds(prop, n) {
+  if (prop.exclusiveMinimum !== undefined && !(n > prop.exclusiveMinimum))
+    return `must be > ${fmtLimit(prop.exclusiveMinimum)}`;
+  if (prop.minimum !== undefined && !(n >= prop.minimum)) return `must be >= ${fmtLimit(prop.minimum)}`;
+  if (prop.exclusiveMaximum !== undefined && !(n < prop.exclusiveMaximum))
+    return `must be < ${fmtLimit(prop.exclusiveMaximum)}`;
+  if (prop.maximum !== undefined && !(n <= prop.maximum)) return `must be <= ${fmtLimit(prop.maximum)}`;
+  return null;
+}
+
+/** A number as Python's repr of a float shows it: -1 is "-1.0" (1e-05 and the like may differ). */
+function pyFloat(n) {
+  return Number.isInteger(n) && Math.abs(n) < 1e16 ? n.toFixed(1) : String(n);
 }
 
 /** A labelled field with its error slot: {wrap, input, error}. */

@@ -1,6 +1,11 @@
-// The add-hook form: kind, point and target (with the matches the server finds
-// for the glob as you type), the kind's parameters built from its JSON Schema,
-// and enabled. It posts through the hook panel, which updates the list.
+// The add-hook form: kind and point, each described in one line from the kinds'
+// schema (its `description` and `point_descriptions`), the target (with the
+// matches the server finds for the glob as you type; the root module shows as
+// "(root)"), the kind's parameters built from its JSON Schema, and enabled.
+// Everything is checked against the schema before it is sent; a target that
+// matches nothing is refused here too; a hook identical to an existing one is
+// warned about and needs a second click. It posts through the hook panel,
+// which updates the list.
 
 import { api, errorText } from "./api.js";
 import {
@@ -13,10 +18,12 @@ import {
   setFieldError,
   showDetail,
 } from "./fields.js";
+import { targetName } from "./describe.js";
 import { SELECTORS } from "./selectors.js";
 import { debounce, h } from "./util.js";
 
 const ADDABLE_EXCLUDED = new Set(["python"]); // added from Python only
+const MAX_TARGET = 256; // DESIGN.md "Targets": at most 256 characters
 
 export class AddHookForm {
   /**
@@ -48,7 +55,10 @@ export class AddHookForm {
     this.point = h("select", {
       dataset: { testid: SELECTORS.addHookPoint },
       name: "point",
-      onchange: () => this.lookupTargets(),
+      onchange: () => {
+        this.showPointInfo();
+        this.lookupTargets();
+      },
     });
     this.enabled = h("input", {
       type: "checkbox",
@@ -57,6 +67,10 @@ export class AddHookForm {
       dataset: { testid: SELECTORS.addHookEnabled },
     });
     this.matches = h("div", { class: "matches", dataset: { testid: SELECTORS.addHookMatches } });
+    this.kindInfo = h("div", { class: "field-hint", dataset: { testid: SELECTORS.addHookKindInfo } });
+    this.pointInfo = h("div", { class: "field-hint", dataset: { testid: SELECTORS.addHookPointInfo } });
+    this.found = null; // {glob, point, matches} of the newest target lookup
+    this.confirmed = null; // the spec a duplicate warning was shown for: a second click adds it
     this.paramBox = h("div", { class: "hook-params" });
     this.error = h("div", { class: "row-error", role: "alert", dataset: { testid: SELECTORS.addHookError } });
     this.submit = h(
@@ -73,7 +87,9 @@ export class AddHookForm {
     this.fields.set("target", tf);
     this.fields.set("point", pf);
     el.replaceChildren(
-      h("div", { class: "form-grid" }, kf.wrap, pf.wrap, tf.wrap),
+      h("div", { class: "form-grid" }, kf.wrap, pf.wrap),
+      h("div", { class: "form-info" }, this.kindInfo, this.pointInfo),
+      h("div", { class: "form-grid" }, tf.wrap),
       this.paramBox,
       h(
         "div",
@@ -113,6 +129,8 @@ export class AddHookForm {
     const prevPoint = this.point.value;
     this.point.replaceChildren(...points.map((p) => h("option", { value: p }, p)));
     if (points.includes(prevPoint)) this.point.value = prevPoint;
+    this.kindInfo.textContent = schema.description || "";
+    this.showPointInfo();
     this.paramBox.replaceChildren();
     for (const key of [...this.fields.keys()]) if (key.startsWith("params.")) this.fields.delete(key);
     const required = new Set(schema.required || []);
@@ -132,32 +150,66 @@ export class AddHookForm {
     this.lookupTargets();
   }
 
+  showPointInfo() {
+    const schema = this.kinds[this.kind.value] || {};
+    const info = schema.point_descriptions || {};
+    this.pointInfo.textContent = info[this.point.value] || "";
+  }
+
   async showMatches() {
     const glob = this.target.value;
+    const point = this.point.value;
+    this.found = null;
     if (!glob) {
       this.matches.textContent = "";
       return;
     }
-    const res = await api.targets(glob, this.point.value);
-    if (glob !== this.target.value) return; // a newer lookup is on its way
+    const res = await api.targets(glob, point);
+    if (glob !== this.target.value || point !== this.point.value) return; // a newer lookup is on its way
     if (!res.ok) {
       this.matches.className = "matches none";
       this.matches.textContent = errorText(res);
       return;
     }
     const m = res.data.matches || [];
+    this.found = { glob, point, matches: m };
     this.matches.className = m.length ? "matches" : "matches none";
-    this.matches.title = m.join("\n");
+    this.matches.title = m.map(targetName).join("\n");
     if (!m.length) {
       this.matches.textContent = "matches nothing";
       return;
     }
-    const shown = m.slice(0, 4).join(", ");
+    const shown = m.slice(0, 4).map(targetName).join(", ");
     this.matches.textContent = `${m.length} match${m.length === 1 ? "" : "es"}: ${shown}${m.length > 4 ? ", …" : ""}`;
   }
 
   clearErrors() {
     clearDetail(this.fields, this.error);
+    this.error.classList.remove("warn");
+  }
+
+  /** The server's matches for a glob at a point (the newest lookup when it is that one); null when unknown. */
+  async matchesOf(glob, point) {
+    if (this.found && this.found.glob === glob && this.found.point === point) return this.found.matches;
+    const res = await api.targets(glob, point);
+    return res.ok ? res.data.matches || [] : null;
+  }
+
+  /** An existing hook with the same kind, point, target and parameters (defaults filled in), or null. */
+  identical(spec) {
+    const schema = this.kinds[spec.kind] || {};
+    const withDefaults = (params) => {
+      const out = {};
+      for (const [name, prop] of schemaFields(schema))
+        out[name] = params && params[name] !== undefined ? params[name] : prop.default;
+      return JSON.stringify(out);
+    };
+    const want = withDefaults(spec.params);
+    for (const hook of this.panel.state.hooks.values()) {
+      if (hook.kind === spec.kind && hook.point === spec.point && hook.target === spec.target)
+        if (withDefaults(hook.params) === want) return hook;
+    }
+    return null;
   }
 
   async add() {
@@ -172,7 +224,6 @@ export class AddHookForm {
         bad = true;
       } else if (!r.skip) params[key.slice(7)] = r.value;
     }
-    if (bad) return;
     const spec = {
       kind: this.kind.value,
       target: this.target.value.trim(),
@@ -180,6 +231,30 @@ export class AddHookForm {
       params,
       enabled: this.enabled.checked,
     };
+    const tf = this.fields.get("target");
+    if (!spec.target) {
+      setFieldError(tf, "required");
+      bad = true;
+    } else if (spec.target.length > MAX_TARGET) {
+      setFieldError(tf, `at most ${MAX_TARGET} characters`);
+      bad = true;
+    } else {
+      const m = await this.matchesOf(spec.target, spec.point);
+      if (m !== null && !m.length) {
+        setFieldError(tf, `'${spec.target}' matches nothing at ${spec.point}`);
+        bad = true;
+      }
+    }
+    if (bad) return;
+    const same = this.identical(spec);
+    const key = JSON.stringify(spec);
+    if (same && this.confirmed !== key) {
+      this.confirmed = key;
+      this.error.classList.add("warn");
+      this.error.textContent = `identical to ${same.id} (same kind, point, target and parameters): press "Add hook" again to add it anyway`;
+      return;
+    }
+    this.confirmed = null;
     this.submit.disabled = true;
     const detail = await this.panel.mutate(api.addHook(spec));
     this.submit.disabled = this.panel.readOnly;

@@ -2,9 +2,12 @@
 // toggle, remove), with the add-hook form (hookform.js) and the presets
 // (presets.js) below the list. Mutations go over HTTP; the rows are redrawn
 // from the dashboard state, which the `hooks` messages keep current. A hook
-// shows "pending" until the server reports its applied_step.
+// shows "pending" until the server reports its applied_step. An edit is checked
+// against the kind's schema (and a target against the server's matches) before
+// it is sent; a refused value, in the page or by the server, goes back to the
+// value in force, shown beside the reason.
 
-import { api, detailList } from "./api.js";
+import { api, detailList, detailText } from "./api.js";
 import {
   clearDetail,
   constraintHint,
@@ -12,8 +15,8 @@ import {
   makeInput,
   readInput,
   schemaFields,
+  locKey,
   setFieldError,
-  showDetail,
 } from "./fields.js";
 import { AddHookForm } from "./hookform.js";
 import { Presets } from "./presets.js";
@@ -191,7 +194,6 @@ class HookRow {
 
   update(spec) {
     if (spec.kind !== this.builtKind) this.build(spec);
-    const old = this.spec;
     this.spec = spec;
     this.el.dataset.hookId = spec.id;
     this.el.dataset.kind = spec.kind;
@@ -206,15 +208,10 @@ class HookRow {
     this.status.title = pending
       ? "accepted by the server; applied at the next step boundary"
       : `first applied to the gradients of step ${spec.applied_step}`;
-    // Field values follow the server unless the user is editing that field or
-    // it holds a value the server refused (kept so it can be corrected).
+    // Field values follow the server unless the user is editing that field.
     for (const [key, f] of this.fields) {
-      const value = key === "target" ? spec.target : (spec.params || {})[key.slice(7)];
-      const before = key === "target" ? old.target : (old.params || {})[key.slice(7)];
       if (document.activeElement === f.input) continue;
-      if (f.wrap.classList.contains("invalid") && value === before) continue;
-      if (f.input.type === "checkbox") f.input.checked = Boolean(value);
-      else f.input.value = fmtParam(value);
+      this.showInForce(key, f);
     }
   }
 
@@ -244,8 +241,35 @@ class HookRow {
     clearDetail(this.fields, this.error);
   }
 
+  /** The value in force for a field ("target" or "params.<name>"), as the server last reported it. */
+  inForce(key) {
+    return key === "target" ? this.spec.target : (this.spec.params || {})[key.slice(7)];
+  }
+
+  showInForce(key, f) {
+    const value = this.inForce(key);
+    if (f.input.type === "checkbox") f.input.checked = Boolean(value);
+    else f.input.value = fmtParam(value);
+  }
+
+  /** A refused value: the field goes back to the value in force, the reason beside it. */
+  refuse(key, reason) {
+    const f = this.fields.get(key);
+    if (!f) {
+      this.error.textContent = reason;
+      return;
+    }
+    this.showInForce(key, f);
+    const value = fmtParam(this.inForce(key));
+    setFieldError(f, `${reason}; in force: ${value === "" ? "(none)" : value}`);
+  }
+
   showDetail(detail) {
-    showDetail(this.fields, this.error, detail);
+    for (const d of detail) {
+      const key = locKey(d.loc);
+      if (this.fields.has(key)) this.refuse(key, d.msg);
+      else this.error.textContent = detailText(d);
+    }
   }
 
   async send(patch) {
@@ -256,10 +280,10 @@ class HookRow {
   }
 
   async commitParam(name, prop, input, required) {
-    const f = this.fields.get(`params.${name}`);
     const r = readInput(prop, input, required);
+    this.clearErrors();
     if (r.error) {
-      setFieldError(f, r.error);
+      this.refuse(`params.${name}`, r.error);
       return;
     }
     if (r.skip) return;
@@ -269,11 +293,21 @@ class HookRow {
   async commitTarget() {
     const f = this.fields.get("target");
     const value = f.input.value.trim();
+    this.clearErrors();
     if (!value) {
-      setFieldError(f, "required");
+      this.refuse("target", "required");
       return;
     }
     if (value === this.spec.target) return;
+    if (value.length > 256) {
+      this.refuse("target", "at most 256 characters");
+      return;
+    }
+    const res = await api.targets(value, this.spec.point);
+    if (res.ok && !(res.data.matches || []).length) {
+      this.refuse("target", `'${value}' matches nothing at ${this.spec.point}`);
+      return;
+    }
     await this.send({ target: value });
   }
 

@@ -57,6 +57,13 @@ export const SELECTORS = {
   presetText: "preset-text",
   eventLog: "event-log",
   eventItem: "event-item",
+  addHookKindInfo: "add-hook-kind-info",
+  addHookPointInfo: "add-hook-point-info",
+  rateMeasured: "rate-measured",
+  rateError: "rate-error",
+  restartBanner: "restart-banner",
+  reapplyHooks: "reapply-hooks",
+  restartDismiss: "restart-dismiss",
   exportCsv: "export-csv",
   exportPng: "export-png",
 };

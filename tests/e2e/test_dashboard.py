@@ -206,7 +206,8 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     error = row.locator(".field", has=page.get_by_test_id("hook-param-threshold")).get_by_test_id(
         "field-error"
     )
-    expect(error).to_have_text(reason)
+    expect(error).to_have_text(f"{reason}; in force: 1")  # the field is back to the value in force
+    expect(field).to_have_value("1")
     assert demo.get("/api/hooks")[0]["params"]["threshold"] == 1.0
     assert demo.get("/api/session")["config_version"] == version
 
