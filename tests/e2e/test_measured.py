@@ -58,7 +58,10 @@ def test_each_chart_exports_csv_and_png(demo: support.ServerProcess, new_page: A
     assert len(loss_rows) >= 3 and all(float(r[1]) >= 1 for r in loss_rows), rows[:5]
 
     # The flow chart's PNG is a real PNG image.
-    page.wait_for_function("() => document.querySelector('[data-testid=\"chart-flow\"]').dataset.step !== ''")
+    page.wait_for_function(
+        """() => { const gd = document.querySelector('[data-testid="chart-flow"]');
+                   return Boolean(gd.data && gd.dataset.step); }"""
+    )
     with page.expect_download() as dl:
         card_of(page, "chart-flow").get_by_test_id("export-png").click()
     download = dl.value
@@ -179,6 +182,13 @@ def test_picking_a_parameter_shows_its_mean_and_std_equal_to_the_api(
     with_std = [p for p in shown["names"] if std[p] is not None]
     assert with_std == sorted(with_std, key=lambda p: -std[p])
     assert shown["names"][: len(with_std)] == with_std  # no value (one element: null) last
+    # A click on a chart picks a parameter (the flow chart's bar, as Plotly reports a click).
+    page.wait_for_function("() => Boolean(document.querySelector('[data-testid=\"chart-flow\"]').data)")
+    page.evaluate(
+        """() => document.querySelector('[data-testid="chart-flow"]')
+                   .emit("plotly_click", { points: [{ x: "2.weight" }] })"""
+    )
+    expect(page.get_by_test_id("param-picked")).to_contain_text("2.weight")
     # A row's click picks its parameter.
     table.locator('[data-testid="param-row"][data-param="2.bias"]').click()
     expect(page.get_by_test_id("param-picked")).to_contain_text("2.bias")
