@@ -17,6 +17,7 @@ import {
   labelPixels,
 } from "./theme.js";
 import { decadeTicks, logTicks, logTicksIn, shortName, sparseTicks } from "./ticks.js";
+import { MAX_SNAPSHOTS } from "./state.js";
 import { log10OrNull, num, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -570,9 +571,11 @@ export class LossChart {
 // from robust quantiles (one 1e31 outlier does not wash every other cell out).
 // z holds one row per snapshot and `transpose` turns rows into columns, so a
 // new step is one extendTraces of a row. The fetched older history (zoomed out)
-// comes first, then the newest HEATMAP_COLUMNS streamed steps.
+// comes first, then the streamed window.
 
-const HEATMAP_COLUMNS = 300; // streamed steps shown: every redraw paints columns x parameters cells
+// Streamed steps shown: the whole window, so the heatmap covers the loss chart's shared range
+// (every redraw paints columns x parameters cells; the scheduler spaces costly draws out).
+const HEATMAP_COLUMNS = MAX_SNAPSHOTS;
 const HEAT_QUANTILE = 0.02; // the colour range: the 2nd to the 98th percentile of log10 |g|
 
 export class HeatmapChart {
