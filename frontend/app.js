@@ -252,6 +252,7 @@ class Dashboard {
       const before = [...live.hooks.values()];
       live.setSession(session);
       this.resetStep = null;
+      this.stepSamples = []; // the rate is of this run's steps
       if (previous !== null) this.offerReapply(previous, before, session);
       this.log.clear();
       if (previous !== null)
