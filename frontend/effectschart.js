@@ -45,7 +45,8 @@ export class EffectsChart {
           x,
           y: m.rows.map((r) => val(r, "norm_ratio")),
           line: { color, width: 1.5 },
-          hovertemplate: `${name}<br>step %{x}<br>‖g after‖ / ‖g before‖ %{y:.4g}<extra></extra>`,
+          text: name, // as text: a template would read "%{" in a target
+          hovertemplate: "%{text}<br>step %{x}<br>‖g after‖ / ‖g before‖ %{y:.4g}<extra></extra>",
         },
         {
           name,
@@ -58,7 +59,8 @@ export class EffectsChart {
           y: m.rows.map((r) => val(r, "changed")),
           yaxis: "y2",
           line: { color, width: 1.2, dash: "dot" },
-          hovertemplate: `${name}<br>step %{x}<br>elements changed %{y}<extra></extra>`,
+          text: name,
+          hovertemplate: "%{text}<br>step %{x}<br>elements changed %{y}<extra></extra>",
         },
       );
     });

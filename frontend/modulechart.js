@@ -69,7 +69,8 @@ export class ModuleChart {
           x,
           y,
           line: { color: SERIES_COLORS[i % SERIES_COLORS.length], width: 1.5, dash },
-          hovertemplate: `${plotlyText(moduleLabel(name))}<br>step %{x}<br>‖${label}‖ %{y:.4g}<extra></extra>`,
+          text: plotlyText(moduleLabel(name)), // as text: a template would read "%{" in a name
+          hovertemplate: `%{text}<br>step %{x}<br>‖${label}‖ %{y:.4g}<extra></extra>`,
         });
       }
     });

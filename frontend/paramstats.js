@@ -177,7 +177,8 @@ export class ParamStats {
           xaxis: `x${ax}`,
           yaxis: `y${ax}`,
           line: { color: SERIES_COLORS[pi % SERIES_COLORS.length], width: 1.4 },
-          hovertemplate: `${plotlyText(p)}<br>step %{x}<br>${s.label} %{y:.4g}<extra></extra>`,
+          text: plotlyText(p), // a name goes in as text: a template would read "%{" in it
+          hovertemplate: `%{text}<br>step %{x}<br>${s.label} %{y:.4g}<extra></extra>`,
         });
       });
       const top = 1 - si * (hgt + gap);
