@@ -66,9 +66,13 @@ class Layout:
         if self.world == 1:
             return values
         out = torch.empty(self.world * values.numel(), dtype=values.dtype, device=values.device)
-        dist.all_gather_into_tensor(out, values, group=self.group)
+        _all_gather(out, values, group=self.group)
         rows = out.reshape(self.world, -1)
         return torch.where(summed.to(values.device), rows.sum(0), rows.amax(0))
+
+
+# torch 2.13 names it all_gather_single (all_gather_into_tensor, deprecated there, is the older name)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _fsdp_managed(model: nn.Module) -> set[int]:

@@ -202,3 +202,82 @@ def test_hsdp_and_tensor_parallel_are_refused_at_attach():
     assert len(lines) == 2, out.stdout + out.stderr
     assert lines[0].startswith("REFUSED") and "2-D device mesh" in lines[0], lines
     assert lines[1].startswith("REFUSED") and "does not manage" in lines[1], lines
+
+
+EVERY_KIND = """
+import json, sys, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+import inspector
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+fully_shard(model[0]); fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1)
+seen = []
+insp.add_hook(lambda name, p: (seen.append(type(p.grad).__name__), p.grad.mul_(1.0)), target="2.bias")
+insp.add_hook("clip_value", target="0.*", threshold=10.0)
+insp.add_hook("scale", target="2.*", factor=0.5)
+insp.add_hook("l2", target="*", lam=1e-4)
+insp.add_hook("noise", target="0.weight", std=1e-3, seed=7)
+insp.add_hook("clip_norm", target="*", max_norm=0.05, mode="per_tensor")
+insp.add_hook("nan_guard", target="*", action="zero")
+insp.add_hook("scale", target="0.bias", point="post_accumulate", factor=1.0)
+insp.add_hook("module_log", target="2", point="module", grad_input=True)
+insp.add_hook("freeze", target="2.weight")
+insp.set_hist_params(["0.weight"])
+data = torch.Generator().manual_seed(rank)
+for _ in range(6):
+    opt.zero_grad()
+    model(torch.randn(4, 6, generator=data)).square().mean().backward()
+    opt.step()
+final = [p.grad.full_tensor().norm().item() if p.grad is not None else None for p in model.parameters()]
+snap = insp.latest()
+errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
+print("RESULT " + json.dumps({"rank": rank, "final": final, "grad_norm": snap["grad_norm"], "seen": seen[:1],
+      "hist": [sum(s["hist"]["0.weight"]["raw"]) for s in insp.snapshots() if s["hist"]], "modules": snap["modules"],
+      "errors": errors}), flush=True)
+insp.close()
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_every_kind_acts_on_shards_and_reports_full_tensors(tmp_path):
+    """Every hook kind on an FSDP2 model, on both ranks, without an error: per_tensor clip_norm by
+    each full tensor's norm (the final full norms are at most max_norm), freeze drops the gradient,
+    a python hook sees the DTensor, a histogram counts the full gradient, module_log reports."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    root = Path(__file__).resolve().parents[2]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", EVERY_KIND],
+            env={**env, "RANK": str(r)},
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        kill(procs)
+    results = []
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+        results.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]))
+    for res in results:
+        assert res["errors"] == [], res["errors"]
+        assert res["seen"] == ["DTensor"]
+        assert res["final"][2] is None  # frozen
+        assert all(n <= 0.05 * (1 + 1e-5) for n in res["final"] if n is not None), res["final"]
+        assert res["grad_norm"][:2] == pytest.approx(res["final"][:2], rel=1e-5)  # the full tensors' norms
+        assert res["grad_norm"][2] is None
+        assert res["hist"] and all(n == 8 * 6 for n in res["hist"]), res[
+            "hist"
+        ]  # the full gradient's elements
+        assert set(res["modules"]["2"]) == {"grad_output_norm", "grad_input_norm"}
+    assert results[0]["grad_norm"] == results[1]["grad_norm"]
