@@ -9,6 +9,7 @@
 // keeps following it as training streams. A double click shows the whole run.
 
 import { api } from "./api.js";
+import { niceStep } from "./ticks.js";
 
 const Plotly = window.Plotly;
 
@@ -24,6 +25,12 @@ export function stepExtent(state) {
   const hi = Math.max(state.step, state.latest ? state.latest.step : -Infinity);
   if (!Number.isFinite(lo) || !Number.isFinite(hi)) return null;
   return hi > lo ? [lo, hi] : [lo - 1, lo + 1];
+}
+
+/** A right edge past `hi`: the next multiple of a round stride of about 2 % of [lo, hi]. */
+function ahead(lo, hi) {
+  const stride = niceStep(Math.max(1, (hi - lo) / 50));
+  return Math.ceil((hi + 0.5) / stride) * stride + 0.5;
 }
 
 export class Timeline {
@@ -59,16 +66,20 @@ export class Timeline {
     el.on("plotly_relayout", (ev) => this.onRelayout(chart, ev || {}));
   }
 
-  /** The x range every time chart shows now: the user's, or the run's extent. */
+  /**
+   * The x range every time chart shows now: the user's, or the run's extent. A right edge
+   * that follows the newest step moves ahead in round strides (about 2 % of the range), so
+   * streaming relayouts the charts once a stride, not once a step.
+   */
   range(state) {
     if (this.user) {
       const [a, b] = this.user;
-      return this.follow ? [a, Math.max(b, state.step)] : [a, b];
+      return this.follow ? [a, Math.max(b, ahead(a, state.step))] : [a, b];
     }
     const ext = stepExtent(state);
     if (!ext) return null;
-    const pad = Math.max(0.5, (ext[1] - ext[0]) * 0.01);
-    return [ext[0] - pad, ext[1] + pad];
+    const lo = ext[0] - 0.5;
+    return [lo, ahead(lo, ext[1])];
   }
 
   /** Apply the shared range to a chart after it streamed (one relayout when it moved). */
