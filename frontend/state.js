@@ -1,8 +1,10 @@
 // The dashboard's bounded state of one run (the page holds one for the live
 // run and one for an earlier run it shows): session, a window of recent
 // snapshots (only the fields the charts use), the loss series, markers, the
-// latest histograms and the event log. Memory is capped: nothing here grows with
-// the length of the run. (The server's database is server/storage.py.)
+// latest histograms and the event log; for a zoomed-out view the older history
+// fetched downsampled (at most 4 rows a bucket, replaced by each fetch), and a
+// run compared with. Memory is capped: nothing here grows with the length of
+// the run. (The server's database is server/storage.py.)
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
 import { num } from "./util.js";
