@@ -50,11 +50,16 @@ def local(t: Tensor) -> Tensor:
 class Layout:
     """Which parameters are sharded, and the collective that combines their local partial results."""
 
-    def __init__(self, sharded: list[bool], group: Any, world: int, rank: int) -> None:
+    def __init__(
+        self, sharded: list[bool], group: Any, world: int, rank: int, device: torch.device | None = None
+    ) -> None:
         self.sharded = sharded
         self.group = group
         self.world = world
         self.rank = rank
+        # the device the group's collectives take (the mesh's: CUDA under NCCL, even where the
+        # shards live on the CPU, as with FSDP2's CPU offload)
+        self.device = device
 
     def is_sharded(self, i: int) -> bool:
         return self.sharded[i]
@@ -62,13 +67,16 @@ class Layout:
     def combine(self, values: Tensor, summed: Tensor) -> Tensor:
         """One collective: ``values`` (1-D float32, every rank the same length) gathered from every
         rank, then per column the sum over ranks where ``summed`` else the max (NaN propagates)."""
+        home = values.device
         values = values.reshape(-1).float().contiguous()
         if self.world == 1:
             return values
+        if self.device is not None and values.device != self.device:
+            values = values.to(self.device)
         out = torch.empty(self.world * values.numel(), dtype=values.dtype, device=values.device)
         _all_gather(out, values, group=self.group)
         rows = out.reshape(self.world, -1)
-        return torch.where(summed.to(values.device), rows.sum(0), rows.amax(0))
+        return torch.where(summed.to(values.device), rows.sum(0), rows.amax(0)).to(home)
 
 
 # torch 2.13 names it all_gather_single (all_gather_into_tensor, deprecated there, is the older name)
@@ -133,4 +141,7 @@ def layout_of(model: Any, names: list[str], tensors: Iterable[Tensor]) -> Layout
             "built by hand): not supported; the inspector handles FSDP2 over the whole job"
         )
     sharded = [is_dtensor(t) and any(isinstance(p, Shard) for p in t.placements) for t in tensors]
-    return Layout(sharded, mesh.get_group(), world, mesh.get_local_rank())
+    device = torch.device(mesh.device_type) if mesh.device_type != "cpu" else torch.device("cpu")
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    return Layout(sharded, mesh.get_group(), world, mesh.get_local_rank(), device)

@@ -150,20 +150,19 @@ class StepStats:
                 norms[k] = findings.overflow[i]
         findings.bad_modules = [n for n, v in zip(mod_names, host.get("module_bad", []), strict=True) if v]
         out = RawRead(norms=raw_norms, norm_tensors=norms, findings=findings)
-        if (
-            self.layout is not None and hooks.per_rank
-        ):  # FSDP2: a sharded parameter's local norm is its shard's
-            local_idx = sorted({*local_idx, *(i for i in idx if self.layout.sharded[i])})
-        if local_idx:
+        shard_idx = [i for i in idx if self.layout.sharded[i]] if self.layout is not None else []
+        if local_idx or shard_idx:
             mine = [math.nan] * len(self.params)
-            for i, v in zip(local_idx, host.get("local_norm", []), strict=False):
+            for i, v in zip(local_idx, host.get("local_norm", []), strict=True):
                 mine[i] = v
-            if self.layout is not None:
-                for i in idx:
-                    if self.layout.sharded[i]:
-                        mine[i] = raw_norms[i]
-            out.local_norms = mine
-            out.local_bad = next((i for i in local_idx if not math.isfinite(mine[i])), -1)
+            for i in shard_idx:  # FSDP2: a sharded parameter's local norm is that of this rank's shard
+                mine[i] = raw_norms[i]
+            if hooks.per_rank:
+                out.local_norms = mine
+            # (under FSDP2 even without per-rank statistics: a NaN is reported naming its rank)
+            out.local_bad = next(
+                (i for i in sorted({*local_idx, *shard_idx}) if not math.isfinite(mine[i])), -1
+            )
         if sampled:
             out.absmax = absmax(grads)
             for i in hist:

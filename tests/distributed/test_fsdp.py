@@ -162,6 +162,11 @@ def test_fsdp2_defaults_mixed_parameters_and_histograms(tmp_path):
         h = s["hist"]["0.weight"]
         assert sum(h["raw"]) == 16 * 32  # every element of the full gradient, from both shards
     assert all(math.isfinite(v) for s in snaps for v in s["grad_norm_raw"])
+    # the per-rank spread: shard norms for the sharded parameters, the local (pre-reduce) norm for the
+    # plain one, each in its own column
+    spread = snaps[-1]["ranks"]
+    assert all(v is not None for v in spread["norm_min"] + spread["norm_max"]), spread
+    assert spread["norm_min"][3] < spread["norm_max"][3]  # 2.bias: each rank's own data
     assert all(r["snap_hist"] == ["0.weight"] for r in rows1 if r["snap_hist"])
     assert any(r["snap_hist"] for r in rows1)  # rank 1 took it too: rank 0 chose it for both
 
