@@ -14,6 +14,12 @@ The ``pre_step`` work of a step runs in three parts, around the hooks:
 the update norms (parameters after the update against the copy :meth:`keep_params` made
 before it), the hook effects, module norms and tensor records, and moves everything to the
 host in the snapshot's one transfer (:class:`telemetry.Pack`).
+
+Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the step's
+host read of the raw norms is of the shards (NaN/Inf detection, the per-rank spread), and the
+snapshot combines every rank's partial results (sums of squares, abs-max, sums, counts) into the
+full tensors' statistics in one collective (:meth:`StepStats._combine`) before its transfer; a
+histogram of a sharded parameter takes its range from one collective of its own first.
 """
 
 from __future__ import annotations
