@@ -41,7 +41,7 @@ from torch import Tensor
 __all__ = ["ControlPlane", "HEARTBEAT", "HIST_SLOTS", "Rows", "active"]
 
 HEARTBEAT = 0.5  # seconds between exchanges while paused
-HIST_SLOTS = 8  # histogram parameters a row carries (step_stats.HIST_CAP)
+HIST_SLOTS = 8  # histogram parameters a row carries (histsel.HIST_CAP)
 
 
 def active() -> bool:

@@ -42,13 +42,14 @@ from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
 from .feed import Feed
 from .handles import HookHandle
+from .histsel import HIST_BINS, HIST_CAP, HistSelection
 from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
 from .scalars import Recorder, check_scalars
 from .sharded import layout_of
-from .step_stats import HIST_BINS, HIST_CAP, HistSelection, StepStats
+from .step_stats import StepStats
 from .targets import match
 from .telemetry import Cadence, check_cadence
 from .torch_hooks import TorchHooks

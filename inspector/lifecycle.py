@@ -20,7 +20,6 @@ public calls for loops that must tell us where a step starts or ends (``begin_st
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
@@ -29,22 +28,24 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
+from .dist_boundary import DistributedBoundary
 from .edits import Edits
 from .errors import InspectorError, describe_error
 from .feed import Feed
+from .histsel import HistSelection, learning_rates
 from .nonfinite import Findings, NonfiniteReport
 from .ops import apply_pre_step
 from .records import HookSpec, event_fields
 from .registry import Change, Registry
 from .scalars import Recorder
-from .step_stats import HistSelection, StepStats, learning_rates
+from .step_stats import StepStats
 from .telemetry import Cadence
 from .torch_hooks import TorchHooks
 
 __all__ = ["StepLifecycle"]
 
 
-class StepLifecycle:
+class StepLifecycle(DistributedBoundary):
     """The step-time half of an Inspector (see the module docstring); state set by ``Inspector.__init__``."""
 
     params: list[str]
@@ -430,116 +431,3 @@ class StepLifecycle:
     def _flush_late(self) -> None:
         """Send the records made after step N's boundary (before the next forward) as step N's."""
         self._records.flush_late(self._step)
-
-    # ================================================================= torch.distributed
-    def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:
-        """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold)."""
-        plane = self._dist
-        assert plane is not None
-        rank0 = plane.rank == 0
-        with self._cond:
-            hold = rank0 and self._paused and self._credit == 0 and not self._closed
-            if rank0 and self._paused and self._credit > 0:
-                self._credit -= 1  # a single step: run one more, hold at its boundary
-            payload = rank0 and bool(self._reg.pending)
-            next_sampled = self._cadence.is_sampled(step + 1)
-            if first and rank0 and self._layout is not None:
-                self._hist_next = self._hist.due(self._sampled_count + 1) if next_sampled else []
-        raw = self._stats.raw_read if first else None
-        with_norms = first and sampled and self._hooks.per_rank
-        norms = None
-        if with_norms:
-            norms = (
-                raw.local_norms
-                if raw is not None and raw.local_norms is not None
-                else [math.nan] * len(self.params)
-            )
-        try:
-            rows = plane.exchange(
-                hold,
-                payload,
-                next_sampled,
-                raw.local_bad if raw is not None else -1,
-                norms,
-                self._hist_next if rank0 and self._layout is not None else None,
-            )
-            changes = None
-            if rows.payload:
-                with self._lock:
-                    mine = list(self._reg.pending) if rank0 else None
-                changes = plane.broadcast(mine)
-        except Exception as e:
-            plane.broken = describe_error(e)
-            self._event(
-                "distributed_error",
-                step=step,
-                rank=plane.rank,
-                message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
-                "hook edits and pauses with the others",
-            )
-            return None, False
-        with self._cond:
-            if changes is not None:
-                if not rank0:
-                    self._reg.adopt(changes)
-                self._drain_locked(torch_ok=True)
-            self._sampled = rows.next_sampled
-            if self._layout is not None:
-                self._hist_next = rows.hist
-            if self._sampled:
-                self._sampled_count += 1
-        if first:
-            bad_ranks = rows.bad_ranks()
-            if self._nf_pending is not None or bad_ranks:
-                found = self._nf_pending or Findings()
-                if (
-                    not found.bad and bad_ranks
-                ):  # non-finite locally, finite after the all-reduce: still worth a word
-                    found.bad = [rows.local_bad(bad_ranks[0])]
-                self._nonfinite.step(
-                    found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks
-                )
-            self._nf_pending = None
-        return (rows.spread(len(self.params)) if with_norms else None), rows.hold
-
-    def _dist_sync_edits(self) -> None:
-        """A script edit under torch.distributed (every rank makes it at the same point of the
-        script): one broadcast of rank 0's pending changes, then every rank applies them (lock held)."""
-        plane = self._dist
-        assert plane is not None
-        try:
-            changes = plane.broadcast(list(self._reg.pending) if plane.rank == 0 else None)
-        except Exception as e:
-            plane.broken = describe_error(e)
-            self._event(
-                "distributed_error",
-                step=self._step,
-                rank=plane.rank,
-                message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
-                "hook edits and pauses with the others",
-            )
-            self._drain_locked(torch_ok=True)
-            return
-        if plane.rank != 0:
-            self._reg.replace_pending(changes)
-        self._drain_locked(torch_ok=True)
-
-    def _dist_hold(self, step: int, hold: bool) -> None:
-        """Every rank waits here together while rank 0 is paused (heartbeat exchanges)."""
-        plane = self._dist
-        assert plane is not None
-        while hold and not plane.broken and not self._closed:
-            if plane.rank == 0:
-                with self._cond:
-                    if not self._waiting:
-                        self._waiting = True
-                        self._cond.notify_all()
-                        self._publish_training()
-                    self._cond.wait_for(
-                        lambda: (
-                            bool(self._reg.pending) or not self._paused or self._credit > 0 or self._closed
-                        ),
-                        timeout=distributed.HEARTBEAT,
-                    )
-            _, hold = self._dist_exchange(step, False, first=False)
-        self._waiting = False

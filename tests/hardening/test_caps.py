@@ -91,7 +91,7 @@ def test_event_fields_cut_every_string_at_any_depth():
 def test_a_viewer_cannot_deny_histograms_to_another(live):
     """Point 9: a read-only viewer takes the whole histogram cap first; another client's own
     subscription is still served (the cap is shared in turns)."""
-    from inspector.step_stats import HIST_CAP
+    from inspector.histsel import HIST_CAP
 
     srv = live("exploding", rate=None, read_only=True)
     names = [p for p in srv.insp.params if p.endswith("weight") or p.endswith("bias")]
