@@ -224,9 +224,18 @@ class StepLifecycle(DistributedBoundary):
         if not self._under_way:
             self._mark_under_way()
 
+    def _claim_training_thread(self) -> None:
+        """This thread trains. Set under the lock: an edit from another thread holds the lock while it
+        decides whether it is on the training thread (and then registers torch hooks), so it can never
+        register one while this thread's forward runs (the model may have been attached elsewhere)."""
+        tid = threading.get_ident()
+        if self._train_tid != tid:
+            with self._lock:
+                self._train_tid = tid
+
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         t0 = time.perf_counter()
-        self._train_tid = threading.get_ident()
+        self._claim_training_thread()
         self._check_scaler_skip()
         if not self._under_way:
             self._mark_under_way()
@@ -241,7 +250,7 @@ class StepLifecycle(DistributedBoundary):
 
     def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
-        self._train_tid = threading.get_ident()
+        self._claim_training_thread()
         fused = amp.fused_scaling(optimizer)
         if fused is not None:  # a fused optimizer under a GradScaler (see inspector.amp)
             grad_scale, skipped = fused

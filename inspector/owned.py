@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .errors import AttachError
+from .errors import AttachError, describe_error
 
 __all__ = ["DETACHED_LOGGER", "OwnedHook", "attached", "claim", "release"]
 
@@ -30,6 +31,9 @@ DETACHED_LOGGER = "gradient_inspector.detached_hook"
 _detached = logging.getLogger(DETACHED_LOGGER)
 _detached.setLevel(logging.CRITICAL + 1)  # here, at least, the stand-in can never log
 _detached.propagate = False
+
+
+_warned: list[bool] = []  # the first failing hook of ours is reported once per process
 
 
 class OwnedHook:
@@ -41,7 +45,18 @@ class OwnedHook:
         self.fn = fn
 
     def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
+        try:
+            return self.fn(*args)
+        except Exception as e:  # a bug of ours must not reach the user's forward or backward
+            if not _warned:
+                _warned.append(True)
+                warnings.warn(
+                    f"gradient-inspector: one of its hooks failed and was skipped ({describe_error(e)}); "
+                    "training goes on (further failures are not reported)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return None  # our module hooks never change the forward's arguments or result
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (getattr, (_detached, "debug"))

@@ -267,7 +267,10 @@ class TorchHooks:
         return hook
 
     def _module_input_hook(self, name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        # kwargs may be missing: a hook removed during the forward that runs it (the root's own
+        # forward pre-hook applies edits, and may remove this one) is still called by torch, from
+        # its snapshot of the hooks, but no longer as a with_kwargs hook
+        def hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
             # before the forward: a tensor hook registered now receives the gradient of the input's
             # value as the module read it, even when the module then overwrites it in place
             t0 = time.perf_counter()

@@ -282,3 +282,24 @@ def test_module_log_grad_input_of_an_inplace_module_is_the_real_input_gradient(m
         assert errors(insp) == []
     assert mod["grad_input_norm"] == pytest.approx(float(g_in.norm()), rel=1e-5)
     assert mod["grad_output_norm"] == pytest.approx(float(g_out.norm()), rel=1e-5)
+
+
+def test_a_grad_input_hook_on_the_root_removed_by_the_roots_own_forward_pre_hook_breaks_nothing():
+    # the root's forward pre-hook applies pending edits; removing the root's grad_input pre-hook there
+    # leaves torch calling it once more from its snapshot of the hooks, without kwargs
+    import threading
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    with inspector.attach(model, opt, every=1) as insp:
+        h = insp.add_hook("module_log", "", grad_input=True)
+        model(x).sum().backward()
+        opt.step()
+        t = threading.Thread(target=h.remove)  # from another thread: applied at the next root forward
+        t.start()
+        t.join(10)
+        model(x).sum().backward()  # must not raise
+        opt.step()
+        assert insp.step == 2 and not model._forward_pre_hooks_with_kwargs

@@ -333,3 +333,24 @@ def test_wait_says_where_it_serves_warns_when_nothing_is_and_returns_only_once_c
     ).start()
     with pytest.warns(RuntimeWarning, match="nothing is served"):
         other.wait()
+
+
+def test_a_failing_hook_of_ours_never_reaches_the_users_forward(monkeypatch):
+    import inspector.owned as owned
+
+    monkeypatch.setattr(owned, "_warned", [])
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with inspector.attach(model, opt, every=1) as insp:
+
+        def broken(*args):
+            raise TypeError("a bug of ours")
+
+        monkeypatch.setattr(insp, "_on_forward_pre", broken)
+        hook = next(iter(model._forward_pre_hooks.values()))
+        hook.fn = broken  # what the root forward pre-hook now runs
+        x, y = batch()
+        with pytest.warns(RuntimeWarning, match="one of its hooks failed and was skipped"):
+            train_step(model, opt, x, y)  # the forward goes on
+        train_step(model, opt, x, y)  # reported once
+        assert insp.step == 2
