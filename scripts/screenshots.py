@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Screenshots of the dashboard, one per demo scenario, into docs/.
+"""Screenshots of the dashboard, per demo scenario at 1440x900 and 1024x768, into docs/.
 
     .venv/bin/python scripts/screenshots.py [--scenario NAME ...] [--out docs]
 
@@ -8,7 +8,8 @@ database; tests/support.py's `start_demo`, which waits until /api/health answers
 dashboard in Debian's Chromium (Python Playwright, launched by tests/support.py's
 `launch_chromium`), drives training through the HTTP API the way the scenario's "try this"
 suggests (a hook added part-way, so its marker and effect show), pauses, waits until the page
-has drawn the last step, and saves `docs/dashboard-<scenario>.png`. Training is driven step
+has drawn the last step, and saves `docs/dashboard-<scenario>.png` (1440x900) and, from the same
+paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768), both full-page. Training is driven step
 by step near each hook, so the pictures are the same from run to run up to timing noise.
 """
 
@@ -28,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support import launch_chromium, start_demo  # noqa: E402
+
+SIZES = [(1440, 900), (1024, 768)]  # a laptop, and a small one: dashboard-<scenario>.png, -1024.png
 
 # What each picture shows: hooks added at given steps (the scenario's "try this"), the step
 # to stop at, and the parameter whose histogram is shown.
@@ -89,13 +92,7 @@ class Api:
                     raise TimeoutError(f"training did not reach step {target}")
                 time.sleep(0.05)
         self.call("POST", "/api/training/pause")
-        last = -1
-        while True:  # the step under way finishes, then training holds
-            now = self.step()
-            if now == last:
-                break
-            last = now
-            time.sleep(0.3)
+        self.wait_held(deadline)  # the step under way finishes, then training holds at its boundary
         while self.step() < target:
             before = self.step()
             self.call("POST", "/api/training/step")
@@ -103,9 +100,17 @@ class Api:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"single step at {before} did not complete")
                 time.sleep(0.02)
+            self.wait_held(deadline)
+
+    def wait_held(self, deadline: float) -> None:
+        """Until the training thread holds at a boundary (the pause has taken hold)."""
+        while not self.call("GET", "/api/session")["training"].get("held"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the pause did not take hold")
+            time.sleep(0.02)
 
 
-def shoot(browser: Any, scenario: str, out: Path) -> Path:
+def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
     plan = PLANS[scenario]
     with (
         tempfile.TemporaryDirectory() as log_dir,
@@ -113,15 +118,12 @@ def shoot(browser: Any, scenario: str, out: Path) -> Path:
     ):
         api = Api(server.base)
         api.call("POST", "/api/training/pause")
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page = browser.new_page(viewport={"width": SIZES[0][0], "height": SIZES[0][1]})
         errors: list[str] = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        watch(page, errors)
         page.goto(api.base + "/")
         page.get_by_test_id("connection-status").filter(has_text="live").wait_for()
-        if plan["hist"]:
-            page.get_by_test_id("hist-param").select_option(plan["hist"])
-        page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+        set_views(page, plan)
         for at, action, spec in plan["actions"]:
             api.run_to(at)
             if action == "add":
@@ -131,30 +133,56 @@ def shoot(browser: Any, scenario: str, out: Path) -> Path:
                 api.call("PATCH", f"/api/hooks/{added}", {"enabled": False})
         api.run_to(plan["stop"])
         last = api.step()
-        page.wait_for_function(
-            """(last) => {
-              const flow = document.querySelector('[data-testid="chart-flow"]');
-              const counter = document.querySelector('[data-testid="step-counter"]');
-              return Number(flow.dataset.step) === last && Number(counter.textContent) === last
-                && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
-            }""",
-            arg=last,
-            timeout=60_000,
-        )
-        page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
-        # Let the throttled charts finish their last redraws.
-        page.wait_for_function(
-            """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
-            timeout=30_000,
-        )
-        page.mouse.move(0, 0)
-        page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
-        path = out / f"dashboard-{scenario}.png"
-        page.screenshot(path=str(path), full_page=True)
+        sampled = api.call("GET", "/api/snapshots?limit=1")["snapshots"][-1]["step"]  # the newest snapshot
+        paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
         page.close()
+        for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
+            small = browser.new_page(viewport={"width": width, "height": height})
+            watch(small, errors)
+            small.goto(api.base + "/")
+            small.get_by_test_id("connection-status").filter(has_text="live").wait_for()
+            set_views(small, plan)
+            paths.append(settle_and_shoot(small, last, sampled, out / f"dashboard-{scenario}-{width}.png"))
+            small.close()
         if errors:
             print(f"{scenario}: console errors: {errors}", file=sys.stderr)
-        return path
+        return paths
+
+
+def watch(page: Any, errors: list[str]) -> None:
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+
+def set_views(page: Any, plan: dict[str, Any]) -> None:
+    if plan["hist"]:
+        page.get_by_test_id("hist-param").select_option(plan["hist"])
+    page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+
+
+def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:
+    """Wait until the page has drawn step `last` and its newest snapshot, step `sampled` (paused, no hook
+    pending, no chart redraw due), then take a full-page screenshot."""
+    page.wait_for_function(
+        """([last, sampled]) => {
+          const flow = document.querySelector('[data-testid="chart-flow"]');
+          const counter = document.querySelector('[data-testid="step-counter"]');
+          return Number(flow.dataset.step) === sampled && Number(counter.textContent) === last
+            && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
+        }""",
+        arg=[last, sampled],
+        timeout=60_000,
+    )
+    page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
+    # Let the throttled charts finish their last redraws.
+    page.wait_for_function(
+        """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
+        timeout=30_000,
+    )
+    page.mouse.move(0, 0)
+    page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
+    page.screenshot(path=str(path), full_page=True)
+    return path
 
 
 def main() -> int:
@@ -173,11 +201,9 @@ def main() -> int:
         try:
             for name in args.scenario or list(PLANS):
                 t0 = time.monotonic()
-                path = shoot(browser, name, args.out)
-                print(
-                    f"{name}: {path.relative_to(REPO) if path.is_relative_to(REPO) else path} "
-                    f"({time.monotonic() - t0:.0f} s)"
-                )
+                paths = shoot(browser, name, args.out)
+                shown = [str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in paths]
+                print(f"{name}: {', '.join(shown)} ({time.monotonic() - t0:.0f} s)")
         finally:
             browser.close()
     return 0
