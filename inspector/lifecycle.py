@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from . import amp, distributed
 from .dist_boundary import DistributedBoundary
 from .edits import Edits
-from .errors import InspectorError, describe_error
+from .errors import HookError, InspectorError, describe_error, shown
 from .feed import Feed
 from .histsel import HistSelection, learning_rates
 from .nonfinite import Findings, NonfiniteReport
@@ -134,6 +134,19 @@ class StepLifecycle(DistributedBoundary):
             self._drain_locked(torch_ok=True)
         self._flush_late()
         self._records.flush_pending()
+
+    def expect_last_step(self, step: int) -> None:
+        """Say that the run ends with step ``step`` (optimizer steps since ``attach``), so that step is
+        sampled: a run's final state is always shown, whatever the cadence. A loop that knows its
+        length (the framework callbacks do) calls it before training; a step that was not sampled
+        cannot be measured afterwards (its gradients are gone or edited by then).
+
+        Raises:
+            HookError: ``step`` is not a positive integer.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise HookError(("step",), f"must be a positive integer (got {shown(step)})")
+        self._cadence.last_step = step
 
     def mark_step(self) -> None:
         """The step boundary for loops without a torch optimizer.

@@ -76,6 +76,7 @@ class Cadence:
         self.every = every
         self.k = every or 1
         self.next_sampled = 1
+        self.last_step: int | None = None  # the run's last step, when the loop said (always sampled)
         self._sampled = _Recent()  # our time on a sampled step (s)
         self._base = _Recent()  # our time on an unsampled step (s)
         self._walls = _Recent()  # the wall-clock step (s)
@@ -95,7 +96,7 @@ class Cadence:
         return self._walls.value
 
     def is_sampled(self, step: int) -> bool:
-        return step >= self.next_sampled
+        return step >= self.next_sampled or step == self.last_step
 
     @staticmethod
     def _ema(old: float | None, x: float) -> float:

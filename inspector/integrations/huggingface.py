@@ -143,7 +143,10 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         if model is None or optimizer is None:
             raise RuntimeError("the Trainer passed no model or optimizer to on_train_begin")
         self._remove_forward_hook()
-        self._session.open(model, optimizer, scaler=enabled_scaler(getattr(optimizer, "scaler", None)))
+        insp = self._session.open(model, optimizer, scaler=enabled_scaler(getattr(optimizer, "scaler", None)))
+        left = int(state.max_steps or 0) - int(state.global_step or 0)
+        if left >= 1:
+            insp.expect_last_step(insp.step + left)  # the run's last step is always sampled
         self._losses.clear()
         self._model_gives_loss = False
         # under token averaging the model divides by the token count of every process's batch

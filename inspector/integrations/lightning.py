@@ -153,6 +153,10 @@ class GradientInspectorCallback(Callback):  # type: ignore[misc]
         )
         self._losses.clear()
         self._recorded_step = insp.step
+        total = trainer.estimated_stepping_batches  # the run's optimizer steps (inf without a limit)
+        left = total - trainer.global_step if isinstance(total, int) else None
+        if left is not None and left >= 1:
+            insp.expect_last_step(insp.step + left)  # the run's last step is always sampled
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int

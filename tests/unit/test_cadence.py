@@ -7,6 +7,7 @@ one end-to-end run checks that a real short run is dense.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import inspector
@@ -115,3 +116,17 @@ def test_cadence_short_run_end_to_end_is_dense():
         steps = [snap["step"] for snap in insp.snapshots()]
     assert steps[:DENSE_STEPS] == list(range(1, DENSE_STEPS + 1))
     assert len(steps) >= 30 and steps[-1] >= 91
+
+
+def test_the_last_step_of_a_run_that_says_its_length_is_always_sampled():
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = batch()
+    for total in (100, 137):  # wherever the budget's cadence would fall
+        with inspector.attach(model, opt) as insp:
+            insp.expect_last_step(total)
+            for _ in range(total):
+                train_step(model, opt, x, y)
+            assert insp.latest()["step"] == total
+    with inspector.attach(model, opt) as insp, pytest.raises(inspector.HookError):
+        insp.expect_last_step(0)
