@@ -177,7 +177,10 @@ class Pack:
             if not values:
                 return
             dev = values[0].device
-            values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
+            if all(v.dim() == 0 and v.dtype == torch.float32 and v.device == dev for v in values):
+                values = torch.stack(values)  # the common case (norms, counts): no per-value conversion
+            else:
+                values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
         self._names.append(name)
         self._parts.append(values.reshape(-1).float())
 
@@ -185,7 +188,8 @@ class Pack:
         if not self._parts:
             return {}
         dev = self._parts[0].device
-        flat = torch.cat([p.to(dev) for p in self._parts])
+        parts = self._parts
+        flat = parts[0] if len(parts) == 1 else torch.cat([p.to(dev) for p in parts])
         host = flat.tolist()  # the one device->host transfer (sync point) of this snapshot
         out, i = {}, 0
         for name, part in zip(self._names, self._parts, strict=True):
