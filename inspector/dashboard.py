@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import notebook
 from .server_loader import load_server_module
@@ -30,17 +30,12 @@ class Dashboard:
     _cond: threading.Condition
     _closed: bool
 
-    def _check_open(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the Inspector's (inspector.py, lifecycle.py)
 
-    def _drain_locked(self, *, torch_ok: bool) -> None:
-        raise NotImplementedError
-
-    def finish(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
+        def _check_open(self) -> None: ...
+        def _drain_locked(self, *, torch_ok: bool) -> None: ...
+        def finish(self) -> None: ...
+        def close(self) -> None: ...
 
     def serve(
         self,

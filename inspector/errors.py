@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError", "describe_error", "shown"]
+__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError", "cut", "describe_error", "shown"]
 
 SHOWN_LIMIT = 300  # characters of a user value quoted in a message
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with a note of its full length (messages, events)."""
+    return text if len(text) <= limit else f"{text[:limit]}… [truncated: {len(text)} characters in all]"
 
 
 def _type_name(x: Any) -> str:
@@ -45,7 +46,7 @@ def shown(x: Any, limit: int = SHOWN_LIMIT) -> str:
             raise TypeError("__repr__ returned a non-string")
     except Exception:
         return f"<{_type_name(x)} object: its repr() failed>"
-    return _cut(text, limit)
+    return cut(text, limit)
 
 
 def describe_error(err: BaseException, limit: int = 2000) -> str:
@@ -56,7 +57,7 @@ def describe_error(err: BaseException, limit: int = 2000) -> str:
             raise TypeError("__str__ returned a non-string")
     except Exception:
         text = "<its message could not be formatted: str() of the exception failed>"
-    return f"{_type_name(err)}: {_cut(text, limit)}"
+    return f"{_type_name(err)}: {cut(text, limit)}"
 
 
 class InspectorError(Exception):

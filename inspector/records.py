@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .errors import cut
+
 __all__ = ["HookSpec", "Snapshot", "jsonsafe", "event_fields", "MAX_EVENT_STRING", "SPEC_FIELDS"]
 
 # The longest string an event keeps (characters). An event goes to every dashboard, into every
@@ -34,8 +36,8 @@ def jsonsafe(x: Any) -> Any:
 
 
 def _cut(x: Any) -> Any:
-    if isinstance(x, str) and len(x) > MAX_EVENT_STRING:
-        return f"{x[:MAX_EVENT_STRING]}… [truncated: {len(x)} characters in all]"
+    if isinstance(x, str):
+        return cut(x, MAX_EVENT_STRING)
     if isinstance(x, dict):
         return {_cut(k): _cut(v) for k, v in x.items()}
     if isinstance(x, list):
