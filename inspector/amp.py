@@ -1,11 +1,13 @@
 """``GradScaler`` (mixed precision): when an iteration is skipped, and fused optimizers.
 
 A skipped iteration. ``GradScaler.step`` skips ``optimizer.step()`` when the scaled gradients
-hold inf/NaN, and ``update()`` then lowers the scale (``backoff_factor`` < 1, while a step that
-ran leaves it or grows it). Our step hooks never fire for such an iteration, so the inspector
-sees it by the scale: lower at the next forward (or at ``finish()``/``close()``, after the last
-iteration) than at the previous one, with no step boundary between. :func:`scale_of` reads it
-(the ``init_scale`` while the scaler has not scaled anything yet, as at the first forward).
+hold inf/NaN, and ``update()`` then writes the scale (lowered). Our step hooks never fire for such
+an iteration, so the inspector sees it by the scale having been **written** since the previous
+forward (or, at ``finish()``/``close()``, since the last one) with no step boundary between:
+``update()`` runs once per iteration, after ``step()``, so a write with no boundary since means a
+step that did not run. :func:`scale_mark` tells a write by the scale tensor's version counter
+(``Tensor._version``, bumped by every in-place write: host metadata, nothing read from the device,
+so no sync on CUDA).
 
 A fused optimizer (``Adam``/``AdamW``/``SGD``/``Adagrad`` with ``fused=True``, which set
 ``_step_supports_amp_scaling``). ``GradScaler.step`` does not unscale its gradients and always
@@ -30,17 +32,22 @@ from torch import Tensor
 
 from .errors import AttachError
 
-__all__ = ["check_optimizer", "fused_scaling", "scale_of", "unscale_"]
+__all__ = ["check_optimizer", "fused_scaling", "scale_mark", "scale_written", "unscale_"]
 
 
-def scale_of(scaler: Any) -> float | None:
-    """The scaler's current scale: its ``init_scale`` before the first ``scale()`` call, None when
-    it has neither. One read of a device scalar (a sync on CUDA, once per forward)."""
-    get_scale = getattr(scaler, "get_scale", None)
-    if callable(get_scale):
-        return float(get_scale())
+def scale_mark(scaler: Any) -> tuple[int, int] | None:
+    """Which write of the scaler's scale tensor this is: ``(id, version)``, None before the scaler
+    made one (its first ``scale()`` call). No device read."""
     scale = getattr(scaler, "_scale", None)
-    return None if scale is None else float(scale)
+    return (id(scale), scale._version) if isinstance(scale, Tensor) else None
+
+
+def scale_written(before: tuple[int, int] | None, now: tuple[int, int] | None) -> bool:
+    """Whether the scale was written (by ``update()``) between two marks. A scale created since the
+    first mark counts once it has been written (a version past its creation's)."""
+    if now is None or now == before:
+        return False
+    return before is not None or now[1] > 0
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer | None, scaler: Any) -> None:
@@ -64,7 +71,8 @@ def fused_scaling(optimizer: Any) -> tuple[Tensor | None, bool] | None:
     way, or None when it handed nothing (no scaler, or an optimizer the scaler unscales itself).
 
     ``skipped`` reads ``found_inf``: one host read per step, the same read ``GradScaler.step``
-    makes for an unfused optimizer (a sync on CUDA).
+    makes for an unfused optimizer (a sync on CUDA; only a fused optimizer under a GradScaler pays
+    it: we must know before the update whether this is a step).
     """
     found_inf = getattr(optimizer, "found_inf", None)
     if not isinstance(found_inf, Tensor):

@@ -11,7 +11,6 @@ from typing import Any
 
 from . import distributed
 from .errors import describe_error
-from .nonfinite import Findings
 
 __all__ = ["DistributedBoundary"]
 
@@ -30,7 +29,7 @@ class DistributedBoundary:
     _layout: Any
     _nonfinite: Any
     _records: Any
-    _nf_pending: Any
+    _dist_checks: Any
     params: list[str]
     _paused: bool
     _credit: int
@@ -40,8 +39,14 @@ class DistributedBoundary:
     _sampled_count: int
     _step: int
 
-    def _dist_exchange(self, step: int, sampled: bool, *, first: bool) -> tuple[dict[str, Any] | None, bool]:
-        """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold)."""
+    def _dist_exchange(
+        self, step: int, sampled: bool, *, first: bool, local_norms: list[float] | None = None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """The one collective of this boundary (see inspector.distributed). Returns (ranks, hold).
+
+        ``local_norms``: this sampled step's per-parameter local norms, from its snapshot's transfer.
+        The rows' ``local_bad`` are of the previous step's deferred checks (every rank read them at
+        the top of this boundary), whose findings are reported here, naming the ranks."""
         plane = self._dist
         assert plane is not None
         rank0 = plane.rank == 0
@@ -53,21 +58,18 @@ class DistributedBoundary:
             next_sampled = self._cadence.is_sampled(step + 1)
             if first and rank0 and self._layout is not None:
                 self._hist_next = self._hist.due(self._sampled_count + 1) if next_sampled else []
-        raw = self._stats.raw_read if first else None
+        checks = list(self._dist_checks) if first else []
+        local_bad = min((b for b in (c.local_bad() for c in checks) if b >= 0), default=-1)
         with_norms = first and sampled and self._hooks.per_rank
         norms = None
         if with_norms:
-            norms = (
-                raw.local_norms
-                if raw is not None and raw.local_norms is not None
-                else [math.nan] * len(self.params)
-            )
+            norms = local_norms if local_norms is not None else [math.nan] * len(self.params)
         try:
             rows = plane.exchange(
                 hold,
                 payload,
                 next_sampled,
-                raw.local_bad if raw is not None else -1,
+                local_bad,
                 norms,
                 self._hist_next if rank0 and self._layout is not None else None,
             )
@@ -98,16 +100,17 @@ class DistributedBoundary:
                 self._sampled_count += 1
         if first:
             bad_ranks = rows.bad_ranks()
-            if self._nf_pending is not None or bad_ranks:
-                found = self._nf_pending or Findings()
-                if (
-                    not found.bad and bad_ranks
-                ):  # non-finite locally, finite after the all-reduce: still worth a word
+            self._dist_checks = []
+            for k, c in enumerate(checks):
+                found = c.findings()
+                last = k == len(checks) - 1
+                if last and not found.bad and bad_ranks:
+                    # non-finite locally, finite after the all-reduce: still worth a word
                     found.bad = [rows.local_bad(bad_ranks[0])]
+                ranks_of = bad_ranks if last else []
                 self._nonfinite.step(
-                    found, step, rank=bad_ranks[0] if bad_ranks else None, all_ranks=bad_ranks
+                    found, c.step, rank=ranks_of[0] if ranks_of else None, all_ranks=ranks_of
                 )
-            self._nf_pending = None
         return (rows.spread(len(self.params)) if with_norms else None), rows.hold
 
     def _dist_sync_edits(self) -> None:

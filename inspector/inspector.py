@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from . import amp, distributed
 from .dashboard import Dashboard
+from .deferred import Deferred
 from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
 from .feed import Feed
@@ -119,7 +120,8 @@ class Inspector(StepLifecycle, Dashboard):
         self._stats = StepStats(self.params, self._tensors, self._layout)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
-        self._records = Recorder(self._feed, self._lock)
+        self._deferred = Deferred()  # device values on their way to the host (NaN/Inf checks, records)
+        self._records = Recorder(self._feed, self._lock, self._deferred)
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         self._init_step_state()
@@ -400,6 +402,7 @@ class Inspector(StepLifecycle, Dashboard):
         try:
             self._flush_late()
             self._records.flush_pending()
+            self._drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
                 f"inspector: the last step's late records could not be sent ({shown(e)})",

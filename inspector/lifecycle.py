@@ -28,17 +28,18 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
+from .deferred import Check, Deferred, build_check
 from .dist_boundary import DistributedBoundary
 from .edits import Edits
 from .errors import HookError, InspectorError, describe_error, shown
 from .feed import Feed
 from .histsel import HistSelection, learning_rates
-from .nonfinite import Findings, NonfiniteReport
-from .ops import apply_pre_step
+from .nonfinite import NonfiniteReport
+from .ops import GuardResult, apply_pre_step
 from .records import HookSpec, event_fields
 from .registry import Change, Registry
 from .scalars import Recorder
-from .step_stats import StepStats
+from .step_stats import RawRead, StepStats
 from .telemetry import Cadence
 from .torch_hooks import TorchHooks
 
@@ -76,10 +77,11 @@ class StepLifecycle(DistributedBoundary):
     _last_boundary: float | None  # perf_counter() at the last boundary (None after a pause)
     _seq: int  # the last event's seq
     _step_events: list[dict[str, Any]]  # events of the step under way
-    _last_scale: float | None  # the scaler's scale at the last check (a forward, finish, close)
+    _scale_mark: tuple[int, int] | None  # which write of the scaler's scale the last check saw
     _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
     _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
-    _nf_pending: Findings | None  # under torch.distributed: reported at the boundary, with the rank
+    _deferred: Deferred  # device values on their way to the host (NaN/Inf checks, records)
+    _dist_checks: list[Check]  # under torch.distributed: checks read at this boundary, for the exchange
     _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
     _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
     # control
@@ -100,10 +102,10 @@ class StepLifecycle(DistributedBoundary):
         self._last_boundary = None
         self._seq = 0
         self._step_events = []
-        self._last_scale = None
+        self._scale_mark = None
         self._fused_skip = False
         self._skip_known = False
-        self._nf_pending = None
+        self._dist_checks = []
         self._hist_next = []
         self._paused = False
         self._credit = 0
@@ -134,6 +136,7 @@ class StepLifecycle(DistributedBoundary):
             self._drain_locked(torch_ok=True)
         self._flush_late()
         self._records.flush_pending()
+        self._drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
 
     def expect_last_step(self, step: int) -> None:
         """Say that the run ends with step ``step`` (optimizer steps since ``attach``), so that step is
@@ -305,19 +308,20 @@ class StepLifecycle(DistributedBoundary):
     def _check_scaler_skip(self) -> None:
         """At a forward, ``finish()`` and ``close()``: was the iteration under way skipped by the scaler?
 
-        It was when no boundary came since the last check and the scale went down meanwhile (see
-        :mod:`inspector.amp`); one read of the scale per check, only with a scaler (a sync on CUDA).
+        It was when no boundary came since the last check and the scaler's ``update()`` wrote its
+        scale meanwhile (see :mod:`inspector.amp`): told by the scale tensor's version counter, with
+        no read of the device.
         """
-        lowered = False
+        written = False
         if self._scaler is not None:
-            scale = amp.scale_of(self._scaler)  # the init_scale at the first forward (none set yet)
-            last, self._last_scale = self._last_scale, scale
-            lowered = self._under_way and scale is not None and last is not None and scale < last
+            mark = amp.scale_mark(self._scaler)
+            last, self._scale_mark = self._scale_mark, mark
+            written = self._under_way and amp.scale_written(last, mark)
         if self._skip_known:  # a fused optimizer's skip, reported at its boundary
             self._skip_known = False
             with self._lock:
                 self._records.current = {}  # what was recorded after that boundary belongs to the skipped iteration
-        elif lowered:
+        elif written:
             self._skip_iteration()
 
     def _skip_iteration(self) -> None:
@@ -331,7 +335,9 @@ class StepLifecycle(DistributedBoundary):
 
     # ================================================================= the step's work
     def _pre_step_work(self) -> None:
-        """Raw statistics, every pre_step hook, final statistics (once per step or per closure call)."""
+        """Raw statistics, every pre_step hook, final statistics and the step's deferred NaN/Inf
+        check (once per step or per closure call); nothing is read on the host here, except by an
+        enabled ``nan_guard`` ``skip`` (see :mod:`inspector.ops`)."""
         t0 = time.perf_counter()
         plan, sampled = self._hooks.plan, self._sampled
         with self._lock:
@@ -342,43 +348,63 @@ class StepLifecycle(DistributedBoundary):
             else:
                 hist = self._hist.due(self._sampled_count)
         raw = self._stats.raw(self._hooks, sampled, hist)
-        found = raw.findings
-        for finding, action in self._hooks.take_post_findings():  # this step's backwards, one report
-            found.add_post_accumulate(finding, action)
         if sampled:
             for state, _ in plan.pre:
                 state.reset_effects()
         skip = False
+        guards: list[GuardResult] = []
+        touched: set[int] = set()
         for state, targets in plan.pre:
             try:
                 res = apply_pre_step(state, list(targets), sampled)
             except Exception as e:
                 self._hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
                 continue
-            if res is True:
-                skip = True
-                for t in targets:
-                    found.actions.setdefault(t.index, "skip")
-                break
-            if isinstance(res, list):
-                for f in res:
-                    found.actions.setdefault(f.index, state.spec.params["action"])
-                    found.counts.setdefault(f.index, (f.nan, f.inf))
+            if sampled and not (state.spec.kind == "nan_guard" and state.spec.params["action"] == "report"):
+                touched.update(t.index for t in targets)
+            if res is not None:
+                guards.append(res)
+                if res.skip:
+                    skip = True
+                    break
         if skip:
             for p in self._tensors:
                 p.grad = None
             self._event("step_skipped", step=self._step + 1, reason="nan_guard")
-        if self._dist is not None and not self._dist.broken:
-            self._nf_pending = found  # reported at the boundary, with the rank
-        else:
-            self._nonfinite.step(found, self._step + 1)
+        self._submit_check(raw, guards, skip)
         if sampled:
-            self._stats.final(raw, hooks_ran=bool(plan.pre) or skip)
+            self._stats.final(raw, hooks_ran=bool(plan.pre) or skip, guards=guards, touched=touched)
         self._t_ours += time.perf_counter() - t0
 
+    def _submit_check(self, raw: RawRead, guards: list[GuardResult], skipped: bool) -> None:
+        """Start this step's NaN/Inf check on its way to the host (read at a later boundary)."""
+        check, pack = build_check(self._step + 1, raw, guards, skipped, self._hooks, self._layout)
+
+        def consume(values: dict[str, list[float]]) -> None:
+            check.values = values
+            if self._dist is not None and not self._dist.broken:
+                self._dist_checks.append(check)  # reported after the exchange, with the ranks
+            else:
+                self._nonfinite.step(check.findings(), check.step)
+
+        self._deferred.submit(check.step, pack if pack else None, consume)
+
+    def _drain_deferred(self, *, wait: bool = False, before: int | None = None) -> None:
+        """Consume what reached the host: earlier steps' NaN/Inf checks and records (``wait``: all)."""
+        try:
+            self._deferred.drain(before=before, wait=wait)
+        except Exception as e:  # never take training down for telemetry
+            self._deferred.clear()
+            self._event("telemetry_error", message=f"a deferred check could not be read: {describe_error(e)}")
+
     def _boundary(self) -> None:
-        """Step N is complete: publish its snapshot, apply pending edits, honour a pause."""
+        """Step N is complete: report earlier steps' deferred checks, publish its snapshot, apply
+        pending edits, honour a pause."""
         t0 = time.perf_counter()
+        dist = self._dist is not None and not self._dist.broken
+        # steps before this one whose check reached the host (never a wait, except under
+        # torch.distributed: every rank reads the previous step's, for the exchange)
+        self._drain_deferred(before=self._step + 1, wait=dist)
         with self._lock:
             self._step += 1
             self._under_way = False
@@ -393,11 +419,15 @@ class StepLifecycle(DistributedBoundary):
         self._cadence.observe(step, sampled, self._t_ours + self._hooks.take_spent() + (now - t0), wall)
         t1 = time.perf_counter()
         self._t_ours = 0.0
-        ranks, hold = None, False
-        if self._dist is not None and not self._dist.broken:
-            ranks, hold = self._dist_exchange(step, sampled, first=True)
+        exchanged: list[tuple[dict[str, Any] | None, bool]] = []
+
+        def exchange(local_norms: list[float] | None) -> dict[str, Any] | None:
+            exchanged.append(self._dist_exchange(step, sampled, first=True, local_norms=local_norms))
             with self._lock:  # events the exchange produced belong to this step
-                events, self._step_events = events + self._step_events, []
+                events.extend(self._step_events)
+                self._step_events = []
+            return exchanged[0][0]
+
         snap = None
         if sampled:
             try:
@@ -406,7 +436,7 @@ class StepLifecycle(DistributedBoundary):
                     config_version=version,
                     records=rec,
                     events=events,
-                    ranks=ranks,
+                    ranks=exchange if dist else None,
                     states=states,
                     hooks=self._hooks,
                     lr=learning_rates(self._optimizer),
@@ -419,6 +449,9 @@ class StepLifecycle(DistributedBoundary):
                     message=f"the snapshot could not be built: {describe_error(e)}",
                     step=step,
                 )
+        if dist and not exchanged:
+            exchange(None)
+        hold = exchanged[0][1] if exchanged else False
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:
@@ -437,6 +470,8 @@ class StepLifecycle(DistributedBoundary):
                     if not self._waiting:
                         self._waiting = True
                         self._cond.notify_all()  # for whoever waits for the pause to take hold
+                        self._records.flush_pending()
+                        self._drain_deferred(wait=True)  # paused: what this step found is shown now
                         self._publish_training()
                     self._drain_locked(torch_ok=True)
                     self._cond.wait()

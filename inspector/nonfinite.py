@@ -1,32 +1,24 @@
 """Non-finite gradients: which parameters, how many NaN and Inf, and the ``nonfinite`` events.
 
-Detection reads nothing but the raw norms the step already moved to the host: a tensor's
-norm is finite exactly when it holds no NaN/Inf, barring a float32 overflow of the norm of
-finite values (values near 1e20 and up), which :func:`find_nonfinite` tells apart by counting
-and then recomputes that norm in float64 (:func:`stats.wide_norm`, rounded to float32 like every
-norm); the statistics of the final gradients use the same norm for those parameters. Counts
-are taken only for parameters whose norm was not finite.
+The findings of a step come from its deferred check (:mod:`inspector.deferred`), examined at a
+later boundary without making the host wait: a gradient is non-finite when its probe is (an
+abs-max on sampled steps, a 2-norm on the others), with NaN and Inf counts where a ``nan_guard``
+took them on the device (a count of -1 is one not taken: the event says null).
 
 :class:`NonfiniteReport` turns a step's findings into events: one per step naming the first
 non-finite parameter, and a streak of the same parameter reported on its first step and then
 every ``NONFINITE_REPEAT`` steps, so a run stuck at NaN does not flood the event log. What a
 ``post_accumulate`` ``nan_guard`` found during the step's backwards joins that step's findings
-(:meth:`Findings.add_post_accumulate`), so it is reported at the same rate.
+(its point is then ``post_accumulate``), so it is reported at the same rate.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
-
-from .ops import NanFinding, count_nonfinite
-from .stats import dense, wide_norm
-
-__all__ = ["NONFINITE_REPEAT", "Findings", "NonfiniteReport", "find_nonfinite"]
+__all__ = ["NONFINITE_REPEAT", "Findings", "NonfiniteReport"]
 
 NONFINITE_REPEAT = 100  # a non-finite streak is reported on its first step, then every this many steps
 
@@ -36,41 +28,13 @@ class Findings:
     """One step's non-finite gradients (parameter indices into ``Inspector.params``)."""
 
     bad: list[int] = field(default_factory=list)  # in params order
-    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (nan, inf)
-    # index -> the float64-reduced norm (float32 0-dim, on device) of finite values whose float32
-    # norm overflowed; ``raw_norms`` holds its host value
-    overflow: dict[int, Tensor] = field(default_factory=dict)
+    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (nan, inf); -1: not counted
     actions: dict[int, str] = field(default_factory=dict)  # index -> what a nan_guard did
     bad_modules: list[str] = field(default_factory=list)  # modules whose grad_output was not finite
     # index -> "post_accumulate" where a guard at that point found it (the event's point; else pre_step)
     points: dict[int, str] = field(default_factory=dict)
-
-    def add_post_accumulate(self, f: NanFinding, action: str) -> None:
-        """What a ``post_accumulate`` ``nan_guard`` found during this step's backwards (it may
-        have zeroed the gradient since, so the raw statistics need not see it)."""
-        if f.index not in self.bad:
-            self.bad = sorted([*self.bad, f.index])
-            self.counts[f.index] = (f.nan, f.inf)
-        self.actions[f.index] = action
-        self.points[f.index] = "post_accumulate"
-
-
-def find_nonfinite(raw_norms: dict[int, float], grads: dict[int, Tensor]) -> Findings:
-    """The parameters whose raw norm is not finite, with their counts; corrects ``raw_norms`` in
-    place where only the float32 norm of finite values overflowed. ``grads``: index -> the gradient
-    the norm is of (under FSDP2, this rank's shard)."""
-    total = sum(raw_norms.values())  # finite exactly when every norm is
-    if math.isfinite(total):
-        return Findings()
-    bad = [i for i, v in raw_norms.items() if not math.isfinite(v)]
-    counts = {i: count_nonfinite(dense(grads[i])) for i in bad}
-    overflow = {}
-    for i in [i for i in bad if counts[i] == (0, 0)]:  # finite values whose float32 norm overflowed
-        overflow[i] = wide_norm(dense(grads[i]))
-        raw_norms[i] = float(overflow[i])  # a host read, on this rare path only
-        bad.remove(i)
-        del counts[i]
-    return Findings(bad=bad, counts=counts, overflow=overflow)
+    # unsampled steps: an infinite 2-norm no guard counted, which finite values beyond ~1e19 also give
+    overflow_possible: list[int] = field(default_factory=list)
 
 
 class NonfiniteReport:
@@ -104,8 +68,13 @@ class NonfiniteReport:
         first = found.bad[0]
         name = self._params[first]
         if name != self._last or self._streak % NONFINITE_REPEAT == 0:
-            nan, inf = found.counts.get(first, (None, None))
-            extra = {"ranks": all_ranks} if all_ranks is not None else {}
+            nan, inf = (None if c < 0 else c for c in found.counts.get(first, (-1, -1)))
+            extra: dict[str, Any] = {"ranks": all_ranks} if all_ranks is not None else {}
+            if first in found.overflow_possible:
+                extra["note"] = (
+                    "unsampled step: the float32 norm is inf, from Inf values or from finite values "
+                    "above about 1e19 (a nan_guard on it, or a sampled step, tells which)"
+                )
             self._emit(
                 "nonfinite",
                 step=step,

@@ -43,7 +43,16 @@ from .records import HookSpec
 from .sharded import Layout, local
 from .stats import clamp_abs_, dense, foreach_norm, real_dtype, sq_norm
 
-__all__ = ["HookState", "ParamTarget", "apply_pre_step", "apply_post_accumulate", "NanFinding"]
+__all__ = [
+    "GuardResult",
+    "HookState",
+    "NanFinding",
+    "ParamTarget",
+    "PostFinding",
+    "apply_post_accumulate",
+    "apply_pre_step",
+    "device_counts",
+]
 
 
 @dataclass(slots=True)
@@ -66,6 +75,30 @@ class NanFinding:
     name: str
     nan: int
     inf: int
+
+
+@dataclass(slots=True)
+class PostFinding:
+    """A ``post_accumulate`` ``nan_guard``'s NaN and Inf counts of one backward: a float32 ``[nan,
+    inf]`` tensor on the gradient's device, read only by the step's deferred check."""
+
+    index: int
+    counts: Tensor
+
+
+@dataclass(slots=True)
+class GuardResult:
+    """What a ``pre_step`` ``nan_guard`` found, for the step's deferred NaN/Inf check.
+
+    On the usual path ``counts`` is an ``(len(indices), 2)`` float32 device tensor of NaN and Inf
+    counts per target, never read during the step; on the host-read path (``skip``, or a sparse
+    gradient among the targets) ``found`` holds the host findings instead."""
+
+    indices: list[int]  # parameter indices of the targets, in ``counts``' row order
+    action: str
+    counts: Tensor | None = None
+    found: list[NanFinding] | None = None
+    skip: bool = False  # the step must be skipped (``skip`` found a non-finite gradient)
 
 
 @dataclass
@@ -110,7 +143,8 @@ def _numel(ts: list[Tensor]) -> float:
 
 
 def count_nonfinite(g: Tensor) -> tuple[int, int]:
-    """NaN and Inf counts of one gradient (host values: call only where a norm was not finite)."""
+    """NaN and Inf counts of one gradient as host values: two reads, for the rare paths only
+    (``nan_guard`` ``skip``, a sparse gradient, a non-finite raw gradient on a sampled step)."""
     return int(torch.isnan(g).sum()), int(torch.isinf(g).sum())
 
 
@@ -151,14 +185,11 @@ def _strided(g: Tensor | None) -> bool:
     return g is not None and g.layout == torch.strided
 
 
-def apply_pre_step(
-    state: HookState, targets: list[ParamTarget], measure: bool
-) -> list[NanFinding] | bool | None:
+def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) -> GuardResult | None:
     """Apply one enabled ``pre_step`` hook to all of its targets that have a gradient it acts on:
     a dense one, or any one for ``freeze`` and ``nan_guard`` (see the module docstring).
 
-    Returns, for ``nan_guard``, the non-finite findings (a list), or ``True`` when the step
-    must be skipped; ``None`` otherwise.
+    Returns, for ``nan_guard``, what it found (:class:`GuardResult`); ``None`` otherwise.
     """
     spec, p = state.spec, state.spec.params
     kind = spec.kind
@@ -177,7 +208,6 @@ def apply_pre_step(
     grads: list[Tensor] = [t.grad() for t in tg]  # type: ignore[misc]
     before = foreach_norm(grads) if measure else None
     changed: Tensor | float = 0.0
-    result: list[NanFinding] | bool | None = None
     with torch.no_grad():
         if kind == "clip_value":
             thr = float(p["threshold"])
@@ -235,7 +265,9 @@ def apply_pre_step(
                 now = [t.grad() for t in tg]
                 changed = torch.stack(
                     [
-                        (a != b).sum().float() if b is not None else torch.tensor(float(a.numel()))
+                        (a != b).sum().float()
+                        if b is not None
+                        else torch.full((), float(a.numel()), device=a.device)
                         for a, b in zip(snap, now, strict=True)
                     ]
                 ).sum()
@@ -244,7 +276,7 @@ def apply_pre_step(
         assert before is not None
         after = foreach_norm([dense(g) for g in (t.grad() for t in tg) if g is not None])
         _add_effect(state, changed, _sq(before), _sq(after) if after else 0.0)
-    return result
+    return None
 
 
 def _stream(t: ParamTarget) -> int:
@@ -252,17 +284,63 @@ def _stream(t: ParamTarget) -> int:
     return t.layout.rank + 1 if t.sharded and t.layout is not None else 0
 
 
-def _nan_guard_pre_step(
-    state: HookState, tg: list[ParamTarget], measure: bool
-) -> list[NanFinding] | bool | None:
-    """``nan_guard`` at ``pre_step`` over every target with a gradient (a sparse one: its stored values)."""
+def device_counts(values: list[Tensor]) -> Tensor:
+    """NaN and Inf counts of each tensor, as an ``(len(values), 2)`` float32 tensor on the first
+    one's device: two passes per tensor, no host read."""
+    dev = values[0].device
+    return torch.stack(
+        [torch.stack([torch.isnan(v).sum(), torch.isinf(v).sum()]).to(dev) for v in values]
+    ).float()
+
+
+def _nan_guard_pre_step(state: HookState, tg: list[ParamTarget], measure: bool) -> GuardResult | None:
+    """``nan_guard`` at ``pre_step`` over every target with a gradient (a sparse one: its stored values).
+
+    ``report`` and ``zero`` work on the device with no host read: NaN/Inf counts per target
+    (:func:`device_counts`), ``zero`` as ``masked_fill_`` by each gradient's own flag, the counts
+    handed to the step's deferred check. ``skip`` must decide before the optimizer runs, so it
+    reads its targets' norms once per step (a sync on CUDA, paid only while a ``skip`` guard is
+    enabled); so does a guard with a sparse gradient among its targets (sparse ``zero`` empties it).
+    Under FSDP2 the counts are of the full gradients (one collective), so every rank acts alike.
+    """
     if not tg:
         return None
+    action = state.spec.params["action"]
     grads = [t.grad() for t in tg]
     values = [dense(g) for g in grads]  # type: ignore[arg-type]
+    indices = [t.index for t in tg]
+    lay = tg[0].layout
+    sharded = lay is not None and any(t.sharded for t in tg)
+    if action == "skip" or any(g.layout != torch.strided for g in grads):  # type: ignore[union-attr]
+        return _nan_guard_read(state, tg, grads, values, measure)
+    before = foreach_norm(values) if measure else None
+    counts = device_counts(values)
+    if sharded:
+        assert lay is not None
+        summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
+        counts = lay.combine(counts.reshape(-1), summed).reshape(-1, 2)
+    bad = counts.sum(1) > 0
+    changed: Tensor | float = 0.0
+    if action == "zero":
+        with torch.no_grad():
+            for g, b in zip(values, bad.unbind(), strict=True):
+                g.masked_fill_(b.to(g.device), 0)
+        if measure:
+            numel = torch.tensor([float(v.numel()) for v in values], device=bad.device)
+            changed = (bad.float() * numel).sum()
+    if measure:
+        assert before is not None
+        after = foreach_norm(values)
+        _add_effect(state, changed, _sq(before), _sq(after))
+    return GuardResult(indices, action, counts=counts)
+
+
+def _nan_guard_read(
+    state: HookState, tg: list[ParamTarget], grads: list[Any], values: list[Tensor], measure: bool
+) -> GuardResult:
+    """The host-read path of :func:`_nan_guard_pre_step`: one read of the targets' norms."""
     norms = foreach_norm(values)
-    # host read of one float per target: the only way to name the parameter
-    host = torch.stack([n.to(values[0].device) for n in norms]).tolist()
+    host = torch.stack([n.to(values[0].device) for n in norms]).tolist()  # the guard's one read per step
     found = [(i, count_nonfinite(values[i])) for i, v in enumerate(host) if not math.isfinite(v)]
     lay = tg[0].layout
     if lay is not None and any(t.sharded for t in tg):
@@ -274,27 +352,29 @@ def _nan_guard_pre_step(
         total = lay.combine(mine, summed).tolist()
         found = [(i, (int(total[2 * i]), int(total[2 * i + 1]))) for i in range(len(tg))]
     found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
+    action = state.spec.params["action"]
     changed: Tensor | float = 0.0
-    result: list[NanFinding] | bool | None = None
-    if found:
-        result = [NanFinding(tg[i].index, tg[i].name, *c) for i, c in found]
-        if state.spec.params["action"] == "zero":
-            changed = float(sum(values[i].numel() for i, _ in found))
-            with torch.no_grad():
-                for i, _ in found:
-                    grads[i].zero_()  # type: ignore[union-attr]  # a sparse gradient: emptied
-        elif state.spec.params["action"] == "skip":
-            result = True
+    if found and action == "zero":
+        changed = float(sum(values[i].numel() for i, _ in found))
+        with torch.no_grad():
+            for i, _ in found:
+                grads[i].zero_()  # a sparse gradient: emptied
     if measure:
         after = foreach_norm([dense(g) for g in (t.grad() for t in tg) if g is not None])
         _add_effect(state, changed, _sq(norms), _sq(after) if after else 0.0)
-    return result
+    return GuardResult(
+        [t.index for t in tg],
+        action,
+        found=[NanFinding(tg[i].index, tg[i].name, *c) for i, c in found],
+        skip=bool(found) and action == "skip",
+    )
 
 
-def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> NanFinding | None:
+def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> PostFinding | None:
     """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward).
 
-    A sparse gradient is left alone, except by ``nan_guard`` (see the module docstring).
+    A sparse gradient is left alone, except by ``nan_guard`` (see the module docstring), which
+    returns its NaN/Inf counts of this backward (on device, unread: see :class:`PostFinding`).
     """
     g = t.grad()  # under FSDP2 this rank's shard, after FSDP's reduce-scatter
     spec, p = state.spec, state.spec.params
@@ -338,14 +418,21 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Na
                 changed = float(g.numel())
         elif spec.kind == "nan_guard":
             values = dense(g)  # a sparse gradient: its stored values
-            n = foreach_norm([values])[0]
-            if not math.isfinite(float(n)):  # one host read per parameter and backward: documented cost
-                finding = NanFinding(t.index, t.name, *count_nonfinite(values))
-                if finding.nan == 0 and finding.inf == 0:  # finite values whose float32 norm overflowed
-                    finding = None
-                elif p["action"] == "zero":
-                    changed = float(values.numel())
-                    g.zero_()  # a sparse gradient: emptied
+            if g.layout != torch.strided:  # sparse: a host read (rare; ``zero`` empties it)
+                nan, inf = count_nonfinite(values)
+                if nan or inf:
+                    finding = PostFinding(t.index, torch.tensor([float(nan), float(inf)]))
+                    if p["action"] == "zero":
+                        changed = float(values.numel())
+                        g.zero_()
+            else:  # on the device, no host read: the counts join the step's deferred check
+                counts = device_counts([values])[0]
+                finding = PostFinding(t.index, counts)
+                if p["action"] == "zero":
+                    bad = counts.sum() > 0
+                    g.masked_fill_(bad, 0)
+                    if measure:
+                        changed = bad.float() * values.numel()
         elif spec.kind == "python":
             assert state.fn is not None
             snap = g.clone() if measure else None

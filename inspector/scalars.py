@@ -3,20 +3,23 @@
 A record made while a step is under way belongs to that step (it travels in the step's
 snapshot); one made after a boundary and before the next forward belongs to the step just
 completed (a "late" record, sent as its own ``scalars`` message). Tensors stay on their device
-until the step's one transfer; several records of one key in one step are averaged.
+until the step's one transfer (a sampled step) or a deferred copy read at a later boundary (see
+:class:`Recorder`); several records of one key in one step are averaged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .deferred import Deferred
 from .errors import HookError, shown
 from .records import jsonsafe
+from .telemetry import Pack
 
 __all__ = ["Recorder", "Records", "accumulate", "check_scalars", "host_means"]
 
@@ -66,18 +69,21 @@ def host_means(records: Records) -> dict[str, float]:
 class Recorder:
     """One Inspector's records: the step under way's, the late ones, and unsampled steps' waiting ones.
 
-    Every step with records gets a ``scalars`` message on ``feed``: a sampled step's when its snapshot
-    is published (:meth:`published`), an unsampled step's from :meth:`defer` a few steps later, read
-    together with the steps after it (at most ``MAX_PENDING`` wait), so that no step makes a host read of
-    its own tensors; late records (after ``step()``) resend their step's message, merged. The caller
-    holds ``lock`` around :meth:`add` and the ``current`` swap; the other methods take it themselves.
+    Every step with records gets a ``scalars`` message on ``feed``, in step order: a sampled step's
+    values travel in its snapshot's transfer (:meth:`published`); an unsampled step's wait in
+    ``pending`` (at most ``MAX_PENDING``) until a sampled step or a late record, and then go to the
+    host through the Inspector's :class:`~inspector.deferred.Deferred` queue (one ``non_blocking``
+    copy, read at a later boundary), so that no record ever makes the host wait for the device; late
+    records (after ``step()``) resend their step's message, merged. The caller holds ``lock`` around
+    :meth:`add` and the ``current`` swap; the other methods take it themselves.
     """
 
     MAX_PENDING = 32  # unsampled steps whose records may wait for a later read
 
-    def __init__(self, feed: Any, lock: Any) -> None:
+    def __init__(self, feed: Any, lock: Any, deferred: Deferred) -> None:
         self._feed = feed
         self._lock = lock
+        self._deferred = deferred
         self.current: Records = {}  # the step under way's
         self.late: Records = {}  # made after the last boundary, before the next step got under way
         self.pending: list[tuple[int, Records]] = []  # unsampled steps', oldest first
@@ -88,28 +94,51 @@ class Recorder:
     def _send(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
         self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": scalars}))
 
+    def _later(
+        self,
+        items: list[tuple[int, Records]],
+        send: Callable[[int, dict[str, float]], None],
+        window: int | None,
+    ) -> None:
+        """``send(step, means)`` for each item once its tensors reached the host (deferred, in order).
+        ``window``: the step under way now (its copy is read at a later boundary), None after training."""
+        keys = [
+            (i, k) for i, (_, rec) in enumerate(items) for k, acc in rec.items() if isinstance(acc[0], Tensor)
+        ]
+        pack = None
+        if keys:
+            pack = Pack()
+            pack.add("rec", [items[i][1][k][0] for i, k in keys])
+
+        def consume(values: dict[str, list[float]]) -> None:
+            host = dict(zip(keys, values.get("rec", []), strict=True))
+            for i, (step, rec) in enumerate(items):
+                send(step, {k: host.get((i, k), acc[0]) / acc[1] for k, acc in rec.items()})
+
+        self._deferred.submit(window, pack, consume)
+
+    def _send_means(self, step: int, means: dict[str, float]) -> None:
+        vals = dict(means)
+        self._send(step, vals.pop("loss", None), vals)
+
     def published(self, snap: Any, rec: Records) -> None:
         """A sampled step's snapshot went out: earlier steps' records first, then its own."""
-        self.flush_pending()
+        self.flush_pending(snap.step)
         if rec:
-            self._send(snap.step, snap.loss, snap.scalars)
+            self._deferred.submit(None, None, lambda _: self._send(snap.step, snap.loss, snap.scalars))
 
     def defer(self, step: int, rec: Records) -> None:
         """An unsampled step's records wait (see the class docstring)."""
-        if len(self.pending) >= self.MAX_PENDING:
-            self.flush_pending()  # earlier steps only: not a read of this step's tensors
         self.pending.append((step, rec))
+        if len(self.pending) >= self.MAX_PENDING:
+            self.flush_pending(step)
 
-    def flush_pending(self) -> None:
-        """Publish the waiting steps' records, one message a step, in one host read."""
+    def flush_pending(self, window: int | None = None) -> None:
+        """Send the waiting steps' records on their way to the host, in one copy (``window``: the
+        step under way, whose boundaries read it later; None once training is over)."""
         pending, self.pending = self.pending, []
-        if not pending:
-            return
-        flat: Records = {f"{i}:{k}": acc for i, (_, rec) in enumerate(pending) for k, acc in rec.items()}
-        means = host_means(flat)  # the tensors of every waiting step in one transfer
-        for i, (step, rec) in enumerate(pending):
-            vals = {k: means[f"{i}:{k}"] for k in rec}
-            self._send(step, vals.pop("loss", None), vals)
+        if pending:
+            self._later(pending, self._send_means, window)
 
     def flush_late(self, step: int) -> None:
         """Send the records made after step N's boundary as step N's, merged with N's own records when
@@ -122,8 +151,11 @@ class Recorder:
             for k, (total, n) in self.pending.pop()[1].items():
                 acc = late.get(k)
                 late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
-        self.flush_pending()  # earlier steps first
-        vals = host_means(late)
+        self.flush_pending(step + 1)  # earlier steps first
+        self._later([(step, late)], self._send_late, step + 1)
+
+    def _send_late(self, step: int, vals: dict[str, float]) -> None:
+        vals = dict(vals)
         loss = vals.pop("loss", None)
         with self._feed._lock:
             snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)

@@ -162,85 +162,76 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], 
     return means, stds
 
 
-def _hist_values(x: Tensor, finite: bool) -> Tensor:
-    """The float32 values a histogram counts: magnitudes for complex, non-finite ones dropped
-    unless the caller knows there are none."""
+def _hist_values(x: Tensor) -> Tensor:
+    """The float32 values a histogram counts, flattened: magnitudes for complex."""
     x = x.detach().reshape(-1)
     if x.is_complex():
         x = x.abs()
-    if x.dtype != torch.float32:
-        x = x.float()
-    return x if finite else x[torch.isfinite(x)]
+    return x if x.dtype == torch.float32 else x.float()
 
 
-def value_range(
-    raw: Tensor, final: Tensor | None, *, raw_finite: bool = False, final_finite: bool = False
-) -> Tensor:
-    """``[-min, max]`` of the values :func:`histograms` would count (float32, on device; ``-inf``
-    for no values): a max across ranks of these is the range of a sharded tensor's histogram."""
-    parts = [_hist_values(raw, raw_finite)]
-    if final is not None:
-        parts.append(_hist_values(final, final_finite))
+def _finite_range(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(finite mask, min, max)`` of ``x``'s finite values, on device with no host read: the min
+    is ``+inf`` and the max ``-inf`` when there is none. Non-finite values are masked by
+    ``torch.where``, never by boolean indexing (a gather whose size the host must read on CUDA)."""
+    fin = torch.isfinite(x)
+    lo = torch.where(fin, x, math.inf).amin() if x.numel() else torch.full((), math.inf, device=x.device)
+    hi = torch.where(fin, x, -math.inf).amax() if x.numel() else torch.full((), -math.inf, device=x.device)
+    return fin, lo, hi
+
+
+def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
+    """``[-min, max]`` of the finite values :func:`histograms` would count (float32, on device;
+    ``-inf`` for no values): a max across ranks of these is the range of a sharded tensor's histogram."""
     out = torch.full((2,), -math.inf, device=raw.device)
-    for x in parts:
-        if x.numel():
-            lo, hi = torch.aminmax(x)
+    for x in (raw, final):
+        if x is not None:
+            _, lo, hi = _finite_range(_hist_values(x))
             out = torch.maximum(out, torch.stack([-lo, hi]))
     return out
 
 
-def histograms(
-    raw: Tensor,
-    final: Tensor | None,
-    bins: int = 64,
-    *,
-    raw_finite: bool = False,
-    final_finite: bool = False,
-    span: Tensor | None = None,
-) -> Tensor:
-    """Histograms of ``raw`` and ``final`` over common edges, entirely on device.
+def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None) -> Tensor:
+    """Histograms of the finite values of ``raw`` and ``final`` over common edges, entirely on
+    device and with no host read.
 
     Returns a float32 tensor ``[lo, hi, raw_counts(bins), final_counts(bins)]``, or
     ``[lo, hi, raw_counts(bins)]`` when ``final`` is None (the optimizer sees no gradient: a
     frozen parameter has no final histogram, not a copy of the raw one); the edges are
-    ``linspace(lo, hi, bins + 1)``. A complex tensor's histogram is of its magnitudes. No
-    host value is needed (``histc`` would want its min and max as Python numbers): counts
-    come from ``bincount`` on the CPU and from ``index_add_`` on accelerators (where
-    ``bincount`` would sync to size its output). ``raw_finite`` / ``final_finite`` (the
-    caller knows that tensor holds no NaN/Inf) skip masking non-finite values out, a costly
-    gather on large tensors. ``span`` (``[-min, max]`` from :func:`value_range`, maxed across the
-    ranks of a sharded tensor) gives the range instead of these values' own.
+    ``linspace(lo, hi, bins + 1)``. A complex tensor's histogram is of its magnitudes. NaN and
+    Inf values are left out: they go to an extra bin that is dropped (``torch.where``, not
+    boolean indexing, which would make the host wait to size its result). ``histc`` would want its
+    min and max as Python numbers: counts come from ``bincount`` on the CPU and from ``index_add_``
+    on accelerators (where ``bincount`` would sync to size its output). ``span`` (``[-min, max]``
+    from :func:`value_range`, maxed across the ranks of a sharded tensor) gives the range instead
+    of these values' own.
     """
-    r = _hist_values(raw, raw_finite)
-    f = _hist_values(final, final_finite) if final is not None else None
-    present = [x for x in (r, f) if x is not None and x.numel()]
-    dev = r.device
-    if span is not None:
-        some = torch.isfinite(span).all()  # no values on any rank: the empty histogram's range, [0, 1]
-        lo = torch.where(some, -span[0], torch.zeros((), device=dev))
-        hi = torch.where(some, span[1], torch.ones((), device=dev))
-        hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
-    elif not present:
-        lo, hi = torch.zeros((), device=dev), torch.ones((), device=dev)
+    xs = [_hist_values(raw)] + ([_hist_values(final)] if final is not None else [])
+    dev = xs[0].device
+    ranged = [_finite_range(x) for x in xs]
+    if span is None:
+        lo = torch.stack([r[1] for r in ranged]).amin()
+        hi = torch.stack([r[2] for r in ranged]).amax()
     else:
-        both = torch.stack([torch.stack(torch.aminmax(x)) for x in present])  # (1 or 2, 2): min, max
-        lo, hi = both[:, 0].min(), both[:, 1].max()
-        hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
+        lo, hi = -span[0], span[1]
+    some = torch.isfinite(lo) & torch.isfinite(hi)  # no finite value anywhere: the range [0, 1]
+    lo = torch.where(some, lo, torch.zeros((), device=dev))
+    hi = torch.where(some, hi, torch.ones((), device=dev))
+    hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
     scale = bins / (hi - lo)
 
-    def counts(x: Tensor) -> Tensor:
+    def counts(x: Tensor, fin: Tensor) -> Tensor:
         if x.numel() == 0:
             return torch.zeros(bins, device=dev)
-        idx = ((x - lo) * scale).long().clamp_(0, bins - 1)
+        pos = torch.where(fin, ((x - lo) * scale).clamp(0, bins - 1), bins)  # non-finite: bin `bins`
+        idx = pos.long()
         if dev.type == "cpu":
-            return torch.bincount(idx, minlength=bins).float()
-        c = torch.zeros(bins, device=dev)
+            return torch.bincount(idx, minlength=bins + 1)[:bins].float()
+        c = torch.zeros(bins + 1, device=dev)
         c.index_add_(0, idx, torch.ones((), device=dev).expand_as(x))
-        return c
+        return c[:bins]
 
-    parts = [lo.reshape(1), hi.reshape(1), counts(r)]
-    if f is not None:
-        parts.append(counts(f))
+    parts = [lo.reshape(1), hi.reshape(1)] + [counts(x, r[0]) for x, r in zip(xs, ranged, strict=True)]
     return torch.cat(parts)
 
 

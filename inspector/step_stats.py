@@ -1,24 +1,26 @@
 """One step's statistics, from the raw gradients to the published :class:`Snapshot`.
 
-The ``pre_step`` work of a step runs in three parts, around the hooks:
+The ``pre_step`` work of a step runs in three parts, around the hooks, and reads nothing on
+the host (see :mod:`inspector.deferred` for the every-step NaN/Inf check):
 
-1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: each gradient's norm
-   (and, under DDP, each local pre-all-reduce norm and each guarded module's flag) moved to
-   the host in **one** read, because NaN/Inf detection needs them every step; on sampled
-   steps also the raw abs-max and copies of the raw gradients that get histograms.
+1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: the finiteness probe of
+   each gradient (its 2-norm, one fused ``torch._foreach_norm``); on sampled steps the raw
+   2-norms and abs-max (the probe then) and copies of the raw gradients that get histograms;
 2. the hooks (the Inspector applies them);
 3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max, mean and std of the
    gradients the optimizer will see, and the histograms, all kept on device.
 
 :meth:`StepStats.snapshot`, at the boundary of a sampled step, adds the parameter norms and
-the update norms (parameters after the update against the copy :meth:`keep_params` made
-before it), the hook effects, module norms and tensor records, and moves everything to the
-host in the snapshot's one transfer (:class:`telemetry.Pack`).
+the update norms (:class:`~inspector.update_ratio.UpdateProbe`: a bounded sample of the
+parameters kept before the update), the hook effects, module norms and tensor records, and
+moves everything to the host in the snapshot's **one** transfer (:class:`telemetry.Pack`). Only
+where that transfer shows something rare does it read again: a non-finite raw gradient's NaN
+and Inf counts, or the float64 norm of finite values whose float32 norm overflowed (both from
+the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
 
-Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the step's
-host read of the raw norms is of the shards (NaN/Inf detection, the per-rank spread), and the
-snapshot combines every rank's partial results (sums of squares, abs-max, sums, counts) into the
-full tensors' statistics in one collective (:meth:`StepStats._combine`) before its transfer; a
+Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the snapshot
+combines every rank's partial results (sums of squares, abs-max, sums, counts) into the full
+tensors' statistics in one collective (:meth:`StepStats._combine`) before its transfer; a
 histogram of a sharded parameter takes its range from one collective of its own first.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,27 +36,28 @@ import torch
 from torch import Tensor
 
 from .histsel import HIST_BINS
-from .nonfinite import Findings, find_nonfinite
-from .ops import HookState
+from .ops import GuardResult, HookState, count_nonfinite
 from .records import Snapshot
 from .sharded import Layout, local
 from .stats import absmax, dense, foreach_norm, histograms, mean_std, value_range, wide_norm
 from .telemetry import Pack
 from .torch_hooks import TorchHooks
+from .update_ratio import UpdateProbe
 
 __all__ = ["RawRead", "StepStats"]
 
 
 @dataclass
 class RawRead:
-    """What :meth:`StepStats.raw` measured before the ``pre_step`` hooks ran."""
+    """What :meth:`StepStats.raw` measured before the ``pre_step`` hooks ran (device tensors only)."""
 
-    norms: dict[int, float]  # parameter index -> raw gradient norm (host), for those with a gradient
-    norm_tensors: list[Tensor]  # the same norms on device, in ``norms`` order
-    findings: Findings
-    local_norms: list[float] | None = None  # under DDP: this rank's pre-all-reduce norms (NaN: none)
-    local_bad: int = -1  # the first parameter whose local gradient was not finite, or -1
-    absmax: list[Tensor] = field(default_factory=list)  # sampled steps only
+    index: list[int]  # parameter indices with a gradient
+    probe: list[Tensor]  # per gradient: abs-max (sampled step) or 2-norm; finite iff the gradient is
+    exact: bool  # the probe is the abs-max
+    norm_tensors: list[Tensor] = field(default_factory=list)  # sampled steps: the raw 2-norms
+    absmax: list[Tensor] = field(default_factory=list)  # sampled steps (the probe)
+    local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
+    local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
 
 
@@ -69,20 +72,19 @@ class StepStats:
         self.raw_read: RawRead | None = None
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
-        self._param_buf: list[Tensor] | None = None  # parameters before the update (sampled steps)
+        self.update = UpdateProbe()  # parameters before the update (sampled steps)
         self._fgrads: dict[int, Tensor] = {}  # index -> the final gradient (sampled steps; no copies)
-        self._before_ready = False
+        self._guards: list[GuardResult] = []  # this sampled step's nan_guard counts
+        self._touched: set[int] = set()  # parameters a pre_step hook may have changed (sampled steps)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Device memory held from one step to the next (the update-ratio sample)."""
+        return self.update.resident_bytes
 
     def keep_params(self) -> None:
-        """Copy the parameters before the update, for the update-to-parameter ratio (sampled steps)."""
-        if self._before_ready:
-            return
-        with torch.no_grad():
-            ps = self._params_local()
-            if self._param_buf is None:  # allocated once: a fresh copy each time costs page faults
-                self._param_buf = [torch.empty_like(p) for p in ps]
-            torch._foreach_copy_(self._param_buf, ps)
-        self._before_ready = True
+        """Keep (a sample of) the parameters before the update, for the update-to-parameter ratio."""
+        self.update.keep(self._params_local())
 
     def _params_local(self) -> list[Tensor]:
         """The parameters, detached; under FSDP2 this rank's shards (a DTensor has no foreach kernels)."""
@@ -91,44 +93,27 @@ class StepStats:
         return [local(p.detach()) for p in self.tensors]
 
     def raw(self, hooks: TorchHooks, sampled: bool, hist: Iterable[int]) -> RawRead:
-        """Raw norms and NaN/Inf findings (one host read, every step); raw abs-max and histogram
-        copies on sampled steps."""
-        present = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
-        idx = [i for i, _ in present]
-        if self.layout is None:
-            grads = [dense(g) for _, g in present]
-        else:  # FSDP2: this rank's shards; the snapshot combines them (norms here are the shards')
-            grads = [dense(local(g)) for _, g in present]
-        norms = foreach_norm(grads)
-        read = Pack()
-        read.add("norm", norms)
-        mod_names = hooks.guarded_modules()
-        read.add("module_bad", [hooks.mod_bad[n] for n in mod_names])
-        local_idx = [i for i, v in enumerate(hooks.local_sq) if v is not None] if hooks.per_rank else []
-        read.add("local_norm", [hooks.local_sq[i].sqrt() for i in local_idx])  # type: ignore[union-attr]
-        host = read.transfer()  # NaN/Inf detection on every step: the one host read of an unsampled step
-        raw_norms = dict(zip(idx, host.get("norm", []), strict=True))
-        findings = find_nonfinite(raw_norms, dict(zip(idx, grads, strict=True)))
-        for k, i in enumerate(idx):  # a finite gradient whose float32 norm overflowed: its float64 norm
-            if i in findings.overflow:
-                norms[k] = findings.overflow[i]
-        findings.bad_modules = [n for n, v in zip(mod_names, host.get("module_bad", []), strict=True) if v]
-        out = RawRead(norms=raw_norms, norm_tensors=norms, findings=findings)
-        shard_idx = [i for i in idx if self.layout.sharded[i]] if self.layout is not None else []
-        if local_idx or shard_idx:
-            mine = [math.nan] * len(self.params)
-            for i, v in zip(local_idx, host.get("local_norm", []), strict=True):
-                mine[i] = v
-            for i in shard_idx:  # FSDP2: a sharded parameter's local norm is that of this rank's shard
-                mine[i] = raw_norms[i]
-            if hooks.per_rank:
-                out.local_norms = mine
-            # (under FSDP2 even without per-rank statistics: a NaN is reported naming its rank)
-            out.local_bad = next(
-                (i for i in sorted({*local_idx, *shard_idx}) if not math.isfinite(mine[i])), -1
-            )
+        """The raw gradients' probe (every step) and, on sampled steps, their norms, abs-max and
+        histogram copies: device tensors only, nothing read."""
+        idx: list[int] = []
+        grads: list[Tensor] = []
+        shard = self.layout is not None
+        for i, p in enumerate(self.tensors):
+            g = p.grad
+            if g is not None:
+                if shard:  # FSDP2: this rank's shards; the snapshot combines them
+                    g = local(g)
+                idx.append(i)
+                grads.append(g if g.layout == torch.strided else dense(g))
         if sampled:
-            out.absmax = absmax(grads)
+            am = absmax(grads)
+            out = RawRead(idx, am, True, norm_tensors=foreach_norm(grads), absmax=am)
+        else:
+            out = RawRead(idx, foreach_norm(grads), False)
+        if hooks.per_rank:
+            out.local_index = [i for i, v in enumerate(hooks.local_sq) if v is not None]
+            out.local_norms = [hooks.local_sq[i].sqrt() for i in out.local_index]  # type: ignore[union-attr]
+        if sampled:
             for i in hist:
                 g = self.tensors[i].grad
                 if g is not None:
@@ -136,18 +121,22 @@ class StepStats:
         self.raw_read = out
         return out
 
-    def final(self, raw: RawRead, *, hooks_ran: bool) -> None:
-        """The sampled step's statistics of the final gradients (after every ``pre_step`` hook)."""
+    def final(self, raw: RawRead, *, hooks_ran: bool, guards: list[GuardResult], touched: set[int]) -> None:
+        """The sampled step's statistics of the final gradients (after every ``pre_step`` hook).
+        ``guards``: what this step's nan_guards counted; ``touched``: the parameters a pre_step
+        hook may have changed (their raw gradient is gone at the boundary)."""
+        self._guards, self._touched = guards, touched
         pack = Pack()
         if self.layout is None:
+            pack.add("raw_norm", raw.norm_tensors)
             pack.add("raw_absmax", raw.absmax)
+        for k, g in enumerate(guards):
+            if g.counts is not None:
+                pack.add(f"guard:{k}", g.counts)
         fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
         fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
         if hooks_ran:
             fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
-            for k, (i, _) in enumerate(fin):  # reduced as the raw norm was (see find_nonfinite)
-                if i in raw.findings.overflow:
-                    fnorms[k] = wide_norm(fgrads[k])
         else:  # no pre_step hook ran: the final gradients are the raw ones
             fnorms, fabsmax = raw.norm_tensors, raw.absmax
         strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
@@ -163,24 +152,17 @@ class StepStats:
                 "fabsmax": fabsmax,
                 "sums": [fgrads[k].sum() for k in strided],
             }
+            if raw.local_index or any(self.layout.sharded[i] for i in raw.index):
+                shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
+                pack.add("shard_norm", [raw.norm_tensors[k] for k in shard_idx])
+        pack.add("local_norm", raw.local_norms)
         hist_in = []
         for i, g_raw in raw.hist_raw.items():
             g = self.tensors[i].grad
-            raw_finite = math.isfinite(raw.norms.get(i, math.nan))
-            # with no pre_step hook the final gradient is the raw one; otherwise a hook may have made it
-            # non-finite, and only a host read could tell
-            hist_in.append(
-                (
-                    i,
-                    g_raw,
-                    dense(local(g)) if g is not None else None,
-                    raw_finite,
-                    raw_finite and not hooks_ran,
-                )
-            )
+            hist_in.append((i, g_raw, dense(local(g)) if g is not None else None))
         spans = self._hist_spans(hist_in)
-        for i, g_raw, g_fin, rf, ff in hist_in:
-            h = histograms(g_raw, g_fin, HIST_BINS, raw_finite=rf, final_finite=ff, span=spans.get(i))
+        for i, g_raw, g_fin in hist_in:
+            h = histograms(g_raw, g_fin, HIST_BINS, span=spans.get(i))
             if i in spans:  # a sharded parameter's counts: summed across the mesh in the snapshot
                 self._part.setdefault("hist", {})[i] = h
             else:
@@ -194,14 +176,14 @@ class StepStats:
         self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
         self._pack = pack
 
-    def _hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None, bool, bool]]) -> dict[int, Tensor]:
+    def _hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None]]) -> dict[int, Tensor]:
         """FSDP2: the global ``[-min, max]`` of each sharded parameter's histogram, in one collective
         (every rank takes the same histograms: the exchange carries rank 0's choice)."""
         lay = self.layout
         mine = [h for h in hist_in if lay is not None and lay.sharded[h[0]]]
         if lay is None or not mine:
             return {}
-        ranges = torch.cat([value_range(g, f, raw_finite=rf, final_finite=ff) for _, g, f, rf, ff in mine])
+        ranges = torch.cat([value_range(g, f) for _, g, f in mine])
         ranges = lay.combine(ranges, torch.zeros(ranges.numel(), dtype=torch.bool))
         return {h[0]: ranges[2 * k : 2 * k + 2] for k, h in enumerate(mine)}
 
@@ -217,7 +199,7 @@ class StepStats:
         """FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
         results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
         unsharded path uses. Every rank builds the same columns (the same config and sampling, the
-        same histograms): a sharded parameter's sums of squares, sums, NaN/Inf and histogram counts
+        same histograms): a sharded parameter's sums of squares, sums and histogram counts
         are summed, abs-max and a histogram's range maxed; a parameter that is not sharded keeps
         its own values (the max of equal ones)."""
         lay = self.layout
@@ -235,20 +217,16 @@ class StepStats:
                 )
             cols.append((name, v, sharded if summed else torch.zeros(n, dtype=torch.bool)))
 
-        raw_idx = list(raw.norms) if raw is not None else []
+        raw_idx = raw.index if raw is not None else []
         part = self._part
         fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
         sums = part.get("sums", [])
-        counts = raw.findings.counts if raw is not None else {}
         column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)
         column("raw_am", raw_idx, raw.absmax if raw else [], summed=False)
         column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
         column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
         column("re", dense_idx, [x.real if x.is_complex() else x for x in sums], summed=True)
         column("im", dense_idx, [x.imag if x.is_complex() else torch.zeros(()) for x in sums], summed=True)
-        one = torch.ones(())
-        column("nan", list(counts), [one * c[0] for c in counts.values()], summed=True)
-        column("inf", list(counts), [one * c[1] for c in counts.values()], summed=True)
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
@@ -263,10 +241,8 @@ class StepStats:
         for name, v, _ in cols:
             got[name] = flat[at : at + v.numel()]
             at += v.numel()
-        pack.add("raw_norm", got["raw_sq"].sqrt())
-        pack.add("nan", got["nan"])
-        pack.add("inf", got["inf"])
         if raw_idx:
+            pack.add("raw_norm", got["raw_sq"].sqrt()[raw_idx])
             pack.add("raw_absmax", got["raw_am"][raw_idx])
         if fin_idx:
             pack.add("final_norm", got["fin_sq"][fin_idx].sqrt())
@@ -305,6 +281,35 @@ class StepStats:
             if i in dense_idx and g.numel() > 1:
                 std[i] = float(mean_std([g], [wide])[1][0])
 
+    def _raw_rare(
+        self, raw_idx: list[int], norms: list[float], absmax: list[float], data: dict[str, list[float]]
+    ) -> dict[int, tuple[int, int]]:
+        """A sampled step's rare cases, once its transfer has shown them: the NaN/Inf counts of each
+        non-finite raw gradient (from a guard's counts of this step, else counted now where no
+        ``pre_step`` hook changed it: a host read each, -1 where neither can tell), and, in place,
+        the float64 norm of finite raw values whose float32 norm overflowed (where still there)."""
+        counts: dict[int, tuple[int, int]] = {}
+        for k, g in enumerate(self._guards):
+            if g.counts is not None:
+                flat = data.get(f"guard:{k}", [])
+                for j, i in enumerate(g.indices):
+                    counts.setdefault(i, (int(flat[2 * j]), int(flat[2 * j + 1])))
+            for f in g.found or ():
+                counts.setdefault(f.index, (f.nan, f.inf))
+        out: dict[int, tuple[int, int]] = {}
+        for k, i in enumerate(raw_idx):
+            here = self.layout is None and i not in self._touched and self.tensors[i].grad is not None
+            if not math.isfinite(absmax[k]):
+                if i in counts:
+                    out[i] = counts[i]
+                elif here:
+                    out[i] = count_nonfinite(dense(self.tensors[i].grad))  # type: ignore[arg-type]
+                else:
+                    out[i] = (-1, -1)
+            elif not math.isfinite(norms[k]) and here:  # finite values whose float32 norm overflowed
+                norms[k] = float(wide_norm(dense(self.tensors[i].grad)))  # type: ignore[arg-type]
+        return out
+
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
         self.raw_read = None
@@ -312,11 +317,13 @@ class StepStats:
         self._meta = {}
         self._fgrads = {}
         self._part = {}
-        self._before_ready = False
+        self._guards = []
+        self._touched = set()
+        self.update.end_step()
 
     def close(self) -> None:
         self.end_step()
-        self._param_buf = None
+        self.update.close()
 
     def snapshot(
         self,
@@ -325,14 +332,16 @@ class StepStats:
         config_version: int,
         records: dict[str, list[Any]],
         events: list[dict[str, Any]],
-        ranks: dict[str, Any] | None,
+        ranks: Callable[[list[float] | None], dict[str, Any] | None] | None,
         states: Iterable[HookState],
         hooks: TorchHooks,
         lr: list[float],
         sampled_every: int,
         overhead: float | None,
     ) -> Snapshot:
-        """The sampled step's snapshot, with its one host transfer."""
+        """The sampled step's snapshot, with its one host transfer. ``ranks``, under
+        torch.distributed: the boundary's exchange, called with this rank's local norms (from the
+        transfer) and returning the per-rank spread."""
         pack = self._pack or Pack()
         meta = self._meta if self._pack is not None else {}
         raw = self.raw_read if self._pack is not None else None
@@ -340,11 +349,8 @@ class StepStats:
         with torch.no_grad():
             ps = self._params_local()
             pnorms = foreach_norm(ps)
-            unorms = None
-            if self._before_ready and self._param_buf is not None:
-                buf = self._param_buf
-                torch._foreach_sub_(buf, ps)  # now before - after, in place
-                unorms = foreach_norm(buf)
+            unorms = self.update.update_norms(ps)
+        dev = pnorms[0].device if pnorms else torch.device("cpu")
         if self.layout is None:
             pack.add("param_norm", pnorms)
             if unorms is not None:
@@ -353,7 +359,10 @@ class StepStats:
         for st in states:
             if st.measured:
                 effs.append(
-                    [torch.as_tensor(x, dtype=torch.float32) for x in (st.changed, st.before_sq, st.after_sq)]
+                    [
+                        x.float() if isinstance(x, Tensor) else torch.full((), float(x), device=dev)
+                        for x in (st.changed, st.before_sq, st.after_sq)
+                    ]
                 )
                 eff_ids.append(st.spec.id)
         if self.layout is None:
@@ -366,6 +375,16 @@ class StepStats:
         if self.layout is not None:
             self._combine(pack, raw, meta, pnorms, unorms, list(zip(eff_ids, effs, strict=True)))
         data = pack.transfer()  # the one host transfer of this snapshot
+        local_norms = None
+        if raw is not None and (raw.local_index or "shard_norm" in data):
+            local_norms = [math.nan] * n
+            for i, v in zip(raw.local_index, data.get("local_norm", []), strict=True):
+                local_norms[i] = v
+            if self.layout is not None:  # a sharded parameter's local norm is that of this rank's shard
+                shard_idx = [i for i in raw.index if self.layout.sharded[i]]
+                for i, v in zip(shard_idx, data.get("shard_norm", []), strict=True):
+                    local_norms[i] = v
+        spread = ranks(local_norms) if ranks is not None else None
 
         def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
             out: list[float | None] = [None] * n
@@ -373,16 +392,13 @@ class StepStats:
                 out[i] = v
             return out
 
-        raw_norms = raw.norms if raw is not None else {}
-        raw_idx = list(raw_norms)
+        raw_idx = raw.index if raw is not None else []
         fin_idx = meta.get("fin_idx", [])
         dense_idx = meta.get("dense_idx", [])
-        counts = raw.findings.counts if raw is not None else {}
-        if "raw_norm" in data:  # FSDP2: the full gradients' raw norms and counts, combined
-            raw_norms = dict(zip(range(n), data["raw_norm"], strict=True))
-            raw_norms = {i: raw_norms[i] for i in raw_idx}
-            counts = {i: (int(data["nan"][i]), int(data["inf"][i])) for i in raw_idx}
-        grad_norm_raw = scatter(raw_idx, list(raw_norms.values()))
+        raw_norm_vals = list(data.get("raw_norm", []))
+        raw_absmax_vals = data.get("raw_absmax", [])
+        counts = self._raw_rare(raw_idx, raw_norm_vals, raw_absmax_vals, data) if raw_idx else {}
+        grad_norm_raw = scatter(raw_idx, raw_norm_vals)
         grad_norm = scatter(fin_idx, data.get("final_norm"))
         std = scatter(dense_idx, data.get("std"))
         mean = scatter(dense_idx, data.get("mean"))
@@ -399,7 +415,7 @@ class StepStats:
         nan_count: list[int | None] = [None] * n
         inf_count: list[int | None] = [None] * n
         for i in raw_idx:
-            nan_count[i], inf_count[i] = counts.get(i, (0, 0))
+            nan_count[i], inf_count[i] = (None if c < 0 else c for c in counts.get(i, (0, 0)))
         update_ratio: list[float | None] = [None] * n
         if "update_norm" in data:
             # ||delta theta|| / ||theta|| with theta after the update (one pass fewer than before it;
@@ -452,7 +468,7 @@ class StepStats:
             grad_norm=grad_norm,
             grad_mean=mean,
             grad_std=std,
-            grad_absmax_raw=scatter(raw_idx, data.get("raw_absmax")),
+            grad_absmax_raw=scatter(raw_idx, raw_absmax_vals),
             grad_absmax=absmax_final,
             nan_count=nan_count,
             inf_count=inf_count,
@@ -463,7 +479,7 @@ class StepStats:
             hook_effects=effects,
             hist=hist,
             modules=modules,
-            ranks=ranks,
+            ranks=spread,
             sampled_every=sampled_every,
             overhead=overhead,
             events=events,

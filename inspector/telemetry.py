@@ -184,16 +184,29 @@ class Pack:
         self._names.append(name)
         self._parts.append(values.reshape(-1).float())
 
-    def transfer(self) -> dict[str, list[float]]:
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def flat(self) -> Tensor | None:
+        """Every segment in one 1-D float32 tensor on the first segment's device (None: empty)."""
         if not self._parts:
-            return {}
-        dev = self._parts[0].device
+            return None
         parts = self._parts
-        flat = parts[0] if len(parts) == 1 else torch.cat([p.to(dev) for p in parts])
-        host = flat.tolist()  # the one device->host transfer (sync point) of this snapshot
+        if len(parts) == 1:
+            return parts[0]
+        dev = parts[0].device
+        return torch.cat([p.to(dev) for p in parts])
+
+    def unflatten(self, host: list[float]) -> dict[str, list[float]]:
+        """The host values of :meth:`flat`, split back into the named segments."""
         out, i = {}, 0
         for name, part in zip(self._names, self._parts, strict=True):
             n = part.numel()
             out[name] = host[i : i + n]
             i += n
         return out
+
+    def transfer(self) -> dict[str, list[float]]:
+        """Move every segment to the host in one ``.tolist()``: the one sync point of a snapshot."""
+        flat = self.flat()
+        return {} if flat is None else self.unflatten(flat.tolist())

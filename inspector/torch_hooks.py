@@ -7,8 +7,9 @@ keeps torch's registrations in line with the plan:
 - ``param.register_post_accumulate_grad_hook`` on each parameter that an enabled
   ``post_accumulate`` hook targets (the torch hook receives the **parameter**; its gradient
   is ``param.grad``), running those hooks in ``position`` order once per backward; what a
-  ``nan_guard`` among them finds is kept for the step's non-finite report (one per step,
-  with the streak rule of :mod:`inspector.nonfinite`, as at ``pre_step``);
+  ``nan_guard`` among them counts (on the device, unread) joins the step's deferred NaN/Inf
+  check (:mod:`inspector.deferred`: one report per step, with the streak rule of
+  :mod:`inspector.nonfinite`, as at ``pre_step``);
 - ``module.register_forward_hook`` on each module that an enabled ``module`` hook targets:
   it registers a tensor hook on the forward's output that adds the squared norm of
   ``grad_output`` to this step's accumulators. This works with in-place ops, where
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .ops import HookState, NanFinding, ParamTarget, apply_post_accumulate
+from .ops import HookState, ParamTarget, apply_post_accumulate
 from .owned import OwnedHook
 from .records import HookSpec
 from .sharded import Layout, is_dtensor
@@ -118,8 +119,9 @@ class TorchHooks:
         self.mod_sq: dict[tuple[str, str], Tensor] = {}  # (module, "out" | "in") -> squared norm
         self.mod_bad: dict[str, Tensor] = {}  # module -> its grad_output was not finite (bool tensor)
         self.local_sq: list[Tensor | None] = [None] * len(tensors)  # this rank's pre-all-reduce squared norms
-        # param index -> (the last finding of a post_accumulate nan_guard, what was done), until taken
-        self.post_found: dict[int, tuple[NanFinding, str]] = {}
+        # param index -> [nan, inf] of the last backward in which a post_accumulate nan_guard found
+        # any (device, unread), and "zero" if a zeroing guard watches it (else "report"), until taken
+        self.post_found: dict[int, tuple[Tensor, str]] = {}
         if per_rank:
             for i, t in enumerate(tensors):
                 if t.requires_grad and not is_dtensor(t):
@@ -211,11 +213,12 @@ class TorchHooks:
         for st in self.states.values():
             st.reset_effects()
 
-    def take_post_findings(self) -> list[tuple[NanFinding, str]]:
-        """What the ``post_accumulate`` ``nan_guard`` hooks found since the last call, in params
-        order: per parameter its last finding, and ``zero`` if any guard zeroed it (else ``report``)."""
+    def take_post_findings(self) -> list[tuple[int, Tensor, str]]:
+        """What the ``post_accumulate`` ``nan_guard`` hooks counted since the last call, in params
+        order: ``(index, [nan, inf] on device, action)`` per guarded parameter, the counts those of
+        its last backward with any (zeros: none), the action ``zero`` if a zeroing guard watches it."""
         found, self.post_found = self.post_found, {}
-        return [found[i] for i in sorted(found)]
+        return [(i, *found[i]) for i in sorted(found)]
 
     def take_spent(self) -> float:
         spent, self.spent = self.spent, 0.0
@@ -240,10 +243,14 @@ class TorchHooks:
                     self._on_failure(st.spec, target.name, e)
                     continue
                 if finding is not None:
-                    # one report per step, not per backward: the step's pre_step work takes these
+                    # one report per step, not per backward: the step's deferred check takes these
                     prev = self.post_found.get(i)
-                    done = "zero" if prev is not None and prev[1] == "zero" else st.spec.params["action"]
-                    self.post_found[i] = (finding, done)
+                    action = st.spec.params["action"]
+                    if prev is None:
+                        self.post_found[i] = (finding.counts, action)
+                    else:  # on device: the last backward that found any, else the earlier one
+                        counts = torch.where(finding.counts.sum() > 0, finding.counts, prev[0])
+                        self.post_found[i] = (counts, "zero" if "zero" in (prev[1], action) else action)
             self.spent += time.perf_counter() - t0
 
         return hook

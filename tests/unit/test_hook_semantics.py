@@ -253,7 +253,8 @@ def test_post_accumulate_nan_guard_streak_ends_when_the_gradients_are_finite_aga
             loss = loss_of(mlp, x, y)
             (loss * math.nan if poisoned else loss).backward()
             opt.step()
-        found = [(e["step"], e["streak"]) for e in insp.events() if e["kind"] == "nonfinite"]
+    # the last step's finding is reported by the next boundary, or at close() at the latest
+    found = [(e["step"], e["streak"]) for e in insp.events() if e["kind"] == "nonfinite"]
     assert found == [(1, 1), (4, 1)]
 
 

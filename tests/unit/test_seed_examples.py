@@ -636,8 +636,8 @@ def test_000_5_nan_check_inspector(action):
         insp.add_hook("nan_guard", target="*", action=action)
         nan_in_2_weight_path(model, x, y).backward()
         opt.step()
-        events = [e for e in insp.events() if e["kind"] != "hook_applied"]
         snap = insp.latest()
+    events = [e for e in insp.events() if e["kind"] != "hook_applied"]  # findings: at close() at the latest
     nonfinite = [e for e in events if e["kind"] == "nonfinite"]
     assert len(nonfinite) == 1
     ev = nonfinite[0]
@@ -673,7 +673,7 @@ def test_000_5_nan_check_inspector_module_point():
         insp.add_hook("nan_guard", target="0", point="module")
         mse(model, x, y).backward()
         opt.step()
-        events = [e for e in insp.events() if e["kind"] == "nonfinite"]
+    events = [e for e in insp.events() if e["kind"] == "nonfinite"]  # reported at close() at the latest
     by_point = {e["point"]: e for e in events}
     assert by_point["module"]["module"] == "0"
     assert by_point["module"]["action_taken"] == "report"
