@@ -364,8 +364,8 @@ def test_record_before_and_after_step(mlp):
         # after the step, before the next forward: attaches to step 1, sent late
         insp.record(val_loss=torch.tensor(2.0))
         train_step(mlp, opt, x, y)
-        insp._feed.flush()
-        snaps = {s["step"]: s for s in insp.snapshots()}
+    # a late record's tensor reaches the host a boundary later (never a wait), or at close()
+    snaps = {s["step"]: s for s in insp.snapshots()}
     assert snaps[1]["scalars"] == {"acc": 0.75, "val_loss": 2.0}
     assert "val_loss" not in snaps[2]["scalars"]
     loss1 = float(loss.detach())
