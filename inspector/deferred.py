@@ -59,6 +59,11 @@ class Check:
     actions: dict[int, str] = field(default_factory=dict)  # host-known actions (skip)
     values: dict[str, list[float]] = field(default_factory=dict)  # the vector's host values, once read
 
+    @property
+    def plain(self) -> bool:
+        """Nothing but the probe: no guard, module flag, backward finding or local norm to examine."""
+        return not (self.guards or self.post or self.modules or self.local_index or self.found)
+
     def read(self) -> dict[str, list[float]]:
         return self.values
 
@@ -187,8 +192,8 @@ class _Item:
     def values(self) -> dict[str, list[float]]:
         if self.host is None or self.pack is None:
             return {}
-        if self.event is not None:
-            self.event.synchronize()  # complete already unless the caller chose to wait
+        if self.event is not None and not self.event.query():
+            self.event.synchronize()  # only where the caller chose to wait (finish, close, a pause)
         return self.pack.unflatten(self.host.tolist())
 
 

@@ -20,6 +20,7 @@ public calls for loops that must tell us where a step starts or ends (``begin_st
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -34,7 +35,7 @@ from .edits import Edits
 from .errors import HookError, InspectorError, describe_error, shown
 from .feed import Feed
 from .histsel import HistSelection, learning_rates
-from .nonfinite import NonfiniteReport
+from .nonfinite import NO_FINDINGS, NonfiniteReport
 from .ops import GuardResult, apply_pre_step
 from .records import HookSpec, event_fields
 from .registry import Change, Registry
@@ -384,6 +385,8 @@ class StepLifecycle(DistributedBoundary):
             check.values = values
             if self._dist is not None and not self._dist.broken:
                 self._dist_checks.append(check)  # reported after the exchange, with the ranks
+            elif check.plain and math.isfinite(sum(values.get("probe", ()))):
+                self._nonfinite.step(NO_FINDINGS, check.step)  # the usual case: every gradient finite
             else:
                 self._nonfinite.step(check.findings(), check.step)
 

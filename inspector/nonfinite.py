@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NONFINITE_REPEAT", "Findings", "NonfiniteReport"]
+__all__ = ["NONFINITE_REPEAT", "NO_FINDINGS", "Findings", "NonfiniteReport"]
 
 NONFINITE_REPEAT = 100  # a non-finite streak is reported on its first step, then every this many steps
 
@@ -35,6 +35,9 @@ class Findings:
     points: dict[int, str] = field(default_factory=dict)
     # unsampled steps: an infinite 2-norm no guard counted, which finite values beyond ~1e19 also give
     overflow_possible: list[int] = field(default_factory=list)
+
+
+NO_FINDINGS = Findings()  # a step whose gradients were all finite (never mutated)
 
 
 class NonfiniteReport:

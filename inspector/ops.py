@@ -325,9 +325,10 @@ def _nan_guard_pre_step(state: HookState, tg: list[ParamTarget], measure: bool) 
         with torch.no_grad():
             for g, b in zip(values, bad.unbind(), strict=True):
                 g.masked_fill_(b.to(g.device), 0)
-        if measure:
-            numel = torch.tensor([float(v.numel()) for v in values], device=bad.device)
-            changed = (bad.float() * numel).sum()
+        if measure:  # (no torch.tensor(list, device=...): a host-to-device copy syncs on CUDA)
+            changed = torch.stack(
+                [b.float() * v.numel() for b, v in zip(bad.unbind(), values, strict=True)]
+            ).sum()
     if measure:
         assert before is not None
         after = foreach_norm(values)
