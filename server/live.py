@@ -15,6 +15,11 @@ records, if it was not already, and connects the websocket hub. In demo mode the
 lifespan's `stop()` ends everything; in user mode (`history_outlives_server`) it
 only disconnects the hub: the history goes on recording while the training does,
 even after the server thread died, until `close()` (`insp.close()`).
+
+A hook change (add, update, remove, import; over HTTP or the websocket) returns
+only once it is durable: the core has accepted it, and the requested configuration
+is committed to the history (`HistoryStore.record_request`). The core announces
+the change when it is applied, possibly a step later, and that is recorded too.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ class LiveSource(Source):
         self._unsubscribe: Callable[[], None] | None = None
         self._recording = False
         self._closed = False
+        self._requests = 0  # hook requests recorded in this run (their seq)
+        self._request_lock = threading.Lock()
         self._recent_scalars: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> scalars payload
         self._lock = threading.Lock()
         self._hist_lock = threading.Lock()
@@ -336,23 +343,42 @@ class LiveSource(Source):
             raise read_only_error()
         return self._core(fn, *args, **kwargs)
 
+    def _durable(self, action: str, hook_id: str | None) -> None:
+        """Record the requested configuration after an accepted change, and return once it is
+        committed (at most a few seconds: while history is paused the reply does not wait for it,
+        the row is written when writes succeed again)."""
+        store, run = self.store, self.run_id
+        if store is None or run is None:
+            return
+        with self._request_lock:
+            self._requests += 1
+            seq = self._requests
+            version, hooks = self.insp.requested_config()  # read in the order the seqs are given
+        store.record_request(run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks)
+
     def add_hook(
         self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
     ) -> dict[str, Any]:
         handle = self._command(
             self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params
         )
+        self._durable("add", handle.id)
         return dict(handle.spec)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
         given = {k: v for k, v in change.items() if v is not None}
-        return self._command(self.insp.update_hook, hook_id, **given)
+        spec = self._command(self.insp.update_hook, hook_id, **given)
+        self._durable("update", hook_id)
+        return spec
 
     def remove_hook(self, hook_id: str) -> None:
         self._command(self.insp.remove_hook, hook_id)
+        self._durable("remove", hook_id)
 
     def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._command(self.insp.import_hooks, preset)
+        hooks = self._command(self.insp.import_hooks, preset)
+        self._durable("import", None)
+        return hooks
 
     def training_command(self, action: str) -> dict[str, Any]:
         fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]

@@ -6,7 +6,12 @@ through one background writer thread that owns the write connection:
 - snapshots and scalars are batched: a batch is committed at most
   `flush_interval` (0.5 s) after its first row arrived, so history is at most
   about 1 s behind training even when a commit is slow;
-- events and hook changes are committed as soon as the writer sees them.
+- events and hook changes are committed as soon as the writer sees them;
+- a hook change a client asked for is recorded as requested (`record_request`, a row of
+  `hook_requests`: the requested configuration and the `config_version` it has once applied)
+  and the caller waits until that row is committed: the server acknowledges a change only
+  then, so a kill -9 right after the reply loses nothing (the applied change is announced by
+  the core later, possibly a step later, and recorded as a `hook_changes` row as before).
 
 Thinning rule (long runs grow the file logarithmically, not linearly). With
 `L` the newest step of a run and `W` the full window (`full_window`, 1024 steps
@@ -92,6 +97,13 @@ CREATE TABLE IF NOT EXISTS hook_changes (
     run INTEGER NOT NULL, config_version INTEGER NOT NULL, time REAL,
     hooks TEXT NOT NULL,           -- JSON: the full hook list after the change
     PRIMARY KEY (run, config_version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS hook_requests (
+    run INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL,
+    action TEXT, hook_id TEXT,     -- add, update, remove, import; the hook's id (null for import)
+    config_version INTEGER NOT NULL,  -- the version the requested config has once applied
+    hooks TEXT NOT NULL,           -- JSON: the requested hook list after the change
+    PRIMARY KEY (run, seq)
 ) WITHOUT ROWID;
 """
 
@@ -213,6 +225,28 @@ class HistoryStore(HistoryReader):
             ("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()})
         )
 
+    def record_request(
+        self,
+        run: int,
+        seq: int,
+        *,
+        action: str,
+        hook_id: str | None,
+        config_version: int,
+        hooks: list[dict[str, Any]],
+        timeout: float = 5.0,
+    ) -> bool:
+        """Record a requested hook change (the `hook_requests` row `seq` of `run`) and wait until it
+        is committed, at most `timeout` s: True once it is. False when the writer cannot commit it
+        now (history paused: the row stays queued and is written when writes succeed again) or is
+        not running."""
+        if self._writer is None or not self._writer.is_alive():
+            return False
+        ack: list[Any] = [threading.Event(), False]  # [committed or given up, committed]
+        row = {"seq": seq, "action": action, "hook_id": hook_id, "config_version": config_version}
+        self._queue.put(("request", run, {**row, "hooks": hooks, "time": time.time()}, ack))
+        return bool(ack[0].wait(timeout) and ack[1])
+
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until everything queued so far is committed (or the writer gave up this round)."""
         if self._writer is None or not self._writer.is_alive():
@@ -243,6 +277,7 @@ class HistoryStore(HistoryReader):
         oldest: float | None = None  # when the oldest pending row arrived
         last_thin: dict[int, int] = {}
         waiters: list[threading.Event] = []
+        acks: list[list[Any]] = []  # of hook requests, released once their commit is done
         stopping = False
         while not stopping:
             timeout = None if oldest is None else max(0.0, oldest + self.flush_interval - time.monotonic())
@@ -273,7 +308,10 @@ class HistoryStore(HistoryReader):
                     data = dumps({"loss": p.get("loss"), "scalars": p.get("scalars") or {}})
                     scalars[(run, step)] = (data, time.time(), loss)
                     oldest = oldest if oldest is not None else time.monotonic()
-                else:  # event, hooks: commit without waiting for the batch
+                else:  # event, hooks, request: commit without waiting for the batch
+                    if kind == "request":
+                        acks.append(item[3])
+                        item = item[:3]
                     urgent.append(item)  # type: ignore[arg-type]
                     oldest = time.monotonic() - self.flush_interval
                 try:
@@ -282,7 +320,8 @@ class HistoryStore(HistoryReader):
                     item = None
             due = oldest is not None and time.monotonic() >= oldest + self.flush_interval
             if due or stopping or waiters:
-                if self._commit(conn, snaps, scalars, urgent, last_thin):
+                committed = self._commit(conn, snaps, scalars, urgent, last_thin)
+                if committed:
                     snaps.clear()
                     scalars.clear()
                     urgent.clear()
@@ -290,6 +329,10 @@ class HistoryStore(HistoryReader):
                 else:
                     oldest = time.monotonic()  # retry one interval later
                     self._bound(snaps, scalars)
+                for ack in acks:
+                    ack[1] = committed
+                    ack[0].set()
+                acks.clear()
                 for w in waiters:
                     w.set()
                 waiters.clear()
@@ -320,6 +363,20 @@ class HistoryStore(HistoryReader):
                     conn.execute(
                         "INSERT OR REPLACE INTO events (run, seq, kind, time, step, data) VALUES (?,?,?,?,?,?)",
                         (run, int(p.get("seq", 0)), p.get("kind"), p.get("time"), p.get("step"), dumps(p)),
+                    )
+                elif kind == "request":
+                    conn.execute(
+                        "INSERT OR REPLACE INTO hook_requests (run, seq, time, action, hook_id, config_version,"
+                        " hooks) VALUES (?,?,?,?,?,?,?)",
+                        (
+                            run,
+                            p["seq"],
+                            p["time"],
+                            p["action"],
+                            p["hook_id"],
+                            p["config_version"],
+                            dumps(p["hooks"]),
+                        ),
                     )
                 else:
                     conn.execute(
