@@ -13,8 +13,10 @@ even at the TCP level) and one that reconnects every 2 s (tests/hardening/swarm.
 What it checks (tests/hardening/tools.py, `check_soak`; a shorter form runs in CI as
 tests/hardening/test_soak.py): rows within the store's thinning bound (server/storage.py: the
 newest 1024 steps in full, then about 512 per doubling of age; scalars with a 16,384-step
-window), the file growing with the log of the run's length, no write failure and no backed-up
-writer, every client's queue bounded, and the process's RSS flat after the first quarter.
+window), the file growing with the log of the run's length and holding at most about twice what
+it stores, the WAL checkpointed and truncated (never past twice its 2 MiB limit), no write
+failure and no backed-up writer, every client's queue bounded, and the process's RSS flat after
+the first quarter.
 Exit status 1 when a check fails.
 """
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS: {mib(s['rss_start'])} at the first sample, {mib(s['rss_max'])} at most, {mib(s['rss_end'])} at the end"
     )
     print(
-        f"database: {mib(s['db_bytes'])} (+ WAL {mib(s['wal_bytes'])}); snapshots {s['snapshot_rows']} rows "
+        f"database: {mib(s['db_bytes'])} (+ WAL {mib(s['wal_bytes'])}, at most {mib(s['wal_max'])}); snapshots {s['snapshot_rows']} rows "
         f"(bound {s['snapshot_bound']}, payload {mib(s['snapshot_payload'])}), scalars {s['scalar_rows']} rows "
         f"(bound {s['scalar_bound']}, payload {mib(s['scalar_payload'])})"
     )

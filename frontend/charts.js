@@ -18,7 +18,7 @@ import {
 } from "./theme.js";
 import { decadeTicks, logTicks, logTicksIn, shortName, sparseTicks } from "./ticks.js";
 import { MAX_SNAPSHOTS } from "./state.js";
-import { log10OrNull, num, plottable, positive } from "./util.js";
+import { log10OrNull, num, plotlyText, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
 
@@ -49,16 +49,24 @@ function logAxisFor(values) {
 
 /**
  * Call chart.onPick(name) when a bar or heatmap cell is clicked; `coord` ("x"
- * or "y") is the point's coordinate that holds the parameter name. Bound once
- * per element: the listener survives Plotly.react.
+ * or "y") is the point's coordinate that holds the parameter's category, its
+ * name as Plotly text (`plotlyText`), which `chart.byLabel` maps back to the
+ * name. Bound once per element: the listener survives Plotly.react.
  */
 function bindPick(chart, coord) {
   if (chart.bound) return;
   chart.bound = true;
   chart.el.on("plotly_click", (ev) => {
     const p = ev && ev.points && ev.points[0];
-    if (p && typeof p[coord] === "string") chart.onPick(p[coord]);
+    const name = p && chart.byLabel ? chart.byLabel.get(p[coord]) : undefined;
+    if (name !== undefined) chart.onPick(name);
   });
+}
+
+/** Parameter names as an axis's categories (Plotly text), and the map back to the names. */
+function categories(names) {
+  const labels = names.map(plotlyText);
+  return { labels, byLabel: new Map(labels.map((l, i) => [l, names[i]])) };
 }
 
 // ---------------------------------------------------------------------------
@@ -629,11 +637,13 @@ export class HeatmapChart {
     this.el.dataset.zmin = String(lo);
     this.el.dataset.zmax = String(hi);
     const names = state.params;
+    const cats = categories(names);
+    this.byLabel = cats.byLabel;
     const trace = {
       type: "heatmap",
       name: this.source,
       x: rows.map((r) => r.step),
-      y: names,
+      y: cats.labels,
       z,
       transpose: true,
       zmin: lo,
@@ -707,8 +717,9 @@ export class HeatmapChart {
 // The per-parameter bar charts (3 and 5): one bar (or an overlaid pair) per
 // parameter for the newest snapshot, on a log axis, redrawn when a newer one
 // arrives; a click on a bar picks that parameter. Each chart adds its own part
-// as figure(row, names), given the newest row (null before any) and the
-// parameter names: {traces, title (of the y axis), values (the log range shows
+// as figure(row, names, labels), given the newest row (null before any), the
+// parameter names and the x axis's categories (the names as Plotly text):
+// {traces, title (of the y axis), values (the log range shows
 // them), top (margin, px; 8 by default), layout (more layout keys)}.
 
 class ParamBarChart {
@@ -724,7 +735,9 @@ class ParamBarChart {
     if (!force && row && row.step === this.shownStep) return;
     this.shownStep = row ? row.step : null;
     const names = state.params;
-    const { traces, title, values, top = 8, layout = {} } = this.figure(row, names);
+    const cats = categories(names);
+    this.byLabel = cats.byLabel;
+    const { traces, title, values, top = 8, layout = {} } = this.figure(row, names, cats.labels);
     const full = baseLayout({
       showlegend: false, // the card header says which colour is which
       margin: { l: 60, r: 12, t: top, b: paramMargin(names) },
@@ -758,7 +771,7 @@ export class FlowChart extends ParamBarChart {
     return this.metric === "norm" ? ["grad_norm_raw", "grad_norm"] : ["grad_absmax_raw", "grad_absmax"];
   }
 
-  figure(row, names) {
+  figure(row, names, labels) {
     // What is drawn, for tests and scripts/screenshots.py to wait on.
     this.el.dataset.step = row ? String(row.step) : "";
     this.el.dataset.metric = this.metric;
@@ -770,7 +783,7 @@ export class FlowChart extends ParamBarChart {
       {
         name: "raw",
         type: "bar",
-        x: names,
+        x: labels,
         y: yr,
         marker: { color: COLORS.raw, opacity: 0.45 },
         hovertemplate: `%{x}<br>raw ${label} %{y:.4g}<extra></extra>`,
@@ -778,7 +791,7 @@ export class FlowChart extends ParamBarChart {
       {
         name: "final",
         type: "bar",
-        x: names,
+        x: labels,
         y: yf,
         width: 0.45,
         marker: { color: COLORS.final },
@@ -880,7 +893,12 @@ export class HistChart {
         ? hg.final
           ? []
           : [note("no final gradient: the optimizer sees none (frozen)", 0.98)]
-        : [note(this.param ? `waiting for a histogram of ${this.param}…` : "pick a parameter", 0.5)],
+        : [
+            note(
+              this.param ? plotlyText(`waiting for a histogram of ${this.param}…`) : "pick a parameter",
+              0.5,
+            ),
+          ],
     });
     Plotly.react(this.el, traces, layout, PLOT_CONFIG);
   }
@@ -900,7 +918,7 @@ export class HistChart {
 const RATIO_BAND = [1e-4, 1e-2]; // the usual healthy range; 1e-3 is the rule of thumb
 
 export class RatioChart extends ParamBarChart {
-  figure(row, names) {
+  figure(row, names, labels) {
     const y = row ? names.map((_, i) => positive((row.update_ratio || [])[i])) : [];
     const colors = y.map((v) =>
       v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1] ? COLORS.ratioIn : COLORS.ratioOut,
@@ -909,7 +927,7 @@ export class RatioChart extends ParamBarChart {
       {
         name: "update / param",
         type: "bar",
-        x: names,
+        x: labels,
         y,
         marker: { color: colors },
         hovertemplate: "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",

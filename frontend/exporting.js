@@ -27,14 +27,21 @@ export function csvText(header, rows) {
   return [header, ...rows].map((r) => r.map(csvField).join(",")).join("\r\n") + "\r\n";
 }
 
-/** A Plotly figure's traces as rows `series, x, y[, z]` (markers and helper lines included). */
+const ENTITIES = { "&amp;": "&", "&lt;": "<", "&gt;": ">" };
+/** Plotly text back to the user's text (the inverse of plotlyText): a CSV holds the names as they are. */
+const plain = (v) => (typeof v === "string" ? v.replace(/&(?:amp|lt|gt);/g, (e) => ENTITIES[e]) : v);
+
+/**
+ * A Plotly figure's traces as rows `series, x, y[, z]` (markers and helper lines included);
+ * names and categories as the user wrote them, not as the Plotly text the figure holds.
+ */
 export function figureRows(gd) {
   const data = (gd && gd.data) || [];
   const heat = data.some((t) => t.type === "heatmap");
   const header = heat ? ["series", "x", "y", "z"] : ["series", "x", "y"];
   const rows = [];
   data.forEach((t, i) => {
-    const name = t.name || `trace ${i}`;
+    const name = plain(t.name || `trace ${i}`);
     if (t.type === "heatmap") {
       const z = t.z || [];
       // transpose: z[i] is the column for x[i]; otherwise z[j] is the row for y[j].
@@ -43,7 +50,7 @@ export function figureRows(gd) {
       z.forEach((line, a) =>
         (line || []).forEach((v, b) => {
           const [xi, yi] = t.transpose ? [a, b] : [b, a];
-          rows.push([name, x[xi] ?? xi, y[yi] ?? yi, v]);
+          rows.push([name, plain(x[xi] ?? xi), plain(y[yi] ?? yi), v]);
         }),
       );
       return;
@@ -53,7 +60,7 @@ export function figureRows(gd) {
     const n = Math.max(x.length, y.length);
     for (let k = 0; k < n; k++) {
       if ((x[k] === null || x[k] === undefined) && (y[k] === null || y[k] === undefined)) continue; // a line break
-      rows.push(heat ? [name, x[k], y[k], null] : [name, x[k], y[k]]);
+      rows.push(heat ? [name, plain(x[k]), plain(y[k]), null] : [name, plain(x[k]), plain(y[k])]);
     }
   });
   return { header, rows };

@@ -7,7 +7,7 @@
 // the run. (The server's database is server/storage.py.)
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
-import { num } from "./util.js";
+import { num, plotlyText } from "./util.js";
 
 export const MAX_SNAPSHOTS = 600; // sampled steps kept for the time-series charts
 export const MAX_LOSS_POINTS = 3000; // loss points (one per step when scalars stream)
@@ -267,9 +267,4 @@ function values(ev) {
   const text = params.map(([k, v]) => `${k}=${v}`).join(", ");
   const state = ev.action === "remove" ? "was" : "now";
   return text ? `${state}: ${text}${spec.point ? ` at ${spec.point}` : ""}` : "";
-}
-
-/** Plotly reads a few HTML tags in hover text: user text (targets, names) is escaped. */
-export function plotlyText(s) {
-  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }

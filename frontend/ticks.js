@@ -16,13 +16,29 @@ export function shortName(name, maxLen = 22) {
 }
 
 /**
+ * User text (a parameter, module or hook name, a target, a message) as Plotly text:
+ * Plotly draws a few HTML tags (`<b>`, `<br>`, `<a href>`, `<span style>`) and
+ * entities in trace names, hover text, tick labels, annotations and titles, so `&`,
+ * `<` and `>` become entities, which it draws back as the literal characters.
+ * Exactly once, and only for Plotly: text set as textContent is never escaped.
+ * The dashboard and the HTML report both use this one.
+ */
+export function plotlyText(s) {
+  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+/**
  * Every k-th name as a tick, so labels `perLabel` px apart fit in `pixels`
- * (hover always names the parameter).
+ * (hover always names the parameter). `names` are the raw names; the ticks are
+ * Plotly text (`plotlyText`): the axis's categories must be `names.map(plotlyText)`.
  */
 export function sparseTicks(names, pixels, perLabel, maxLen) {
   const k = Math.max(1, Math.ceil((names.length * perLabel) / Math.max(pixels, 50)));
   const vals = names.filter((_, i) => i % k === 0);
-  return { tickvals: vals, ticktext: vals.map((n) => shortName(n, maxLen)) };
+  return {
+    tickvals: vals.map(plotlyText),
+    ticktext: vals.map((n) => plotlyText(shortName(n, maxLen))),
+  };
 }
 
 /** The label of 10^e: 0.01 ... 1000 written out, 1e-5 beyond. */

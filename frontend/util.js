@@ -109,10 +109,6 @@ export function debounce(fn, ms) {
 let requestCounter = 0;
 export const nextRequestId = () => `r${++requestCounter}`;
 
-/**
- * Text for Plotly (trace names, hover text, annotations): Plotly reads a few
- * HTML tags there, so `&`, `<` and `>` of user text (names, targets) become entities.
- */
-export function plotlyText(s) {
-  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-}
+// Text for Plotly (trace names, hover text, ticks, annotations): defined in ticks.js,
+// which the HTML report shares.
+export { plotlyText } from "./ticks.js";

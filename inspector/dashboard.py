@@ -29,6 +29,7 @@ class Dashboard:
     _server: Any
     _cond: threading.Condition
     _closed: bool
+    _reg: Any  # the hook registry (registry.py)
 
     if TYPE_CHECKING:  # the Inspector's (inspector.py, lifecycle.py)
 
@@ -84,6 +85,14 @@ class Dashboard:
                 flush=True,
             )
         return str(self._server.url)
+
+    def requested_config(self) -> tuple[int, list[dict[str, Any]]]:
+        """``(config_version, hooks)`` of the requested hook configuration, read together: the
+        hooks as ``hooks()`` lists them, and the ``config_version`` they have once every pending
+        change is applied (the applied count plus the changes pending). The server records it
+        before it acknowledges a change, so the change outlives a crash right after the reply."""
+        with self._cond:
+            return self._reg.version + len(self._reg.pending), [s.to_dict() for s in self._reg.view()]
 
     def _repr_html_(self) -> str:  # a notebook's display: a link to the dashboard (inspector/notebook.py)
         return notebook.status_html(self)

@@ -5,7 +5,9 @@ the app on a uvicorn server in a daemon thread and returns once it serves. The
 user's loop is untouched: the server only subscribes to the inspector.
 
 A crash of the server thread never reaches training: it is kept on the
-handle's `.error` and reported with a `server_error` event.
+handle's `.error` and reported with a `server_error` event. The history does not
+depend on the server thread: it records from before the server starts until
+`insp.close()` (`EmbeddedServer.stop`), crash or not.
 """
 
 from __future__ import annotations
@@ -48,14 +50,13 @@ class EmbeddedServer:
         return self._server.error
 
     def stop(self) -> None:
-        """Stop serving and flush history. Idempotent; training is not touched."""
+        """Stop serving, then stop recording (flushing the history). Idempotent; training is not touched."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         self._server.stop()
-        if self._server.thread.is_alive() or self._server.error is not None:
-            self._source.stop()  # the lifespan did not get to it: close the store ourselves
+        self._source.close()
 
 
 def start(
@@ -84,7 +85,7 @@ def start(
         RuntimeError: the server did not start.
     """
     store = None if db is False else HistoryStore(DEFAULT_DB if db in (None, True) else db)  # type: ignore[arg-type]
-    source = LiveSource(insp, mode="user", store=store, read_only=read_only)
+    source = LiveSource(insp, mode="user", store=store, read_only=read_only, history_outlives_server=True)
     try:
         for candidate in range(port, port + port_retries + 1) if port else [port]:
             settings = Settings(host=host, port=candidate, token=token, read_only=read_only)
@@ -100,10 +101,16 @@ def start(
         raise
 
     def report(exc: BaseException) -> None:
+        source.stop()  # the hub is gone; the history records on (and records this event)
         insp.add_event("server_error", message=f"the dashboard server stopped: {type(exc).__name__}: {exc}")
 
     server.on_crash(report)
-    server.start()
+    source.record()  # before serving, and independent of the server thread's life
+    try:
+        server.start()
+    except BaseException:
+        source.close()
+        raise
     handle = EmbeddedServer(server, source)
     if store is not None:
         # A script that ends without insp.close() or insp.wait() still gets its last

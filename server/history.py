@@ -292,12 +292,50 @@ class HistoryReader:
         return data[::-1] if order == "DESC" else data
 
     def hooks(self, run: int) -> tuple[int, list[dict[str, Any]]]:
-        """The last recorded hook configuration of a run: `(config_version, hooks)`."""
+        """A run's hook configuration as last requested, `(config_version, hooks)`, as the live
+        `GET /api/hooks` shows it: `config_version` counts the applied changes; when the last
+        acknowledged request (`hook_requests`) was not applied yet where the record ends (the
+        process was killed, say), `hooks` is that requested configuration, each hook with the
+        `applied_step` of the same hook in force, null while pending (a pending removal is gone)."""
         rows = self._all(
             "SELECT config_version, hooks FROM hook_changes WHERE run = ? ORDER BY config_version DESC LIMIT 1",
             (run,),
         )
-        return (rows[0][0], json.loads(rows[0][1])) if rows else (0, [])
+        version, applied = (rows[0][0], json.loads(rows[0][1])) if rows else (0, [])
+        try:
+            asked = self._all(
+                "SELECT config_version, hooks FROM hook_requests WHERE run = ? ORDER BY seq DESC LIMIT 1",
+                (run,),
+            )
+        except sqlite3.OperationalError:  # a database made before hook_requests, opened read-only
+            asked = []
+        if not asked or asked[0][0] <= version:
+            return version, applied
+
+        def content(h: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in h.items() if k != "applied_step"}
+
+        in_force = {h.get("id"): h for h in applied}
+        requested = []
+        for h in json.loads(asked[0][1]):
+            a = in_force.get(h.get("id"))
+            same = a is not None and content(a) == content(h)
+            requested.append({**h, "applied_step": a.get("applied_step") if same else None})
+        return version, requested
+
+    def hook_requests(self, run: int) -> list[dict[str, Any]]:
+        """Every recorded hook request, oldest first: `{"seq", "time", "action", "hook_id",
+        "config_version", "hooks"}` (none in a database made before them)."""
+        try:
+            rows = self._all(
+                "SELECT seq, time, action, hook_id, config_version, hooks FROM hook_requests WHERE run = ?"
+                " ORDER BY seq",
+                (run,),
+            )
+        except sqlite3.OperationalError:
+            return []
+        keys = ("seq", "time", "action", "hook_id", "config_version")
+        return [{**dict(zip(keys, r[:5], strict=True)), "hooks": json.loads(r[5])} for r in rows]
 
     def hook_changes(self, run: int) -> list[dict[str, Any]]:
         """Every recorded hook configuration, oldest first: `{"config_version", "time", "hooks"}`."""

@@ -8,6 +8,18 @@ raises into the core.
 History for the current run is the database (at most ~1 s behind) followed by
 the core's in-memory ring buffer for the newest steps, so a request never waits
 for the writer.
+
+Recording and serving have separate lives. `record()` opens the run, starts the
+store's writer and subscribes to the core; `start(publish)` (the app's lifespan)
+records, if it was not already, and connects the websocket hub. In demo mode the
+lifespan's `stop()` ends everything; in user mode (`history_outlives_server`) it
+only disconnects the hub: the history goes on recording while the training does,
+even after the server thread died, until `close()` (`insp.close()`).
+
+A hook change (add, update, remove, import; over HTTP or the websocket) returns
+only once it is durable: the core has accepted it, and the requested configuration
+is committed to the history (`HistoryStore.record_request`). The core announces
+the change when it is applied, possibly a step later, and that is recorded too.
 """
 
 from __future__ import annotations
@@ -38,6 +50,8 @@ class LiveSource(Source):
         trainer: the demo's training thread (`demo.Trainer`), started and stopped with the app.
         scenario: the demo scenario's `{"name", "description", "try_this"}`.
         owns_inspector: close `insp` when the app stops (demo mode).
+        history_outlives_server: the app's stop leaves the recording on (user mode: `close()` ends
+            it, from `insp.close()`), so a crash of the server thread does not stop the history.
     """
 
     def __init__(
@@ -50,6 +64,7 @@ class LiveSource(Source):
         trainer: Any = None,
         scenario: dict[str, Any] | None = None,
         owns_inspector: bool = False,
+        history_outlives_server: bool = False,
     ) -> None:
         self.insp = insp
         self.mode = mode
@@ -58,10 +73,15 @@ class LiveSource(Source):
         self.trainer = trainer
         self.scenario = scenario
         self.owns_inspector = owns_inspector
+        self.history_outlives_server = history_outlives_server
         self.run_id = 0 if store is None else None
         self.started = time.time()
         self._publish: Publish | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._recording = False
+        self._closed = False
+        self._requests = 0  # hook requests recorded in this run (their seq)
+        self._request_lock = threading.Lock()
         self._recent_scalars: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> scalars payload
         self._lock = threading.Lock()
         self._hist_lock = threading.Lock()
@@ -70,8 +90,12 @@ class LiveSource(Source):
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self, publish: Publish) -> None:
-        self._publish = publish
+    def record(self) -> None:
+        """Open this run in the history and subscribe to the core (idempotent; any thread)."""
+        with self._lock:
+            if self._recording or self._closed:
+                return
+            self._recording = True
         if self.store is not None:
             name = self.scenario["name"] if self.scenario else None
             self.run_id = self.store.new_run(
@@ -85,10 +109,26 @@ class LiveSource(Source):
         self._unsubscribe = self.insp.subscribe(self._on_message, lossless=True)
         if self.store is not None and self.run_id is not None:
             self.store.add_hooks(self.run_id, self.insp.config_version, self.insp.hooks())
+
+    def start(self, publish: Publish) -> None:
+        self.record()
+        self._publish = publish
         if self.trainer is not None:
             self.trainer.start()
 
     def stop(self) -> None:
+        """The app stops: the hub is disconnected; the recording too unless it outlives the server."""
+        self._publish = None
+        if not self.history_outlives_server:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the demo's training, the subscription and the store. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._publish = None
         if self.trainer is not None:
             self.trainer.stop()
         if self.owns_inspector:
@@ -303,23 +343,42 @@ class LiveSource(Source):
             raise read_only_error()
         return self._core(fn, *args, **kwargs)
 
+    def _durable(self, action: str, hook_id: str | None) -> None:
+        """Record the requested configuration after an accepted change, and return once it is
+        committed (at most a few seconds: while history is paused the reply does not wait for it,
+        the row is written when writes succeed again)."""
+        store, run = self.store, self.run_id
+        if store is None or run is None:
+            return
+        with self._request_lock:
+            self._requests += 1
+            seq = self._requests
+            version, hooks = self.insp.requested_config()  # read in the order the seqs are given
+        store.record_request(run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks)
+
     def add_hook(
         self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
     ) -> dict[str, Any]:
         handle = self._command(
             self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params
         )
+        self._durable("add", handle.id)
         return dict(handle.spec)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
         given = {k: v for k, v in change.items() if v is not None}
-        return self._command(self.insp.update_hook, hook_id, **given)
+        spec = self._command(self.insp.update_hook, hook_id, **given)
+        self._durable("update", hook_id)
+        return spec
 
     def remove_hook(self, hook_id: str) -> None:
         self._command(self.insp.remove_hook, hook_id)
+        self._durable("remove", hook_id)
 
     def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._command(self.insp.import_hooks, preset)
+        hooks = self._command(self.insp.import_hooks, preset)
+        self._durable("import", None)
+        return hooks
 
     def training_command(self, action: str) -> dict[str, Any]:
         fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]

@@ -31,6 +31,9 @@ stays under about 5 MB whatever the model.
 
 Escaping: table text goes through `html.escape`; the embedded JSON has every `<`, `>`
 and `&` written as a `\\u` escape, so no string in the data can close the script element.
+The data holds user text (parameter names, marker labels and hover lines) as it is: the
+page escapes each string it gives Plotly once, with the dashboard's `plotlyText`
+(frontend/ticks.js), as Plotly would otherwise draw `<b>`, `<br>` or `<a href>` in it.
 Non-finite numbers travel as "nan", "inf", "-inf" (the wire format); the page draws them
 as gaps plus red markers (red cells in the heatmaps).
 """
@@ -171,20 +174,20 @@ def _event_detail(ev: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {_fmt_value(v)}" for k, v in ev.items() if k not in skip) or "-"
 
 
-def _marker_text(ev: dict[str, Any]) -> tuple[str, str]:
-    """(short label, hover text) of a marker for an event."""
+def _marker_text(ev: dict[str, Any]) -> tuple[str, list[str]]:
+    """(short label, hover lines) of a marker for an event."""
     kind = ev.get("kind")
     step = ev.get("step")
     if kind == "nonfinite":
         label = "NaN" if (ev.get("nan") or 0) else "Inf" if (ev.get("inf") or 0) else "NaN/Inf"
-        return label, f"step {step}: non-finite gradient<br>{html.escape(_event_detail(ev))}"
+        return label, [f"step {step}: non-finite gradient", _event_detail(ev)]
     label = {
         "step_skipped": "skip",
         "hook_error": "error",
         "scenario_reset": "reset",
         "training_error": "error",
     }.get(str(kind), str(kind))
-    return label, f"step {step}: {html.escape(str(kind))}<br>{html.escape(_event_detail(ev))}"
+    return label, [f"step {step}: {kind}", _event_detail(ev)]
 
 
 def _all_events(store: HistoryStore, run: int) -> list[dict[str, Any]]:
@@ -263,13 +266,13 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
     markers: list[dict[str, Any]] = []
     for row, e in zip(changes if applied else [], applied, strict=True):
         if isinstance(e.get("applied_step"), int):
-            text = (
-                f"step {e['applied_step']}: hook {html.escape(str(row['hook_id']))} {html.escape(row['action'])}"
-                f"<br>{html.escape(str(row['kind']))} on {html.escape(str(row['target']))}"
-                f"<br>{html.escape(row['before'])} → {html.escape(row['after'])}"
-            )
+            lines = [
+                f"step {e['applied_step']}: hook {row['hook_id']} {row['action']}",
+                f"{row['kind']} on {row['target']}",
+                f"{row['before']} → {row['after']}",
+            ]
             label = row["action"] if row["action"] == "import" else f"{row['action']} {row['kind']}"
-            markers.append({"step": e["applied_step"], "type": "hook", "label": label, "text": text})
+            markers.append({"step": e["applied_step"], "type": "hook", "label": label, "lines": lines})
     if not applied:
         for row in changes:
             if isinstance(row["step"], int):
@@ -278,14 +281,14 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
                         "step": row["step"],
                         "type": "hook",
                         "label": row["action"],
-                        "text": html.escape(f"step {row['step']}: hook {row['hook_id']} {row['action']}"),
+                        "lines": [f"step {row['step']}: hook {row['hook_id']} {row['action']}"],
                     }
                 )
     n_hook_markers = len(markers)
     for e in events:
         if e.get("kind") in MARKER_KINDS and isinstance(e.get("step"), int):
-            label, text = _marker_text(e)
-            markers.append({"step": e["step"], "type": "bad", "label": label, "text": text})
+            label, lines = _marker_text(e)
+            markers.append({"step": e["step"], "type": "bad", "label": label, "lines": lines})
     markers_dropped = max(0, len(markers) - max(MAX_MARKERS, n_hook_markers))
     if markers_dropped:  # keep every hook change, then the first of the others
         markers = markers[: max(MAX_MARKERS, n_hook_markers)]

@@ -6,7 +6,12 @@ through one background writer thread that owns the write connection:
 - snapshots and scalars are batched: a batch is committed at most
   `flush_interval` (0.5 s) after its first row arrived, so history is at most
   about 1 s behind training even when a commit is slow;
-- events and hook changes are committed as soon as the writer sees them.
+- events and hook changes are committed as soon as the writer sees them;
+- a hook change a client asked for is recorded as requested (`record_request`, a row of
+  `hook_requests`: the requested configuration and the `config_version` it has once applied)
+  and the caller waits until that row is committed: the server acknowledges a change only
+  then, so a kill -9 right after the reply loses nothing (the applied change is announced by
+  the core later, possibly a step later, and recorded as a `hook_changes` row as before).
 
 Thinning rule (long runs grow the file logarithmically, not linearly). With
 `L` the newest step of a run and `W` the full window (`full_window`, 1024 steps
@@ -18,6 +23,23 @@ a run of `L` steps keeps about `W * (1 + log2(L / W) / 2)` snapshots. Snapshots
 that carry events (a non-finite gradient, a skipped step) are always kept. The
 writer applies the rule each time a run's newest step has moved 256 steps on,
 with `L` the newest step at that pass.
+
+The file stays bounded on a run of any length:
+
+- snapshots are a rowid table (with a unique (run, step) index), whose rows of up to a page are
+  stored whole in the table's pages and longer ones fill their overflow pages (a WITHOUT ROWID
+  table keeps only about a quarter page in place and begins an overflow page for the rest: the
+  `mlp` demo's 1.1 KB snapshot took a 4 KB page of its own; bench/soak.py, 20,000 steps: 18.6 MiB
+  of file for 4.0 MiB of rows before, 6.3 MiB now).
+  Databases made before keep their layout, which every query here reads alike;
+- new databases use `auto_vacuum=INCREMENTAL`: after a thinning pass the free pages past
+  `KEEP_FREE_PAGES` (which the next inserts reuse) are handed back to the file system;
+- the WAL is checkpointed and truncated (`wal_checkpoint(TRUNCATE)`, waiting at most
+  `CHECKPOINT_WAIT` s for readers to move on, so none is held up for long; when one is still
+  reading an old snapshot it is tried again after the next commit) whenever a commit has left
+  it past `WAL_LIMIT` (2 MiB); `journal_size_limit` keeps it at most that after any checkpoint
+  SQLite makes on its own. (Before, it stayed at its high-water mark: 10 MiB after 20,000
+  steps of bench/soak.py.)
 
 When a write fails (disk full, I/O error) training goes on: the writer keeps its
 pending rows in memory (bounded; the oldest snapshots go first), reports
@@ -40,6 +62,9 @@ from .history import HistoryReader
 from .protocol import dumps
 
 DEFAULT_DB = "gradient-inspector.sqlite"
+WAL_LIMIT = 2 << 20  # bytes: past this the writer checkpoints and truncates the WAL
+CHECKPOINT_WAIT = 0.2  # seconds the checkpoint waits for readers to move on (then tries later)
+KEEP_FREE_PAGES = 256  # free pages kept after a thinning pass for the next inserts (1 MiB)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -52,12 +77,12 @@ CREATE TABLE IF NOT EXISTS runs (
     last_step INTEGER NOT NULL DEFAULT 0,
     updated REAL
 );
-CREATE TABLE IF NOT EXISTS snapshots (
+CREATE TABLE IF NOT EXISTS snapshots (  -- a rowid table: see "The file stays bounded" above
     run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
     n_events INTEGER NOT NULL DEFAULT 0,
     data TEXT NOT NULL,            -- the wire snapshot, strict JSON
-    PRIMARY KEY (run, step)
-) WITHOUT ROWID;
+    UNIQUE (run, step)
+);
 CREATE TABLE IF NOT EXISTS scalars (
     run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
     loss REAL, data TEXT NOT NULL,  -- data: {"loss", "scalars"} as sent
@@ -73,9 +98,23 @@ CREATE TABLE IF NOT EXISTS hook_changes (
     hooks TEXT NOT NULL,           -- JSON: the full hook list after the change
     PRIMARY KEY (run, config_version)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS hook_requests (
+    run INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL,
+    action TEXT, hook_id TEXT,     -- add, update, remove, import; the hook's id (null for import)
+    config_version INTEGER NOT NULL,  -- the version the requested config has once applied
+    hooks TEXT NOT NULL,           -- JSON: the requested hook list after the change
+    PRIMARY KEY (run, seq)
+) WITHOUT ROWID;
 """
 
 StatusCallback = Callable[[str, str], None]  # (kind: "history_paused"|"history_resumed", reason)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 class StoreError(RuntimeError):
@@ -87,6 +126,8 @@ def connect(path: str, *, create: bool) -> sqlite3.Connection:
         raise StoreError(f"no such database: {path}")
     try:
         conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
+        if create and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file: only before its first table
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         if create:
@@ -184,6 +225,28 @@ class HistoryStore(HistoryReader):
             ("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()})
         )
 
+    def record_request(
+        self,
+        run: int,
+        seq: int,
+        *,
+        action: str,
+        hook_id: str | None,
+        config_version: int,
+        hooks: list[dict[str, Any]],
+        timeout: float = 5.0,
+    ) -> bool:
+        """Record a requested hook change (the `hook_requests` row `seq` of `run`) and wait until it
+        is committed, at most `timeout` s: True once it is. False when the writer cannot commit it
+        now (history paused: the row stays queued and is written when writes succeed again) or is
+        not running."""
+        if self._writer is None or not self._writer.is_alive():
+            return False
+        ack: list[Any] = [threading.Event(), False]  # [committed or given up, committed]
+        row = {"seq": seq, "action": action, "hook_id": hook_id, "config_version": config_version}
+        self._queue.put(("request", run, {**row, "hooks": hooks, "time": time.time()}, ack))
+        return bool(ack[0].wait(timeout) and ack[1])
+
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until everything queued so far is committed (or the writer gave up this round)."""
         if self._writer is None or not self._writer.is_alive():
@@ -207,12 +270,14 @@ class HistoryStore(HistoryReader):
 
     def _run_writer(self) -> None:
         conn = connect(self.path, create=True)
+        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
         snaps: OrderedDict[tuple[int, int], tuple[str, float | None, int]] = OrderedDict()
         scalars: OrderedDict[tuple[int, int], tuple[str, float | None, Any]] = OrderedDict()
         urgent: list[tuple[str, int, dict[str, Any]]] = []  # events and hook changes, in order
         oldest: float | None = None  # when the oldest pending row arrived
         last_thin: dict[int, int] = {}
         waiters: list[threading.Event] = []
+        acks: list[list[Any]] = []  # of hook requests, released once their commit is done
         stopping = False
         while not stopping:
             timeout = None if oldest is None else max(0.0, oldest + self.flush_interval - time.monotonic())
@@ -243,7 +308,10 @@ class HistoryStore(HistoryReader):
                     data = dumps({"loss": p.get("loss"), "scalars": p.get("scalars") or {}})
                     scalars[(run, step)] = (data, time.time(), loss)
                     oldest = oldest if oldest is not None else time.monotonic()
-                else:  # event, hooks: commit without waiting for the batch
+                else:  # event, hooks, request: commit without waiting for the batch
+                    if kind == "request":
+                        acks.append(item[3])
+                        item = item[:3]
                     urgent.append(item)  # type: ignore[arg-type]
                     oldest = time.monotonic() - self.flush_interval
                 try:
@@ -252,7 +320,8 @@ class HistoryStore(HistoryReader):
                     item = None
             due = oldest is not None and time.monotonic() >= oldest + self.flush_interval
             if due or stopping or waiters:
-                if self._commit(conn, snaps, scalars, urgent, last_thin):
+                committed = self._commit(conn, snaps, scalars, urgent, last_thin)
+                if committed:
                     snaps.clear()
                     scalars.clear()
                     urgent.clear()
@@ -260,6 +329,10 @@ class HistoryStore(HistoryReader):
                 else:
                     oldest = time.monotonic()  # retry one interval later
                     self._bound(snaps, scalars)
+                for ack in acks:
+                    ack[1] = committed
+                    ack[0].set()
+                acks.clear()
                 for w in waiters:
                     w.set()
                 waiters.clear()
@@ -291,11 +364,26 @@ class HistoryStore(HistoryReader):
                         "INSERT OR REPLACE INTO events (run, seq, kind, time, step, data) VALUES (?,?,?,?,?,?)",
                         (run, int(p.get("seq", 0)), p.get("kind"), p.get("time"), p.get("step"), dumps(p)),
                     )
+                elif kind == "request":
+                    conn.execute(
+                        "INSERT OR REPLACE INTO hook_requests (run, seq, time, action, hook_id, config_version,"
+                        " hooks) VALUES (?,?,?,?,?,?,?)",
+                        (
+                            run,
+                            p["seq"],
+                            p["time"],
+                            p["action"],
+                            p["hook_id"],
+                            p["config_version"],
+                            dumps(p["hooks"]),
+                        ),
+                    )
                 else:
                     conn.execute(
                         "INSERT OR REPLACE INTO hook_changes (run, config_version, time, hooks) VALUES (?,?,?,?)",
                         (run, int(p["config_version"]), p["time"], dumps(p["hooks"])),
                     )
+            thinned = False
             newest: dict[int, int] = {}
             for r, s in list(snaps) + list(scalars):
                 newest[r] = max(newest.get(r, 0), s)
@@ -307,6 +395,7 @@ class HistoryStore(HistoryReader):
                 if s - last_thin.get(r, 0) >= 256:
                     self._thin(conn, r, s)
                     last_thin[r] = s
+                    thinned = True
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as e:
             try:
@@ -320,7 +409,28 @@ class HistoryStore(HistoryReader):
         if self.paused_reason is not None:
             self.paused_reason = None
             self._status("history_resumed", f"writing {self.path} again")
+        self._bound_file(conn, thinned)
         return True
+
+    def _bound_file(self, conn: sqlite3.Connection, thinned: bool) -> None:
+        """After a commit: free pages past KEEP_FREE_PAGES back to the file system (after a
+        thinning pass; a no-op on a database made without auto_vacuum), and the WAL checkpointed
+        and truncated once it has grown past WAL_LIMIT. What is committed is safe either way: a
+        failure here is tried again after the next commit."""
+        try:
+            if thinned:
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+                if free > KEEP_FREE_PAGES:
+                    # executescript: it steps the pragma to its end (execute() frees one page only)
+                    conn.executescript(f"PRAGMA incremental_vacuum({free - KEEP_FREE_PAGES});")
+            if _size(f"{self.path}-wal") > WAL_LIMIT:
+                conn.execute(f"PRAGMA busy_timeout={int(CHECKPOINT_WAIT * 1000)}")
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                finally:
+                    conn.execute("PRAGMA busy_timeout=10000")
+        except (sqlite3.Error, OSError):
+            pass
 
     def _thin(self, conn: sqlite3.Connection, run: int, latest: int) -> None:
         for table, window, keep_events in (

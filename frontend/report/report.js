@@ -2,9 +2,11 @@
 // JSON in #report-data (numbers, or "nan" / "inf" / "-inf" for non-finite values).
 // The report is one offline file, so server/report_assets.py inlines this module
 // with ticks.js as one classic script: the import below becomes a destructuring of
-// what ticks.js exports (it accepts only this one form of import).
+// what ticks.js exports (it accepts only this one form of import). Every user string
+// (parameter names, marker labels and hover lines: the data holds them as they are)
+// goes to Plotly through plotlyText, once.
 
-import { decadeTicks, logTicks, sparseTicks } from "../ticks.js";
+import { decadeTicks, logTicks, plotlyText, sparseTicks } from "../ticks.js";
 
 const Plotly = window.Plotly; // plotly.js, inlined in the page before this script
 const D = JSON.parse(document.getElementById("report-data").textContent);
@@ -26,10 +28,10 @@ const pos = (v) => (typeof v === "number" && v > 0 ? v : null);
 const fmt = (v) =>
   v === null || v === undefined ? "no gradient" : typeof v === "string" ? v : v.toPrecision(3);
 const steps = D.steps;
-const names = D.params;
+const names = D.params.map(plotlyText); // the parameter axes' categories, as Plotly text
 // with many parameters only every k-th is labelled, its name shortened (hover has all)
 function paramTicks(plotHeight) {
-  return { tickmode: "array", ...sparseTicks(names, plotHeight, 14, 34) };
+  return { tickmode: "array", ...sparseTicks(D.params, plotHeight, 14, 34) };
 }
 
 function axis(extra) {
@@ -101,9 +103,9 @@ function markerNotes() {
     yanchor: "bottom",
     yshift: 2 + 15 * ROWS[i],
     showarrow: false,
-    text: MANY ? (m.type === "hook" ? "◆" : "▼") : (m.type === "hook" ? "◆ " : "▼ ") + m.label,
+    text: MANY ? (m.type === "hook" ? "◆" : "▼") : (m.type === "hook" ? "◆ " : "▼ ") + plotlyText(m.label),
     font: { size: 11, color: m.type === "hook" ? C.hook : C.bad },
-    hovertext: m.text,
+    hovertext: m.lines.map(plotlyText).join("<br>"),
     hoverlabel: {
       bgcolor: "#ffffff",
       bordercolor: m.type === "hook" ? C.hook : C.bad,

@@ -174,9 +174,18 @@ def test_host_names_loopback_addresses_and_ports(live, host, status):
 
 
 def test_the_origin_check_compares_the_scheme(live):
-    """Point 12: `https://127.0.0.1:P` is not the origin of the plain-HTTP server on that port."""
+    """Point 12: `https://127.0.0.1:P` is not the origin of the plain-HTTP server on that port,
+    for a command and for the websocket's handshake; nor is `Host: localhost:evil` its host."""
+    from websockets.exceptions import InvalidStatus
+
     srv = live(rate=None)
     c = srv.http()
     own = f"127.0.0.1:{srv.port}"
     assert c.post("/api/training/pause", headers={"origin": f"https://{own}"}).status_code == 403
     assert c.post("/api/training/pause", headers={"origin": f"http://{own}"}).status_code == 202
+    for headers in ({"Origin": f"https://{own}"}, {"Host": "localhost:evil"}):
+        with pytest.raises(InvalidStatus) as info:
+            srv.ws(additional_headers=headers)
+        assert info.value.response.status_code == 403, headers
+    with srv.ws(additional_headers={"Origin": f"http://{own}"}) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "hello"

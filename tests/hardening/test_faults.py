@@ -247,7 +247,8 @@ def test_replay_and_export_read_the_file_while_a_run_records_it(cli_server, tmp_
 def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
     """User mode: the server thread dies while a client is connected and history records; the
     user's loop never notices, `insp` reports it (a `server_error` event, the handle's error),
-    and what history recorded before the crash is intact."""
+    and the history goes on recording (issue 15, point 12): every step's snapshot and scalars,
+    the server_error event and a hook change made after the crash."""
     crash = threading.Event()
     real_tick = uvicorn.Server.on_tick
 
@@ -292,6 +293,8 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
         before = insp.step
         train(insp, 10)
         assert insp.step == before + 10
+        hook = insp.add_hook("clip_value", target="*", threshold=1.0)  # applied at the next step
+        train(insp, 5)
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}api/health", timeout=2, trust_env=False)
         final = insp.step
@@ -300,11 +303,15 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
     store = HistoryStore(db, read_only=True)
     try:
         run = store.latest_run_id()
-        steps = store.steps("snapshots", run)
-        # what was recorded before the crash is all there; the server's shutdown (its lifespan,
-        # cancelled) closed the store, so the steps after it and the server_error event are not
-        contiguous(steps, 1, at_crash)
-        assert steps[-1] <= final
+        assert store.steps("snapshots", run) == list(range(1, final + 1)), "every step, after the crash too"
+        assert final > at_crash
+        assert [r["step"] for r in store.scalars(run)] == list(range(1, final + 1))
+        events = store.events(run)
+        assert any(e["kind"] == "server_error" and "injected crash" in e["message"] for e in events)
+        assert any(e["kind"] == "hook_applied" and e["hook_id"] == hook.id for e in events)
+        version, hooks = store.hooks(run)
+        assert [h["id"] for h in hooks] == [hook.id] and hooks[0]["applied_step"] == final - 4
+        assert store.run(run)["last_step"] == final
     finally:
         store.close()
 

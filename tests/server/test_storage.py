@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from server import storage
 from server.history import pick_even, select
 from server.storage import HistoryStore, StoreError
 
@@ -172,3 +173,47 @@ def test_step_selection_helpers():
     assert select([1, 2, 3, 4, 5], 2, None) == [4, 5]
     assert select([1, 2, 3, 4, 5], None, 2) == [1, 5]
     assert select([], 3, 3) == []
+
+
+def test_a_database_of_the_earlier_layout_is_read_and_written(tmp_path):
+    """Databases made before snapshots became a rowid table (issue 15, point 12) keep their
+    WITHOUT ROWID table and no auto_vacuum: the store reads, writes, replaces and thins them alike."""
+    path = tmp_path / "old.sqlite"
+    old_schema = storage._SCHEMA.replace(
+        "    UNIQUE (run, step)\n);\nCREATE TABLE IF NOT EXISTS scalars",
+        "    PRIMARY KEY (run, step)\n) WITHOUT ROWID;\nCREATE TABLE IF NOT EXISTS scalars",
+    )
+    assert old_schema != storage._SCHEMA
+    conn = sqlite3.connect(path)
+    conn.executescript(old_schema)
+    conn.close()
+    store = HistoryStore(path, full_window=16)
+    store.start_writer()
+    run = store.new_run(params=PARAMS, modules=[""])
+    for s in range(1, 301):
+        store.add_snapshot(run, snap(s))
+    store.add_snapshot(run, snap(300, loss=0.5))  # a second write of one step replaces it
+    assert store.flush()
+    steps = store.steps("snapshots", run)
+    assert steps[-1] == 300 and len(steps) < 300, "thinned"
+    assert store.snapshots(run, limit=1)[0]["loss"] == 0.5
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    assert (
+        "WITHOUT ROWID"
+        in conn.execute("SELECT sql FROM sqlite_master WHERE name = 'snapshots'").fetchone()[0]
+    )
+    conn.close()
+
+
+def test_a_new_database_has_a_rowid_snapshot_table_and_incremental_vacuum(tmp_path):
+    store = HistoryStore(tmp_path / "new.sqlite")
+    store.close()
+    conn = sqlite3.connect(tmp_path / "new.sqlite")
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+    assert (
+        "WITHOUT ROWID"
+        not in conn.execute("SELECT sql FROM sqlite_master WHERE name = 'snapshots'").fetchone()[0]
+    )
+    conn.close()
