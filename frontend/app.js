@@ -61,6 +61,7 @@ class Dashboard {
       (charts) => this.scheduler.resetSome(charts),
     );
     for (const c of [this.loss, this.heatmap]) this.timeline.join(c);
+    this.measured.join(this.timeline);
     this.timeControls = timeControls({
       header: $("chartLoss").closest(".card").querySelector(".card-head"),
       loss: this.loss,

@@ -6,7 +6,8 @@
 
 import { LEGEND_ABOVE, SERIES_COLORS } from "./modulechart.js";
 import { measuredOf } from "./measured.js";
-import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { COLORS, axis, baseLayout } from "./theme.js";
+import { STEP_CONFIG, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -68,7 +69,7 @@ export class EffectsChart {
       margin: { l: 60, r: 16, t: 26, b: 40 },
       showlegend: ids.length > 0,
       legend: { ...LEGEND_ABOVE },
-      xaxis: axis({ title: { text: "step" }, anchor: "y2" }),
+      xaxis: axis({ title: { text: "step" }, anchor: "y2", ...sharedRange(this, state) }),
       yaxis: axis({ domain: [0.45, 1], title: { text: "‖g‖ after/before" } }),
       yaxis2: axis({ domain: [0, 0.36], title: { text: "changed" }, rangemode: "tozero" }),
       shapes: [
@@ -97,7 +98,8 @@ export class EffectsChart {
             },
           ],
     });
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    Plotly.react(this.el, traces, layout, STEP_CONFIG);
+    if (this.timeline) this.timeline.drawn(this, state);
   }
 
   reset(state) {

@@ -5,7 +5,8 @@
 // edges (its own range), so quantiles, not a common bin grid, are drawn.
 
 import { measuredOf } from "./measured.js";
-import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { COLORS, axis, baseLayout } from "./theme.js";
+import { STEP_CONFIG, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -110,7 +111,7 @@ export class HistTimeChart {
     const layout = baseLayout({
       margin: { l: 56, r: 12, t: 8, b: 40 },
       showlegend: false,
-      xaxis: axis({ title: { text: "step" }, visible: x.length > 0 }),
+      xaxis: axis({ title: { text: "step" }, visible: x.length > 0, ...sharedRange(this, state) }),
       yaxis: axis({ title: { text: `${this.source} gradient value` }, visible: x.length > 0 }),
       annotations: note
         ? [
@@ -126,7 +127,8 @@ export class HistTimeChart {
           ]
         : [],
     });
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    Plotly.react(this.el, traces, layout, STEP_CONFIG);
+    if (this.timeline) this.timeline.drawn(this, state);
   }
 
   reset(state) {

@@ -1,8 +1,9 @@
 // The cards that show what the core measures beyond the main charts (issue 14,
 // part J): module gradients, per-parameter statistics, histograms over steps
 // and hook effects. app.js makes one MeasuredCards, adds its charts to the
-// scheduler, hands it every wire snapshot a state gets (add), and tells it
-// which parameter was picked on another chart (pick).
+// scheduler, hands it every wire snapshot a state gets (add), tells it
+// which parameter was picked on another chart (pick), and joins its charts to
+// the time charts' shared step axis (join: timeline.js).
 
 import { api } from "./api.js";
 import { EffectsChart } from "./effectschart.js";
@@ -46,6 +47,11 @@ export class MeasuredCards {
       ["histTime", this.histTime],
       ["effects", this.effects],
     ];
+  }
+
+  /** Every card's chart joins the time charts' shared step axis (zoom and pan linked). */
+  join(timeline) {
+    for (const [, chart] of this.charts()) timeline.join(chart);
   }
 
   /** A wire snapshot that `state` got (the stream, a backfill, an earlier run). */

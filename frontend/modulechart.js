@@ -5,7 +5,8 @@
 
 import { measuredOf } from "./measured.js";
 import { logTicks } from "./ticks.js";
-import { PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { STEP_CONFIG, sharedRange } from "./timeline.js";
+import { axis, baseLayout } from "./theme.js";
 import { plotlyText, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -79,13 +80,14 @@ export class ModuleChart {
       // Past MAX_LEGEND lines a legend would crowd the plot out: the hover names each line.
       showlegend: traces.length <= MAX_LEGEND,
       legend: { ...LEGEND_ABOVE },
-      xaxis: axis({ title: { text: "step" } }),
+      xaxis: axis({ title: { text: "step" }, ...sharedRange(this, state) }),
       yaxis: axis({ type: "log", title: { text: "‖∂L/∂output‖ (L2)" }, ...logTicks(values) }),
     });
     if (this.note)
       this.note.textContent =
         traces.length > MAX_LEGEND ? `${traces.length} lines: hover one for its module` : "";
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    Plotly.react(this.el, traces, layout, STEP_CONFIG);
+    if (this.timeline) this.timeline.drawn(this, state);
   }
 
   reset(state) {

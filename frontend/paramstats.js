@@ -10,7 +10,8 @@ import { api, errorText } from "./api.js";
 import { STATS, measuredOf } from "./measured.js";
 import { SERIES_COLORS } from "./modulechart.js";
 import { logTicks } from "./ticks.js";
-import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { COLORS, axis, baseLayout } from "./theme.js";
+import { STEP_CONFIG, sharedRange } from "./timeline.js";
 import { debounce, fmt, h, num, plotlyText, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -193,6 +194,7 @@ export class ParamStats {
         matches: si === 0 ? undefined : "x",
         showticklabels: si === n - 1,
         title: { text: si === n - 1 ? "step" : "" },
+        ...(si === 0 ? sharedRange(this, state) : {}), // the others match it
       });
     });
     if (!this.picked.length)
@@ -210,7 +212,8 @@ export class ParamStats {
     if (this.el.style.height !== `${layout.height}px`) this.el.style.height = `${layout.height}px`;
     this.el.dataset.params = JSON.stringify(this.picked);
     this.el.dataset.stats = JSON.stringify(this.stats);
-    Plotly.react(this.el, traces, layout, PLOT_CONFIG);
+    Plotly.react(this.el, traces, layout, STEP_CONFIG);
+    if (this.timeline) this.timeline.drawn(this, state);
   }
 
   drawTable(state, m) {

@@ -9,6 +9,7 @@
 // keeps following it as training streams. A double click shows the whole run.
 
 import { api } from "./api.js";
+import { PLOT_CONFIG } from "./theme.js";
 import { niceStep } from "./ticks.js";
 
 const Plotly = window.Plotly;
@@ -25,6 +26,22 @@ export function stepExtent(state) {
   const hi = Math.max(state.step, state.latest ? state.latest.step : -Infinity);
   if (!Number.isFinite(lo) || !Number.isFinite(hi)) return null;
   return hi > lo ? [lo, hi] : [lo - 1, lo + 1];
+}
+
+/**
+ * The Plotly config of a chart that joins: a double click is an autorange, which `onRelayout`
+ * turns into the whole run. (Plotly's default, "reset+autosize", would first go back to the
+ * range of the chart's first draw, and that is where a chart drawn with `sharedRange` stays.)
+ */
+export const STEP_CONFIG = { ...PLOT_CONFIG, doubleClick: "autosize" };
+
+/**
+ * The x-axis settings for a Plotly.react of a chart that joined the shared axis: its range,
+ * fixed; none (Plotly's autorange) before it joined or while the state holds no step.
+ */
+export function sharedRange(chart, state) {
+  const r = chart.timeline ? chart.timeline.range(state) : null;
+  return r ? { range: r, autorange: false } : {};
 }
 
 /** A right edge past `hi`: the next multiple of a round stride of about 2 % of [lo, hi]. */
@@ -50,12 +67,18 @@ export class Timeline {
 
   /**
    * A chart over steps joins the shared axis. The chart draws with `timeline.range(state)` as
-   * its x range, calls `timeline.bind(chart)` after each Plotly.react, and `timeline.sync(chart,
-   * state)` after streaming into it.
+   * its x range (`sharedRange`), calls `timeline.bind(chart)` after each Plotly.react, and
+   * `timeline.sync(chart, state)` after streaming into it (`drawn` does both after a react).
    */
   join(chart) {
     this.charts.push(chart);
     chart.timeline = this;
+  }
+
+  /** After a chart's Plotly.react: listen to it (`bind`) and show the shared range (`sync`). */
+  drawn(chart, state) {
+    this.bind(chart);
+    this.sync(chart, state);
   }
 
   /** Listen to the chart's zooms and pans (once per element: listeners survive Plotly.react). */
@@ -95,7 +118,9 @@ export class Timeline {
     const cur = chart.el._fullLayout.xaxis && chart.el._fullLayout.xaxis.range;
     if (cur && Math.abs(cur[0] - r[0]) < 1e-6 && Math.abs(cur[1] - r[1]) < 1e-6) return;
     chart.el._giRange = r;
-    Plotly.relayout(chart.el, { "xaxis.range": r, "xaxis.autorange": false });
+    // A copy to Plotly: a mouse zoom writes the new range into the layout's array in place,
+    // and on `r` itself it would read as our own relayout and be ignored.
+    Plotly.relayout(chart.el, { "xaxis.range": [...r], "xaxis.autorange": false });
   }
 
   onRelayout(chart, ev) {
