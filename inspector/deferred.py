@@ -175,12 +175,12 @@ class _Item:
         flat = pack.flat() if pack is not None else None
         if flat is None:
             return
-        if flat.device.type == "cuda":
+        if flat.is_cuda:
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             host.copy_(flat, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
-        elif flat.device.type != "cpu":
+        elif not flat.is_cpu:
             host = flat.to("cpu", non_blocking=True)
         else:
             host = flat  # a fresh tensor of the step's, read at a later boundary

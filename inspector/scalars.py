@@ -35,7 +35,10 @@ def check_scalars(scalars: Mapping[str, Any]) -> dict[str, float | Tensor]:
                 raise HookError(
                     ("scalars", k), f"must be a number or a one-element tensor (got shape {tuple(v.shape)})"
                 )
-            vals[k] = v.detach().reshape(()).float()
+            t = v.detach()
+            if t.dim():
+                t = t.reshape(())
+            vals[k] = t if t.dtype == torch.float32 else t.float()
         elif isinstance(v, int | float) and not isinstance(v, bool):
             if isinstance(v, int) and abs(v) > 2**1023:  # float(v) would raise OverflowError
                 raise HookError(("scalars", k), "must be a number in the float range (got a larger integer)")
@@ -87,6 +90,7 @@ class Recorder:
         self.current: Records = {}  # the step under way's
         self.late: Records = {}  # made after the last boundary, before the next step got under way
         self.pending: list[tuple[int, Records]] = []  # unsampled steps', oldest first
+        self.last_published = 0  # the last step whose snapshot went out
 
     def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
         accumulate(self.late if late else self.current, vals)
@@ -123,6 +127,7 @@ class Recorder:
 
     def published(self, snap: Any, rec: Records) -> None:
         """A sampled step's snapshot went out: earlier steps' records first, then its own."""
+        self.last_published = snap.step
         self.flush_pending(snap.step)
         if rec:
             self._deferred.submit(None, None, lambda _: self._send(snap.step, snap.loss, snap.scalars))
@@ -151,6 +156,11 @@ class Recorder:
             for k, (total, n) in self.pending.pop()[1].items():
                 acc = late.get(k)
                 late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
+        if step != self.last_published:  # an unsampled step: its message waits with the others
+            self.pending.append((step, late))
+            if len(self.pending) >= self.MAX_PENDING:
+                self.flush_pending(step + 1)
+            return
         self.flush_pending(step + 1)  # earlier steps first
         self._later([(step, late)], self._send_late, step + 1)
 

@@ -176,10 +176,10 @@ class Pack:
         if isinstance(values, list):
             if not values:
                 return
-            dev = values[0].device
-            if all(v.dim() == 0 and v.dtype == torch.float32 and v.device == dev for v in values):
-                values = torch.stack(values)  # the common case (norms, counts): no per-value conversion
-            else:
+            try:  # the common case (0-dim norms, counts on one device): one op
+                values = torch.stack(values)
+            except RuntimeError:  # mixed devices or shapes of one element
+                dev = values[0].device
                 values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
         self._names.append(name)
         self._parts.append(values.reshape(-1).float())

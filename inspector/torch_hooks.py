@@ -206,12 +206,17 @@ class TorchHooks:
     def end_step(self) -> None:
         """Forget what this step's backward collected, hook effects included (at the boundary,
         after the snapshot took them: a hook's effect is that of one step)."""
-        self.mod_sq.clear()
-        self.mod_bad.clear()
-        self.local_sq = [None] * len(self.tensors)
-        self.post_found.clear()
+        if self.mod_sq:
+            self.mod_sq.clear()
+        if self.mod_bad:
+            self.mod_bad.clear()
+        if self._per_rank:
+            self.local_sq = [None] * len(self.tensors)
+        if self.post_found:
+            self.post_found.clear()
         for st in self.states.values():
-            st.reset_effects()
+            if st.measured:
+                st.reset_effects()
 
     def take_post_findings(self) -> list[tuple[int, Tensor, str]]:
         """What the ``post_accumulate`` ``nan_guard`` hooks counted since the last call, in params
