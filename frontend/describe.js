@@ -37,9 +37,15 @@ export function describeHookChange(ev) {
 }
 
 export function describeNonfinite(ev) {
-  const counts = [ev.nan ? `${ev.nan} NaN` : "", ev.inf ? `${ev.inf} Inf` : ""].filter(Boolean).join(" + ");
-  const more = num(ev.n_params) > 1 ? ` and ${num(ev.n_params) - 1} more` : "";
   const rank = ev.rank !== null && ev.rank !== undefined && ev.rank !== 0 ? ` on rank ${ev.rank}` : "";
+  if (ev.param === null && ev.module !== undefined)
+    return `non-finite grad_output of module ${ev.module}${rank}`;
+  let counts = [ev.nan ? `${ev.nan} NaN` : "", ev.inf ? `${ev.inf} Inf` : ""].filter(Boolean).join(" + ");
+  if (!counts && ev.inf === null) {
+    // an unsampled step without a guard: told by the norm, not counted (README, "Telemetry")
+    counts = ev.nan === 0 ? "Inf (or a float32 overflow; not counted)" : "NaN (not counted)";
+  }
+  const more = num(ev.n_params) > 1 ? ` and ${num(ev.n_params) - 1} more` : "";
   const action = !ev.action_taken || ev.action_taken === "none" ? "no guard" : ev.action_taken;
   return `${counts || "non-finite norm"} in ${ev.param}${more}${rank} · ${action}`;
 }
