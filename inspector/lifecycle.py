@@ -348,21 +348,22 @@ class StepLifecycle(DistributedBoundary):
                 hist = self._hist_next  # every rank takes the same histograms (collectives under FSDP2)
             else:
                 hist = self._hist.due(self._sampled_count)
-        raw = self._stats.raw(self._hooks, sampled, hist)
+        touched: set[int] = set()  # sampled steps: the parameters a pre_step hook may edit in place
         if sampled:
-            for state, _ in plan.pre:
+            for state, targets in plan.pre:
                 state.reset_effects()
+                p = state.spec.params
+                if state.spec.kind not in ("freeze", "nan_guard") or p.get("action") == "zero":
+                    touched.update(t.index for t in targets)
+        raw = self._stats.raw(self._hooks, sampled, hist, touched)
         skip = False
         guards: list[GuardResult] = []
-        touched: set[int] = set()
         for state, targets in plan.pre:
             try:
                 res = apply_pre_step(state, list(targets), sampled)
             except Exception as e:
                 self._hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
                 continue
-            if sampled and not (state.spec.kind == "nan_guard" and state.spec.params["action"] == "report"):
-                touched.update(t.index for t in targets)
             if res is not None:
                 guards.append(res)
                 if res.skip:

@@ -258,20 +258,20 @@ def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) 
                 changed = _numel(grads)
         elif kind == "python":
             assert state.fn is not None
-            snap = [g.clone() for g in grads] if measure else None
-            for t in tg:
+            counts: list[Tensor] = []
+            for t, g in zip(tg, grads, strict=True):
+                # measured one target at a time: the copy held is at most the largest gradient
+                snap = g.clone() if measure else None
                 state.fn(t.name, t.param)
-            if snap is not None:
-                now = [t.grad() for t in tg]
-                changed = torch.stack(
-                    [
-                        (a != b).sum().float()
-                        if b is not None
-                        else torch.full((), float(a.numel()), device=a.device)
-                        for a, b in zip(snap, now, strict=True)
-                    ]
-                ).sum()
-                grads = [g for g in now if g is not None] or grads
+                if snap is not None:
+                    now = t.grad()
+                    counts.append(
+                        (snap != now).sum().float()
+                        if now is not None
+                        else torch.full((), float(snap.numel()), device=snap.device)
+                    )
+            if counts:
+                changed = torch.stack([c.to(counts[0].device) for c in counts]).sum()
     if measure:
         assert before is not None
         after = foreach_norm([dense(g) for g in (t.grad() for t in tg) if g is not None])

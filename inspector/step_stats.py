@@ -92,9 +92,17 @@ class StepStats:
             return [p.detach() for p in self.tensors]
         return [local(p.detach()) for p in self.tensors]
 
-    def raw(self, hooks: TorchHooks, sampled: bool, hist: Iterable[int]) -> RawRead:
+    def raw(
+        self,
+        hooks: TorchHooks,
+        sampled: bool,
+        hist: Iterable[int],
+        edited: set[int] | frozenset[int] = frozenset(),
+    ) -> RawRead:
         """The raw gradients' probe (every step) and, on sampled steps, their norms, abs-max and
-        histogram copies: device tensors only, nothing read."""
+        the raw gradients that get histograms: device tensors only, nothing read. Only those a
+        ``pre_step`` hook will edit in place (``edited``) are copied; the others are kept by
+        reference (the final gradient is the same tensor, or None)."""
         idx: list[int] = []
         grads: list[Tensor] = []
         shard = self.layout is not None
@@ -117,7 +125,8 @@ class StepStats:
             for i in hist:
                 g = self.tensors[i].grad
                 if g is not None:
-                    out.hist_raw[i] = dense(local(g)).detach().clone()
+                    g = dense(local(g)).detach()
+                    out.hist_raw[i] = g.clone() if i in edited else g
         self.raw_read = out
         return out
 
