@@ -27,6 +27,7 @@ a finding says so (``overflow_possible``), unless a guard's counts on that gradi
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,6 +209,7 @@ class Deferred:
 
     def __init__(self) -> None:
         self._q: deque[_Item] = deque()
+        self._lock = threading.RLock()  # close() may run on another thread than the training loop
 
     def __len__(self) -> int:
         return len(self._q)
@@ -215,20 +217,23 @@ class Deferred:
     def submit(
         self, step: int | None, pack: Pack | None, consume: Callable[[dict[str, list[float]]], None]
     ) -> None:
-        if pack is None and not self._q:
-            consume({})
-            return
-        self._q.append(_Item(step, pack, consume))
+        with self._lock:
+            if pack is None and not self._q:
+                consume({})
+                return
+            self._q.append(_Item(step, pack, consume))
 
     def drain(self, *, before: int | None = None, wait: bool = False) -> None:
-        while self._q:
-            it = self._q[0]
-            if before is not None and it.step is not None and it.step >= before:
-                break
-            if not (wait or it.ready() or len(self._q) > MAX_PENDING):
-                break
-            self._q.popleft()
-            it.consume(it.values())
+        with self._lock:
+            while self._q:
+                it = self._q[0]
+                if before is not None and it.step is not None and it.step >= before:
+                    break
+                if not (wait or it.ready() or len(self._q) > MAX_PENDING):
+                    break
+                self._q.popleft()
+                it.consume(it.values())
 
     def clear(self) -> None:
-        self._q.clear()
+        with self._lock:
+            self._q.clear()

@@ -467,6 +467,11 @@ class StepLifecycle(DistributedBoundary):
         if self._dist is not None and not self._dist.broken:
             self._dist_hold(step, hold)
         else:
+            if self._paused and self._credit == 0 and not self._closed:
+                # about to hold: what this step found and recorded is shown now (outside the lock:
+                # the deferred queue's consumers take it)
+                self._records.flush_pending()
+                self._drain_deferred(wait=True)
             with self._cond:
                 self._drain_locked(torch_ok=True)
                 self._decide_next(step)
@@ -474,8 +479,6 @@ class StepLifecycle(DistributedBoundary):
                     if not self._waiting:
                         self._waiting = True
                         self._cond.notify_all()  # for whoever waits for the pause to take hold
-                        self._records.flush_pending()
-                        self._drain_deferred(wait=True)  # paused: what this step found is shown now
                         self._publish_training()
                     self._drain_locked(torch_ok=True)
                     self._cond.wait()
