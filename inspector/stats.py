@@ -206,7 +206,8 @@ def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tenso
     from :func:`value_range`, maxed across the ranks of a sharded tensor) gives the range instead
     of these values' own.
     """
-    xs = [_hist_values(raw)] + ([_hist_values(final)] if final is not None else [])
+    same = final is not None and _same_values(raw, final)  # no hook edited it: count it once
+    xs = [_hist_values(raw)] + ([_hist_values(final)] if final is not None and not same else [])
     dev = xs[0].device
     ranged = [_finite_range(x) for x in xs]
     if span is None:
@@ -232,7 +233,20 @@ def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tenso
         return c[:bins]
 
     parts = [lo.reshape(1), hi.reshape(1)] + [counts(x, r[0]) for x, r in zip(xs, ranged, strict=True)]
+    if same:
+        parts.append(parts[-1])
     return torch.cat(parts)
+
+
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors are views of the same values (the raw gradient kept by reference)."""
+    return (
+        a.layout == b.layout == torch.strided
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def dense(g: Tensor) -> Tensor:
