@@ -76,6 +76,13 @@ class Feed:
                     self.snapshots[i] = snap
                     return
 
+    def drop_after(self, step: int) -> None:
+        """Forget the ring's snapshots past ``step`` (a rewind: they belong to the abandoned branch)."""
+        with self._lock:
+            kept = [s for s in self.snapshots if s.step <= step]
+            self.snapshots.clear()
+            self.snapshots.extend(kept)
+
     # ------------------------------------------------------------ consumer side
     def subscribe(self, callback: Callback, *, lossless: bool = False) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` on the dispatcher thread; see the module docstring."""

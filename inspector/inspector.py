@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
+from .checkpoints import DEFAULT_KEEP, Checkpoints, Rewinding
 from .dashboard import Dashboard
 from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
@@ -58,7 +59,7 @@ from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, re
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
 
-class Inspector(StepLifecycle, Dashboard):
+class Inspector(Rewinding, StepLifecycle, Dashboard):
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
     def __init__(
@@ -72,6 +73,7 @@ class Inspector(StepLifecycle, Dashboard):
         hist_every: int = 10,
         per_rank_stats: bool = True,
         dist_timeout: float = 60.0,
+        checkpoints: int = DEFAULT_KEEP,
     ) -> None:
         if isinstance(optimizer, list | tuple):
             raise AttachError(
@@ -123,6 +125,7 @@ class Inspector(StepLifecycle, Dashboard):
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         self._init_step_state()
+        self._branches = Checkpoints(self, checkpoints)  # checkpoint() and rewind(): inspector.checkpoints
         self._server: Any = None
         self._closer: int | None = None  # the thread inside close(), until it has finished
 
@@ -441,6 +444,7 @@ def attach(
     hist_every: int = 10,
     per_rank_stats: bool = True,
     dist_timeout: float = 60.0,
+    checkpoints: int = DEFAULT_KEEP,
 ) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
@@ -459,6 +463,8 @@ def attach(
             rank named in NaN/Inf events. Off saves that hook's cost (see bench/ddp_overhead.py).
         dist_timeout: under ``torch.distributed``, seconds a rank waits in the inspector's
             control collective before it gives up coordinating (a peer raised or exited).
+        checkpoints: how many checkpoints (``insp.checkpoint()``, and the dashboard's automatic
+            one before each hook change) are kept in host memory; 0 turns them off.
 
     Under ``torch.distributed`` (an initialised process group of 2 or more) call ``attach`` on
     every rank, at the same point: it creates a gloo control group (a collective call).
@@ -475,4 +481,5 @@ def attach(
         hist_every=hist_every,
         per_rank_stats=per_rank_stats,
         dist_timeout=dist_timeout,
+        checkpoints=checkpoints,
     )
