@@ -54,7 +54,7 @@ from .records import HookSpec
 if TYPE_CHECKING:
     from .inspector import Inspector
 
-__all__ = ["Checkpoint", "Checkpoints", "Rewinding", "host_copy", "nbytes", "DEFAULT_KEEP"]
+__all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "DEFAULT_KEEP"]
 
 DEFAULT_KEEP = 3
 
@@ -270,6 +270,12 @@ class Checkpoints:
         with self._insp._cond:
             self._queue = deque((k, c) for k, c in self._queue if not (k == "checkpoint" and c.id == cp_id))
 
+    def discard(self, cp_id: str) -> None:
+        """Forget a checkpoint (taken or not): the change it was taken for was refused."""
+        self.cancel(cp_id)
+        with self._insp._cond:
+            self._items.pop(cp_id, None)
+
     @property
     def queued(self) -> bool:
         return bool(self._queue)
@@ -321,7 +327,7 @@ class Checkpoints:
             if st.generators
         }
         cp.extra = {key: save() for key, (save, _) in self._states.items()}
-        cp.seq, cp.config_version = insp._seq, insp._reg.version
+        cp.config_version = insp._reg.version
         cp.bytes = nbytes(
             [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
         )
@@ -341,6 +347,7 @@ class Checkpoints:
             + (f" ({cp.label})" if cp.label else "")
             + f": {_size(cp.bytes)}; {len(self._items)} kept, {_size(self.bytes)} in host memory",
         )
+        cp.seq = insp._seq  # its own event included: it belongs to every branch that starts here
 
     # ------------------------------------------------------------ restoring
     def _restore(self, cp: Checkpoint) -> None:
@@ -354,21 +361,12 @@ class Checkpoints:
         insp._records.current = {}
         insp._records.discard_late = True
         insp._edits.drain(from_step + 1, torch_ok=True)  # edits queued before the rewind
-        restore_state(insp, cp)
-        insp._step = cp.step
+        abandoned_seq = insp._seq  # the abandoned branch's events: cp.seq < seq <= this
+        self._load(cp)
         reg = insp._reg
-        reg.pending.append(reg.restore(cp.hooks, cp.fns))
-        insp._edits.drain(cp.step + 1, torch_ok=True)
-        set_generators(insp._hooks.states, cp.generators)
-        insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
-        insp._sampled = True
-        insp._last_boundary = None
-        insp._feed.drop_after(cp.step)
+        insp._feed.drop_after(cp.step, (cp.seq, abandoned_seq))
         for other in [c for c in self._items.values() if c.seq > cp.seq]:
             del self._items[other.id]  # taken on the abandoned branch: not on this one's timeline
-        for key, (_, load) in self._states.items():
-            if key in cp.extra:
-                load(fresh(cp.extra[key]))
         self.rewinds += 1
         insp._event(
             "rewind",
@@ -377,11 +375,42 @@ class Checkpoints:
             checkpoint=cp.id,
             label=cp.label,
             rewinds=self.rewinds,
+            seq_after=cp.seq,
+            seq_until=abandoned_seq,
+            config_version=reg.version,
             message=f"rewound from step {from_step} to step {cp.step} (checkpoint {cp.id}"
             + (f": {cp.label}" if cp.label else "")
             + f"); steps {cp.step + 1}-{from_step} are kept as a branch of their own",
         )
         insp._publish_training()
+
+    def adopt(self, cp: Checkpoint) -> None:
+        """Start this Inspector's run from another Inspector's checkpoint of the same model (a
+        shadow copy): state, step, hooks and noise streams; no event. Call on its training thread."""
+        insp = self._insp
+        with insp._cond:
+            if not self._safe_here():
+                raise InspectorError("adopt() is for this Inspector's training thread, between steps")
+            self._load(cp)
+
+    def _load(self, cp: Checkpoint) -> None:
+        """Model, optimizer and scaler state, step counter, hook config (one ``rewind`` change),
+        noise streams, cadence and registered states of ``cp`` (lock held, at a safe point)."""
+        insp = self._insp
+        if cp.step is None:
+            raise CheckpointError(f"checkpoint {cp.id} was never taken")
+        restore_state(insp, cp)
+        insp._step = cp.step
+        reg = insp._reg
+        reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
+        insp._edits.drain(cp.step + 1, torch_ok=True)
+        set_generators(insp._hooks.states, cp.generators)
+        insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
+        insp._sampled = True
+        insp._last_boundary = None
+        for key, (_, load) in self._states.items():
+            if key in cp.extra:
+                load(fresh(cp.extra[key]))
 
     # ------------------------------------------------------------ reading
     @property
@@ -443,53 +472,3 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return f"{n} B"
-
-
-class Rewinding:
-    """The Inspector's checkpoint API (a base class: the state it uses is the Inspector's)."""
-
-    _branches: Checkpoints
-    _under_way: bool
-
-    def checkpoint(self, label: str | None = None) -> str:
-        """Save the model's, the optimizer's (and scaler's) and the inspector's state to host memory.
-
-        Taken at the next step boundary, or at once when called from the training thread between
-        steps, while training is held at a boundary (paused), or after training finished. Only the
-        newest ``checkpoints`` (an ``attach`` option, default 3) are kept.
-
-        Returns:
-            The checkpoint's id (``"c1"``, ``"c2"``, ...), for :meth:`rewind`.
-
-        Raises:
-            CheckpointError: checkpoints cannot be right here (the message says why: under
-                torch.distributed, without a torch optimizer, ``checkpoints=0`` ...).
-        """
-        return self._branches.checkpoint(label)
-
-    def rewind(self, checkpoint: str) -> dict[str, Any]:
-        """Go back to a checkpoint: state, step counter and hook config become the checkpoint's.
-
-        Carried out by the training thread at the next step boundary (at once from the training
-        thread between steps, or while held at a boundary). Your data loader goes on: the next
-        batches are not those that followed the checkpoint the first time. Subscribers get a
-        ``rewind`` event (the server keeps the abandoned steps as a branch run of their own).
-
-        Returns:
-            ``{"checkpoint", "step", "done"}``: ``done`` is true when it was carried out already.
-
-        Raises:
-            CheckpointNotFound: no such checkpoint kept. CheckpointError: refused (see checkpoint()).
-        """
-        return self._branches.rewind(checkpoint)
-
-    @property
-    def checkpoints(self) -> Checkpoints:
-        """The checkpoints: ``.list()``, ``.summary()``, ``.bytes``, ``.keep``, ``.add_state(...)``."""
-        return self._branches
-
-    def _drain_locked(self, *, torch_ok: bool) -> None:
-        super()._drain_locked(torch_ok=torch_ok)  # type: ignore[misc]
-        # where edits apply with torch hooks in reach and no step under way, requests do too
-        if torch_ok and self._branches._queue and not self._under_way:
-            self._branches.service()

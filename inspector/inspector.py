@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
-from .checkpoints import DEFAULT_KEEP, Checkpoints, Rewinding
+from .checkpoints import DEFAULT_KEEP, Checkpoints
 from .dashboard import Dashboard
 from .edits import Edits
 from .errors import AttachError, HookError, InspectorError, shown
@@ -48,6 +48,7 @@ from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
+from .rewinding import Rewinding
 from .scalars import Recorder, check_scalars
 from .sharded import layout_of
 from .step_stats import StepStats

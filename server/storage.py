@@ -50,7 +50,11 @@ CREATE TABLE IF NOT EXISTS runs (
     modules TEXT NOT NULL,         -- JSON: [name, ...]
     meta TEXT NOT NULL DEFAULT '{}',
     last_step INTEGER NOT NULL DEFAULT 0,
-    updated REAL
+    updated REAL,
+    parent_run INTEGER,            -- a branch: the run it branched from (see BRANCH_COLUMNS)
+    branch_step INTEGER,           -- ... after this step of the parent
+    branch TEXT,                   -- "abandoned" (left by a rewind) or "shadow" (a what-if copy)
+    label TEXT                     -- what the branch is: "without clip_norm h1"
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
@@ -75,6 +79,16 @@ CREATE TABLE IF NOT EXISTS hook_changes (
 ) WITHOUT ROWID;
 """
 
+# Columns added to `runs` after the first release: a database written before them gets them on
+# opening for writing (ALTER TABLE; old rows read NULL: runs of their own); a read-only one is
+# read as it is (history.py selects NULL for a missing column).
+BRANCH_COLUMNS = (
+    ("parent_run", "INTEGER"),
+    ("branch_step", "INTEGER"),
+    ("branch", "TEXT"),
+    ("label", "TEXT"),
+)
+
 StatusCallback = Callable[[str, str], None]  # (kind: "history_paused"|"history_resumed", reason)
 
 
@@ -91,6 +105,10 @@ def connect(path: str, *, create: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=NORMAL")
         if create:
             conn.executescript(_SCHEMA)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+            for name, kind in BRANCH_COLUMNS:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
         else:
             conn.execute("SELECT id FROM runs LIMIT 1")
     except sqlite3.DatabaseError as e:
@@ -145,16 +163,45 @@ class HistoryStore(HistoryReader):
         modules: list[str],
         scenario: str | None = None,
         meta: dict[str, Any] | None = None,
+        parent_run: int | None = None,
+        branch_step: int | None = None,
+        branch: str | None = None,
+        label: str | None = None,
     ) -> int:
-        """Add a run (committed at once) and return its id."""
+        """Add a run (committed at once) and return its id. A branch names its `parent_run`, the
+        `branch_step` of the parent it starts after, its kind (`branch`) and a `label`."""
         if self.read_only:
             raise StoreError("this database is open read-only")
         with self._lock:
             cur = self._conn.execute(
-                "INSERT INTO runs (started, scenario, params, modules, meta, updated) VALUES (?,?,?,?,?,?)",
-                (time.time(), scenario, dumps(params), dumps(modules), dumps(meta or {}), time.time()),
+                "INSERT INTO runs (started, scenario, params, modules, meta, updated, parent_run, branch_step,"
+                " branch, label) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    time.time(),
+                    scenario,
+                    dumps(params),
+                    dumps(modules),
+                    dumps(meta or {}),
+                    time.time(),
+                    parent_run,
+                    branch_step,
+                    branch,
+                    label,
+                ),
             )
             return int(cur.lastrowid or 0)
+
+    def set_label(self, run: int, label: str) -> None:
+        """A branch's label changed (the shadow's difference from the main run grew)."""
+        self._queue.put(("label", run, label))
+
+    def move_branch(
+        self, run: int, to_run: int, after_step: int, seqs: tuple[int, int], config_version: int
+    ) -> None:
+        """A rewind of `run` to `after_step`: its snapshots and scalars past that step, and its
+        events with `seqs[0] < seq <= seqs[1]`, move to the branch run `to_run` (in order with the
+        rows queued before); `to_run` gets a copy of the hook changes before `config_version`."""
+        self._queue.put(("branch", run, to_run, after_step, seqs, config_version))
 
     # -- writes (any thread; cheap: a queue put) -----------------------------------------------------
 
@@ -226,6 +273,14 @@ class HistoryStore(HistoryReader):
                     stopping = True
                 elif kind == "flush":
                     waiters.append(item[1])
+                elif kind in ("branch", "label"):
+                    # rows queued before it belong where they were: commit them first
+                    if self._commit(conn, snaps, scalars, urgent, last_thin):
+                        snaps.clear()
+                        scalars.clear()
+                        urgent.clear()
+                        oldest = None
+                    self._branch(conn, item)
                 elif kind == "snapshot":
                     _, run, snap, text = item
                     step = int(snap.get("step", 0))
@@ -321,6 +376,41 @@ class HistoryStore(HistoryReader):
             self.paused_reason = None
             self._status("history_resumed", f"writing {self.path} again")
         return True
+
+    def _branch(self, conn: sqlite3.Connection, item: tuple[Any, ...]) -> None:
+        try:
+            if self.fault is not None:
+                self.fault()
+            conn.execute("BEGIN IMMEDIATE")
+            if item[0] == "label":
+                conn.execute("UPDATE runs SET label = ? WHERE id = ?", (item[2], item[1]))
+            else:
+                _, run, to_run, step, (seq_lo, seq_hi), version = item
+                for table in ("snapshots", "scalars"):
+                    conn.execute(
+                        f"UPDATE {table} SET run = ? WHERE run = ? AND step > ?", (to_run, run, step)
+                    )
+                conn.execute(
+                    "UPDATE events SET run = ? WHERE run = ? AND seq > ? AND seq <= ?",
+                    (to_run, run, seq_lo, seq_hi),
+                )
+                conn.execute(  # the branch's session shows the hooks it ran with
+                    "INSERT OR REPLACE INTO hook_changes (run, config_version, time, hooks)"
+                    " SELECT ?, config_version, time, hooks FROM hook_changes WHERE run = ? AND config_version < ?",
+                    (to_run, run, version),
+                )
+                conn.execute(
+                    "UPDATE runs SET last_step = (SELECT last_step FROM runs WHERE id = ?) WHERE id = ?",
+                    (run, to_run),
+                )
+                conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (step, run))
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError) as e:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            self._status("history_paused", f"cannot record the branch in {self.path}: {e}")
 
     def _thin(self, conn: sqlite3.Connection, run: int, latest: int) -> None:
         for table, window, keep_events in (
