@@ -18,6 +18,7 @@ import {
 } from "./theme.js";
 import { decadeTicks, logTicks, logTicksIn, shortName, sparseTicks } from "./ticks.js";
 import { MAX_SNAPSHOTS } from "./state.js";
+import { restyleShadow, shadowTraces } from "./whatif.js";
 import { log10OrNull, num, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -137,7 +138,9 @@ export function markerShapes(markers) {
           ? (HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[1]
           : m.kind === "reset"
             ? COLORS.reset
-            : COLORS.nonfinite,
+            : m.kind === "branch"
+              ? COLORS.branch
+              : COLORS.nonfinite,
       width: 1,
       dash: "dash",
     },
@@ -327,6 +330,7 @@ export class LossChart {
       this.nonfiniteTrace(state, rows),
       ...this.compareTraces(state.compare),
       ...this.markerTraces(state.markers),
+      ...shadowTraces(state), // what-if (whatif.js): last, so the indices above stay
     ];
   }
 
@@ -462,6 +466,7 @@ export class LossChart {
   }
 
   update(state, news) {
+    if (news.shadow || news.markers) restyleShadow(this.el, state);
     if (this.base.loss || this.base.rows) {
       // Older history ahead of the streamed points: extendTraces would cut the history's
       // front as the window moves, so redraw it all (the scheduler spaces costly draws out).

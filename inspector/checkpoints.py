@@ -280,6 +280,11 @@ class Checkpoints:
     def queued(self) -> bool:
         return bool(self._queue)
 
+    @property
+    def holds_changes(self) -> bool:
+        """An automatic checkpoint waits for a boundary: hook changes wait for it (see Rewinding)."""
+        return any(kind == "checkpoint" and cp.auto for kind, cp in self._queue)
+
     # ------------------------------------------------------------ the safe point
     def service(self, *, owner: bool = False) -> None:
         """Carry queued requests out now, if this is a safe point: the training thread between steps

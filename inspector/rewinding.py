@@ -54,7 +54,14 @@ class Rewinding:
         return self._branches
 
     def _drain_locked(self, *, torch_ok: bool) -> None:
+        branches = self._branches
+        if branches._queue and branches.holds_changes:
+            # an automatic checkpoint (before a change from the dashboard) is taken before the
+            # change applies: until then the change waits for a safe point
+            if not torch_ok or self._under_way:
+                return
+            branches.service()
         super()._drain_locked(torch_ok=torch_ok)  # type: ignore[misc]
         # where edits apply with torch hooks in reach and no step under way, requests do too
-        if torch_ok and self._branches._queue and not self._under_way:
-            self._branches.service()
+        if torch_ok and branches._queue and not self._under_way:
+            branches.service()

@@ -1,11 +1,13 @@
 """What-if on a live source: checkpoints, rewind and the demo's shadow comparison (live.py calls here).
 
 A hook change made from the page (HTTP or websocket) is wrapped by `around_change`: first an
-automatic checkpoint (`insp.checkpoints.checkpoint(label, auto=True)`), which the training thread
-takes at its next step boundary (the demo's thread between two steps, at once when training is
-held or finished); the request waits for it at most `AUTO_WAIT` seconds (a longer step: the
-change goes ahead without one). Then the change, as before; an invalid one leaves no checkpoint.
-In the demo, when no comparison runs, the change starts one from that checkpoint (shadow.py).
+automatic checkpoint is requested (`insp.checkpoints.checkpoint(label, auto=True)`), which the
+training thread takes at its next step boundary (the demo's thread between two steps; at once
+when training is held or finished); then the change is made as before, and the request returns
+at once. The change waits for the checkpoint: it applies right after it (inspector/rewinding.py),
+so the checkpoint holds the state and hooks from just before it. An invalid change leaves no
+checkpoint. In the demo, when no comparison runs, the change starts one from that checkpoint
+(shadow.py).
 
 Errors: a refused checkpoint or rewind (CheckpointError) is a 409 with the core's reason, an
 unknown checkpoint a 404.
@@ -13,15 +15,10 @@ unknown checkpoint a 404.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from .sources import ApiError
-
-log = logging.getLogger("gradient_inspector.server")
-
-AUTO_WAIT = 10.0  # seconds a page's hook change waits for its automatic checkpoint
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -45,13 +42,6 @@ def around_change(src: Any, label: str, do: Callable[[], Any]) -> Any:
         try:
             cp = mgr.checkpoint(label, auto=True)
         except Exception:  # closed meanwhile, refused: the change goes ahead without one
-            cp = None
-        if cp is not None and not mgr.wait(cp, AUTO_WAIT):
-            log.warning(
-                "gradient-inspector: no step boundary within %s s: change made without a checkpoint",
-                AUTO_WAIT,
-            )
-            mgr.cancel(cp)
             cp = None
     try:
         result = do()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 from urllib.parse import urlsplit
 
 import httpx
@@ -127,18 +126,12 @@ def test_rewind_in_a_users_loop_keeps_both_branches_in_the_history(tmp_path):
         assert c.get("/api/checkpoints").json()["checkpoints"][0]["step"] == 11
         ref_model, ref_opt = copy.deepcopy(loop.model.state_dict()), copy.deepcopy(loop.opt.state_dict())
         ref_hooks = loop.config()
-        # a change from the page waits for its automatic checkpoint: the loop's next boundary
-        done: list[httpx.Response] = []
-        t = threading.Thread(
-            target=lambda: done.append(
-                c.post("/api/hooks", json={"kind": "noise", "target": "*", "params": {"std": 1.0}})
-            )
-        )
-        t.start()
-        wait_until(lambda: insp.checkpoints.queued, what="the automatic checkpoint's request")
+        # a change from the page: accepted at once, it waits for its automatic checkpoint (the
+        # loop's next boundary) and applies right after it
+        r = c.post("/api/hooks", json={"kind": "noise", "target": "*", "params": {"std": 1.0}})
+        assert r.status_code == 201 and r.json()["applied_step"] is None and insp.checkpoints.holds_changes
         loop.step(11)
-        t.join(30)
-        assert done[0].status_code == 201
+        assert c.get("/api/hooks").json()[0]["applied_step"] == 13
         assert c.get("/api/checkpoints").json()["checkpoints"][-1]["step"] == 12
         loop.run(range(12, 20))
         assert insp.step == 20
