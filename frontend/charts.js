@@ -18,7 +18,7 @@ import {
 } from "./theme.js";
 import { decadeTicks, logTicks, logTicksIn, shortName, sparseTicks } from "./ticks.js";
 import { MAX_SNAPSHOTS } from "./state.js";
-import { restyleShadow, shadowTraces } from "./whatif.js";
+import { mainLossRange, restyleShadow, shadowTraces } from "./whatif.js";
 import { log10OrNull, num, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -229,6 +229,7 @@ export class LossChart {
     const range = this.timeline ? this.timeline.range(state) : null;
     const annotations = [];
     const lossAxis = this.lossAxis(state, d.lossY);
+    mainLossRange(lossAxis, d.lossY, state); // what-if: a diverging shadow leaves the main loss readable
     if (this.clipNote) {
       annotations.push({
         text: this.clipNote,

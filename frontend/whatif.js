@@ -89,6 +89,27 @@ export function shadowTraces(state) {
   ];
 }
 
+/**
+ * The loss axis keeps the main run's range when the shadow's loss leaves it far behind (a
+ * diverging shadow would otherwise flatten the main loss to a line at 0): the dashed line then
+ * runs off the top of the chart, and its hover and the difference chart still give its values.
+ */
+export function mainLossRange(ax, ys, state) {
+  const sh = state.shadow;
+  if (!sh || !sh.x.length || ax.range) return;
+  const log = ax.type === "log";
+  const f = (v) => (v === null || !Number.isFinite(v) || (log && v <= 0) ? null : log ? Math.log10(v) : v);
+  const main = ys.map(f).filter((v) => v !== null);
+  const theirs = sh.loss.map(f).filter((v) => v !== null);
+  if (!main.length || !theirs.length) return;
+  const lo = Math.min(...main);
+  const hi = Math.max(...main);
+  const span = Math.max(hi - lo, log ? 0.5 : Math.abs(hi) * 0.1 || 1e-3);
+  if (Math.max(...theirs) <= hi + span && Math.min(...theirs) >= lo - span) return; // both fit
+  ax.range = [lo - 0.1 * span, hi + 0.6 * span];
+  ax.autorange = false;
+}
+
 /** Restyle the what-if traces of a drawn loss chart (new shadow points, markers). */
 export function restyleShadow(gd, state) {
   if (!gd.data || gd.data.length < SHADOW_TRACES) return;
@@ -104,6 +125,12 @@ export function restyleShadow(gd, state) {
     },
     t.map((_, i) => first + i),
   );
+  const fl = gd._fullLayout;
+  const user = gd.layout && gd.layout.yaxis && gd.layout.yaxis.autorange === false;
+  if (!fl || !fl.yaxis || user) return;
+  const ax = { type: fl.yaxis.type };
+  mainLossRange(ax, Array.from(gd.data[0].y || []), state);
+  if (ax.range) Plotly.relayout(gd, { "yaxis.range": ax.range, "yaxis.autorange": false });
 }
 
 export class WhatIf {

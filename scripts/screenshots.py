@@ -50,6 +50,17 @@ PLANS: dict[str, dict[str, Any]] = {
         "hist": "8.weight",
         "flow": "norm",
     },
+    # what-if (issue 16): the same run with its shadow, the run without the clip, dashed; the
+    # difference chart open. The other pictures are taken with --no-shadow.
+    "exploding-whatif": {
+        "scenario": "exploding",
+        "extra": [],
+        "diff": True,
+        "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
+        "stop": 110,
+        "hist": "8.weight",
+        "flow": "norm",
+    },
     "nan": {
         "actions": [(10, "add", {"kind": "nan_guard", "target": "*", "params": {"action": "skip"}})],
         "stop": 90,
@@ -114,7 +125,14 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
     plan = PLANS[scenario]
     with (
         tempfile.TemporaryDirectory() as log_dir,
-        start_demo(Path(log_dir), scenario=scenario, rate=10, cwd=REPO, timeout=120) as server,
+        start_demo(
+            Path(log_dir),
+            scenario=plan.get("scenario", scenario),
+            rate=10,
+            cwd=REPO,
+            timeout=120,
+            extra=plan.get("extra", ["--no-shadow"]),
+        ) as server,
     ):
         api = Api(server.base)
         api.call("POST", "/api/training/pause")
@@ -134,6 +152,7 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
         api.run_to(plan["stop"])
         last = api.step()
         sampled = api.call("GET", "/api/snapshots?limit=1")["snapshots"][-1]["step"]  # the newest snapshot
+        show_diff(page, plan)
         paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
         page.close()
         for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
@@ -142,6 +161,7 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
             small.goto(api.base + "/")
             small.get_by_test_id("connection-status").filter(has_text="live").wait_for()
             set_views(small, plan)
+            show_diff(small, plan)
             paths.append(settle_and_shoot(small, last, sampled, out / f"dashboard-{scenario}-{width}.png"))
             small.close()
         if errors:
@@ -158,6 +178,22 @@ def set_views(page: Any, plan: dict[str, Any]) -> None:
     if plan["hist"]:
         page.get_by_test_id("hist-param").select_option(plan["hist"])
     page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+
+
+def show_diff(page: Any, plan: dict[str, Any]) -> None:
+    """What-if pictures: the shadow drawn, and its difference chart open."""
+    if not plan.get("diff"):
+        return
+    page.wait_for_function(
+        """() => { const gd = document.querySelector('[data-testid="chart-loss"]');
+          return (gd.data || []).some((t) => String(t.name).startsWith("shadow") && t.x.length > 10); }""",
+        timeout=60_000,
+    )
+    page.get_by_test_id("shadow-diff").click()
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-testid=\"chart-shadow-diff\"]').dataset.points) > 10",
+        timeout=60_000,
+    )
 
 
 def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:

@@ -196,7 +196,9 @@ class HistoryReader:
         return [{"id": i, "branch": k, "branch_step": b, "label": lb, "steps": s} for i, k, b, lb, s in rows]
 
     def latest_run_id(self) -> int | None:
-        rows = self._all("SELECT MAX(id) FROM runs")
+        """The newest run of its own (a branch, `parent_run` set, belongs to its run)."""
+        branches = "parent_run" in {r[1] for r in self._all("PRAGMA table_info(runs)")}
+        rows = self._all("SELECT MAX(id) FROM runs" + (" WHERE parent_run IS NULL" if branches else ""))
         return rows[0][0] if rows else None
 
     # -- snapshots and scalars -----------------------------------------------------------------------

@@ -49,7 +49,15 @@ def test_runs_snapshots_scalars_events_hooks(tmp_path):
     assert store.hooks(run) == (1, [{"id": "h1", "kind": "freeze"}])
     runs = store.runs(live_run=run)
     assert runs == [
-        {"id": 1, "started": runs[0]["started"], "scenario": "mlp", "steps": 5, "params": 1, "live": True}
+        {
+            "id": 1,
+            "started": runs[0]["started"],
+            "scenario": "mlp",
+            "steps": 5,
+            "params": 1,
+            "live": True,
+            "branches": [],
+        }
     ]
     assert store.run(run)["meta"] == {"mode": "demo"}
     store.close()

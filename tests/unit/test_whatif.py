@@ -247,3 +247,34 @@ def test_compare_runs_two_branches_from_the_same_state():
     assert cmp.b.hooks[0]["kind"] == "clip_norm" and cmp.a.hooks == []
     with pytest.raises(inspector.HookError, match="hooks_b"):
         inspector.compare(model, opt, step, batches, hooks_b="clip")
+
+
+def test_a_comparison_is_saved_and_served_as_a_run_and_its_branch(tmp_path):
+    import httpx
+
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.ones(4, 3) * i, torch.zeros(4, 1)) for i in range(5)]
+
+    def step(batch):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        return loss
+
+    cmp = inspector.compare(
+        model, opt, step, batches, hooks_b=[{"kind": "scale", "target": "*", "params": {"factor": 0.5}}]
+    )
+    url = cmp.serve(db=tmp_path / "cmp.sqlite")
+    try:
+        c = httpx.Client(base_url=url.rstrip("/"), trust_env=False, timeout=10)
+        (run,) = c.get("/api/runs").json()["runs"]
+        (b,) = run["branches"]
+        assert b["branch"] == "shadow" and b["branch_step"] == 0 and b["label"] == "B: scale on '*'"
+        losses = [r["loss"] for r in c.get("/api/scalars", params={"run": b["id"]}).json()["scalars"]]
+        assert losses == cmp.b.losses
+        assert c.post("/api/hooks", json={"kind": "freeze"}).status_code == 403
+        c.close()
+    finally:
+        cmp.close()
