@@ -187,7 +187,7 @@ export class WhatIf {
     );
     card.querySelector(".card-head").after(this.bar);
     this.diffEl = h("div", {
-      class: "chart diff",
+      class: "diff-chart",
       dataset: { testid: SELECTORS.chartShadowDiff },
       hidden: true,
     });

@@ -10,7 +10,9 @@ dashboard in Debian's Chromium (Python Playwright, launched by tests/support.py'
 suggests (a hook added part-way, so its marker and effect show), pauses, waits until the page
 has drawn the last step, and saves `docs/dashboard-<scenario>.png` (1440x900) and, from the same
 paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768), both full-page. Training is driven step
-by step near each hook, so the pictures are the same from run to run up to timing noise.
+by step near each hook, so the pictures are the same from run to run up to timing noise. The
+scenario pictures are taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its
+shadow comparison (the run without the clip, dashed) and the difference chart open.
 """
 
 from __future__ import annotations

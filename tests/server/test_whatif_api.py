@@ -226,3 +226,32 @@ def test_user_mode_refuses_a_shadow_with_the_reason():
         c.close()
     finally:
         insp.close()
+
+
+def test_the_html_report_draws_a_runs_branches(tmp_path):
+    from server.report import collect
+    from server.storage import HistoryStore
+
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.ones(4, 3) * i, torch.zeros(4, 1)) for i in range(6)]
+
+    def step(batch):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        return loss
+
+    clip = [{"kind": "clip_norm", "target": "*", "params": {"max_norm": 0.1}}]
+    cmp = inspector.compare(model, opt, step, batches, hooks_b=clip)
+    run_a, run_b = cmp.save(tmp_path / "cmp.sqlite")
+    store = HistoryStore(tmp_path / "cmp.sqlite", read_only=True)
+    try:
+        data = collect(store, run_a)
+        (b,) = data["branches"]
+        assert b["id"] == run_b and b["branch"] == "shadow" and b["label"] == "B: clip_norm on '*'"
+        assert b["loss"]["values"] == cmp.b.losses and b["steps"] == list(range(1, 7))
+        assert max(b["total_norm"]) <= 0.1 * (1 + 1e-5) < max(data["total_norm"])
+    finally:
+        store.close()
