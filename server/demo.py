@@ -173,7 +173,7 @@ class Trainer:
                     delay = t0 + 1.0 / rate - time.monotonic() if rate else 0.0
                     if delay <= 0:
                         break
-                    self._wake.wait(delay)
+                    self._wake.wait(min(delay, 60.0))  # (a tiny rate: a wait too long for the OS timer)
                     self._wake.clear()
                     if self._service:
                         self._between_steps()
