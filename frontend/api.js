@@ -107,6 +107,11 @@ export const api = {
     request("GET", "/api/scalars", { params: { since, until, limit, points, buckets, run } }),
   events: ({ since, run } = {}) => request("GET", "/api/events", { params: { since, run } }),
   runs: () => request("GET", "/api/runs"),
+  checkpoints: () => request("GET", "/api/checkpoints"),
+  rewind: (id) => request("POST", `/api/checkpoints/${encodeURIComponent(id)}/rewind`),
+  shadow: () => request("GET", "/api/shadow"),
+  startShadow: () => request("POST", "/api/shadow"),
+  stopShadow: () => request("DELETE", "/api/shadow"),
 };
 
 /**

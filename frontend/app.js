@@ -15,6 +15,7 @@ import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
 import { timeControls } from "./timecontrols.js";
 import { Timeline } from "./timeline.js";
 import { debounce, fmt, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
+import { WhatIf } from "./whatif.js";
 import { Connection } from "./ws.js";
 
 const $ = (key) => byTestId(SELECTORS[key]); // an element of the page, by its SELECTORS key
@@ -71,6 +72,18 @@ class Dashboard {
       note: (text) => this.localEvent("history", text),
     });
 
+    this.whatif = new WhatIf({
+      card: $("chartLoss").closest(".card"),
+      loss: this.loss,
+      view: () => this.view,
+      live: () => this.live,
+      mark: (fn) => this.scheduler.mark(fn),
+      note: (text) => this.localEvent("what-if", text),
+    });
+    this.whatif.onRewound = () => {
+      this.resetCharts();
+      this.showStep();
+    };
     this.dialog = new PresetDialog($("presetDialog"));
     this.panel = new HookPanel({
       state: this.live,
@@ -207,6 +220,10 @@ class Dashboard {
       case "error":
         this.localEvent("server_error", errorText({ data: msg })); // `detail` as in an HTTP error
         break;
+      case "shadow":
+      case "shadow_state":
+        this.whatif.onMessage(msg);
+        break;
       default:
         break; // ack: mutations go over HTTP; the subscribe ack needs nothing
     }
@@ -214,13 +231,14 @@ class Dashboard {
 
   addEvent(ev) {
     if (!this.live.addEvent(ev)) return;
+    this.whatif.onEvent(ev);
     if (ev.kind === "scenario_reset") {
       this.resetStep = num(ev.step);
       if (this.view === this.live) this.showSession();
     }
     if (this.view !== this.live) return;
     this.log.addServerEvent(ev);
-    if (["hook_applied", "nonfinite", "step_skipped", "scenario_reset"].includes(ev.kind)) {
+    if (["hook_applied", "nonfinite", "step_skipped", "scenario_reset", "rewind"].includes(ev.kind)) {
       this.scheduler.mark((p, name) => (name === "loss" || name === "heatmap") && (p.markers = true));
       this.statsDirty = true;
     }
@@ -298,6 +316,7 @@ class Dashboard {
     if (this.view === live) this.resetCharts();
     this.showSession();
     this.loadRuns();
+    if (this.view === live) this.whatif.load();
     if (this.pendingRun !== undefined) {
       const run = this.pendingRun;
       this.pendingRun = undefined;
@@ -310,6 +329,7 @@ class Dashboard {
   /** Cheap updates on every frame: counters, stats, hook effects. */
   everyFrame() {
     this.showStep();
+    this.whatif.bind();
     if (!this.statsDirty) return;
     this.statsDirty = false;
     this.showStats();
@@ -619,7 +639,7 @@ class Dashboard {
     if (!res.ok) return;
     const runs = (res.data.runs || []).slice().sort((a, b) => num(b.id) - num(a.id));
     picker.replaceChildren(
-      ...runs.map((r) =>
+      ...runs.flatMap((r) => [
         h(
           "option",
           { value: String(r.id) },
@@ -627,7 +647,8 @@ class Dashboard {
             r.live ? "live" : `${num(r.steps) ?? 0} step${num(r.steps) === 1 ? "" : "s"}`
           } · ${fmtShortDate(r.started)}`,
         ),
-      ),
+        ...branchOptions(r.branches || [], 1), // what-if: shadows and abandoned branches, under their run
+      ]),
     );
     picker.value = String(this.view.runId ?? this.live.runId);
   }
@@ -666,6 +687,7 @@ class Dashboard {
       `Run ${state.runId}${state.training.scenario ? ` (${state.training.scenario})` : ""}: stored history, ${state.snapshots.length} sampled steps up to step ${state.step}. Read-only.`;
     $("runPicker").value = String(state.runId);
     setRunInUrl(state.runId);
+    this.whatif.load();
   }
 
   backToLive() {
@@ -680,6 +702,7 @@ class Dashboard {
     this.subscribeHist();
     $("runPicker").value = String(this.live.runId);
     setRunInUrl(null);
+    this.whatif.load();
   }
 
   renderLog() {
@@ -689,6 +712,18 @@ class Dashboard {
       else this.log.addServerEvent(ev);
     }
   }
+}
+
+/** Options for a run's branches (and theirs), indented under it. */
+function branchOptions(branches, depth) {
+  return branches.flatMap((b) => [
+    h(
+      "option",
+      { value: String(b.id), dataset: { branch: b.branch || "" } },
+      `${"\u00a0\u00a0".repeat(depth)}↳ #${b.id} ${b.label || b.branch} (after step ${b.branch_step})`,
+    ),
+    ...branchOptions(b.branches || [], depth + 1),
+  ]);
 }
 
 function pushLoss(pending, step, loss) {

@@ -19,6 +19,7 @@ import {
 import { decadeTicks, logTicks, logTicksIn, shortName, sparseTicks } from "./ticks.js";
 import { MAX_SNAPSHOTS } from "./state.js";
 import { log10OrNull, num, plotlyText, plottable, positive } from "./util.js";
+import { mainLossRange, restyleShadow, shadowTraces } from "./whatif.js";
 
 const Plotly = window.Plotly;
 
@@ -145,7 +146,9 @@ export function markerShapes(markers) {
           ? (HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[1]
           : m.kind === "reset"
             ? COLORS.reset
-            : COLORS.nonfinite,
+            : m.kind === "branch"
+              ? COLORS.branch
+              : COLORS.nonfinite,
       width: 1,
       dash: "dash",
     },
@@ -234,6 +237,7 @@ export class LossChart {
     const range = this.timeline ? this.timeline.range(state) : null;
     const annotations = [];
     const lossAxis = this.lossAxis(state, d.lossY);
+    mainLossRange(lossAxis, d.lossY, state); // what-if: a diverging shadow leaves the main loss readable
     if (this.clipNote) {
       annotations.push({
         text: this.clipNote,
@@ -335,6 +339,7 @@ export class LossChart {
       this.nonfiniteTrace(state, rows),
       ...this.compareTraces(state.compare),
       ...this.markerTraces(state.markers),
+      ...shadowTraces(state), // what-if (whatif.js): last, so the indices above stay
     ];
   }
 
@@ -470,6 +475,7 @@ export class LossChart {
   }
 
   update(state, news) {
+    if (news.shadow || news.markers) restyleShadow(this.el, state);
     if (this.base.loss || this.base.rows) {
       // Older history ahead of the streamed points: extendTraces would cut the history's
       // front as the window moves, so redraw it all (the scheduler spaces costly draws out).

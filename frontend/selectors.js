@@ -66,6 +66,17 @@ export const SELECTORS = {
   restartDismiss: "restart-dismiss",
   exportCsv: "export-csv",
   exportPng: "export-png",
+  // what-if (whatif.js)
+  whatifBar: "whatif-bar",
+  compareHere: "compare-here",
+  shadowStatus: "shadow-status",
+  shadowDiff: "shadow-diff",
+  shadowEnd: "shadow-end",
+  chartShadowDiff: "chart-shadow-diff",
+  checkpoints: "checkpoints",
+  rewindCheckpoint: "rewind-checkpoint",
+  markerPop: "marker-pop",
+  markerRewind: "marker-rewind",
 };
 
 /** `hook-param-<name>`: a parameter field, in a hook row and in the add-hook form. */

@@ -250,6 +250,9 @@ export function markerFor(ev) {
   if (ev.kind === "nonfinite" || ev.kind === "step_skipped") {
     return { x, kind: "nonfinite", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
   }
+  if (ev.kind === "rewind") {
+    return { x, kind: "branch", text: plotlyText(`step ${x}: branch · ${describeEvent(ev)}`) };
+  }
   if (ev.kind === "scenario_reset") {
     return { x, kind: "reset", text: plotlyText(`step ${x}: scenario reset · ${describeEvent(ev)}`) };
   }

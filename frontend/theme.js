@@ -20,6 +20,7 @@ export const COLORS = {
   reset: "#f0883e",
   compareLoss: "#c3f0c8",
   compareNorm: "#ffd8b0",
+  branch: "#f778ba",
 };
 
 // A hook change's marker on the time charts, by action: [symbol, colour] (the hover names

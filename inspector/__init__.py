@@ -9,7 +9,8 @@ This package imports torch only: no web framework is imported until ``serve()``.
 """
 
 from ._version import __version__
-from .errors import AttachError, HookError, HookNotFound, InspectorError
+from .compare import Comparison, compare
+from .errors import AttachError, CheckpointError, CheckpointNotFound, HookError, HookNotFound, InspectorError
 from .handles import HookHandle
 from .inspector import Inspector, attach
 from .kinds import POINTS, hook_kinds
@@ -32,4 +33,8 @@ __all__ = [
     "HookError",
     "HookNotFound",
     "AttachError",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "compare",
+    "Comparison",
 ]

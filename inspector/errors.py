@@ -6,7 +6,9 @@ The hierarchy::
     ├── HookError             invalid input (a ValueError): kind, point, target or a parameter;
     │                         ``.loc`` names the field, ``.msg`` says what is wrong
     ├── HookNotFound          no hook with that id (a KeyError)
-    └── AttachError           attach() was given something it cannot inspect (a TypeError)
+    ├── AttachError           attach() was given something it cannot inspect (a TypeError)
+    └── CheckpointError       a checkpoint or rewind that cannot be right here (the reason says why)
+        └── CheckpointNotFound  no checkpoint with that id (a KeyError): never taken, or no longer kept
 
 Invalid input never changes anything: the registry validates a whole edit before it
 queues or applies it.
@@ -20,7 +22,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["InspectorError", "HookError", "HookNotFound", "AttachError", "cut", "describe_error", "shown"]
+__all__ = [
+    "InspectorError",
+    "HookError",
+    "HookNotFound",
+    "AttachError",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "cut",
+    "describe_error",
+    "shown",
+]
 
 SHOWN_LIMIT = 300  # characters of a user value quoted in a message
 
@@ -94,3 +106,18 @@ class HookNotFound(InspectorError, KeyError):
 
 class AttachError(InspectorError, TypeError):
     """``attach()`` was given a model or optimizer it cannot inspect."""
+
+
+class CheckpointError(InspectorError):
+    """A checkpoint or rewind refused: ``str(err)`` says why (checkpoints off, torch.distributed ...)."""
+
+
+class CheckpointNotFound(CheckpointError, KeyError):
+    """No checkpoint with this id: never requested, or dropped (only the newest ``keep`` are kept)."""
+
+    def __init__(self, cp_id: Any, keep: int) -> None:
+        self.cp_id = cp_id
+        super().__init__(f"no checkpoint {shown(cp_id)} (only the newest {keep} are kept)")
+
+    def __str__(self) -> str:
+        return self.args[0]

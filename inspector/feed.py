@@ -76,6 +76,17 @@ class Feed:
                     self.snapshots[i] = snap
                     return
 
+    def drop_after(self, step: int, seqs: tuple[int, int]) -> None:
+        """Forget the ring's snapshots past ``step`` and its events with ``seqs[0] < seq <= seqs[1]``
+        (a rewind: they belong to the abandoned branch)."""
+        with self._lock:
+            kept = [s for s in self.snapshots if s.step <= step]
+            self.snapshots.clear()
+            self.snapshots.extend(kept)
+            events = [e for e in self.events if not seqs[0] < e["seq"] <= seqs[1]]
+            self.events.clear()
+            self.events.extend(events)
+
     # ------------------------------------------------------------ consumer side
     def subscribe(self, callback: Callback, *, lossless: bool = False) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` on the dispatcher thread; see the module docstring."""

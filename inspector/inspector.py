@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from . import amp, distributed
+from .checkpoints import DEFAULT_KEEP, Checkpoints
 from .dashboard import Dashboard
 from .deferred import Deferred
 from .edits import Edits
@@ -48,6 +49,7 @@ from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
 from .owned import OwnedHook, claim, release
 from .registry import PRESET_FORMAT, Registry
+from .rewinding import Rewinding
 from .scalars import Recorder, check_scalars
 from .sharded import layout_of
 from .step_stats import StepStats
@@ -59,7 +61,7 @@ from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, re
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
 
 
-class Inspector(StepLifecycle, Dashboard):
+class Inspector(Rewinding, StepLifecycle, Dashboard):
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
 
     def __init__(
@@ -73,6 +75,7 @@ class Inspector(StepLifecycle, Dashboard):
         hist_every: int = 10,
         per_rank_stats: bool = True,
         dist_timeout: float = 60.0,
+        checkpoints: int = DEFAULT_KEEP,
     ) -> None:
         if isinstance(optimizer, list | tuple):
             raise AttachError(
@@ -125,6 +128,7 @@ class Inspector(StepLifecycle, Dashboard):
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         self._init_step_state()
+        self._branches = Checkpoints(self, checkpoints)  # checkpoint() and rewind(): inspector.checkpoints
         self._server: Any = None
         self._closer: int | None = None  # the thread inside close(), until it has finished
 
@@ -444,6 +448,7 @@ def attach(
     hist_every: int = 10,
     per_rank_stats: bool = True,
     dist_timeout: float = 60.0,
+    checkpoints: int = DEFAULT_KEEP,
 ) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
@@ -462,6 +467,8 @@ def attach(
             rank named in NaN/Inf events. Off saves that hook's cost (see bench/ddp_overhead.py).
         dist_timeout: under ``torch.distributed``, seconds a rank waits in the inspector's
             control collective before it gives up coordinating (a peer raised or exited).
+        checkpoints: how many checkpoints (``insp.checkpoint()``, and the dashboard's automatic
+            one before each hook change) are kept in host memory; 0 turns them off.
 
     Under ``torch.distributed`` (an initialised process group of 2 or more) call ``attach`` on
     every rank, at the same point: it creates a gloo control group (a collective call).
@@ -478,4 +485,5 @@ def attach(
         hist_every=hist_every,
         per_rank_stats=per_rank_stats,
         dist_timeout=dist_timeout,
+        checkpoints=checkpoints,
     )

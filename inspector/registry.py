@@ -253,6 +253,13 @@ class Registry:
         new = [replace(s, id=self._new_id()) for s in new]  # ids only once every item is valid
         return self._commit("import", None, list(self.requested), new, new)
 
+    def restore(self, config: tuple[HookSpec, ...], fns: Mapping[str, Callable[[str, Any], Any]]) -> Change:
+        """A change (action ``rewind``) back to a saved config: its specs, ids and callables. Hook
+        ids keep counting up, so a hook added after a rewind never takes an id of the old branch."""
+        self.fns.update(fns)
+        config_list = list(config)
+        return self._commit("rewind", None, list(self.requested), config_list, config_list)
+
     def adopt(self, changes: list[Change]) -> None:
         """Queue changes made on another rank (rank 0): the config they carry replaces ours."""
         for ch in changes:

@@ -91,6 +91,7 @@ class Recorder:
         self.late: Records = {}  # made after the last boundary, before the next step got under way
         self.pending: list[tuple[int, Records]] = []  # unsampled steps', oldest first
         self.last_published = 0  # the last step whose snapshot went out
+        self.discard_late = False  # a rewind: the late records still to come belong to the abandoned step
 
     def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
         accumulate(self.late if late else self.current, vals)
@@ -150,6 +151,8 @@ class Recorder:
         N was not sampled, and into N's snapshot in the feed's ring when it was."""
         with self._lock:
             late, self.late = self.late, {}
+            if self.discard_late:
+                self.discard_late, late = False, {}
         if not late:
             return
         if self.pending and self.pending[-1][0] == step:

@@ -10,7 +10,9 @@ dashboard in Debian's Chromium (Python Playwright, launched by tests/support.py'
 suggests (a hook added part-way, so its marker and effect show), pauses, waits until the page
 has drawn the last step, and saves `docs/dashboard-<scenario>.png` (1440x900) and, from the same
 paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768), both full-page. Training is driven step
-by step near each hook, so the pictures are the same from run to run up to timing noise.
+by step near each hook, so the pictures are the same from run to run up to timing noise. The
+scenario pictures are taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its
+shadow comparison (the run without the clip, dashed) and the difference chart open.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ PLANS: dict[str, dict[str, Any]] = {
     "exploding": {
         "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
         "stop": 140,
+        "hist": "8.weight",
+        "flow": "norm",
+    },
+    # what-if (issue 16): the same run with its shadow, the run without the clip, dashed; the
+    # difference chart open. The other pictures are taken with --no-shadow.
+    "exploding-whatif": {
+        "scenario": "exploding",
+        "extra": [],
+        "diff": True,
+        "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
+        "stop": 110,
         "hist": "8.weight",
         "flow": "norm",
     },
@@ -114,7 +127,14 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
     plan = PLANS[scenario]
     with (
         tempfile.TemporaryDirectory() as log_dir,
-        start_demo(Path(log_dir), scenario=scenario, rate=10, cwd=REPO, timeout=120) as server,
+        start_demo(
+            Path(log_dir),
+            scenario=plan.get("scenario", scenario),
+            rate=10,
+            cwd=REPO,
+            timeout=120,
+            extra=plan.get("extra", ["--no-shadow"]),
+        ) as server,
     ):
         api = Api(server.base)
         api.call("POST", "/api/training/pause")
@@ -134,6 +154,7 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
         api.run_to(plan["stop"])
         last = api.step()
         sampled = api.call("GET", "/api/snapshots?limit=1")["snapshots"][-1]["step"]  # the newest snapshot
+        show_diff(page, plan)
         paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
         page.close()
         for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
@@ -142,6 +163,7 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
             small.goto(api.base + "/")
             small.get_by_test_id("connection-status").filter(has_text="live").wait_for()
             set_views(small, plan)
+            show_diff(small, plan)
             paths.append(settle_and_shoot(small, last, sampled, out / f"dashboard-{scenario}-{width}.png"))
             small.close()
         if errors:
@@ -158,6 +180,22 @@ def set_views(page: Any, plan: dict[str, Any]) -> None:
     if plan["hist"]:
         page.get_by_test_id("hist-param").select_option(plan["hist"])
     page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+
+
+def show_diff(page: Any, plan: dict[str, Any]) -> None:
+    """What-if pictures: the shadow drawn, and its difference chart open."""
+    if not plan.get("diff"):
+        return
+    page.wait_for_function(
+        """() => { const gd = document.querySelector('[data-testid="chart-loss"]');
+          return (gd.data || []).some((t) => String(t.name).startsWith("shadow") && t.x.length > 10); }""",
+        timeout=60_000,
+    )
+    page.get_by_test_id("shadow-diff").click()
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-testid=\"chart-shadow-diff\"]').dataset.points) > 10",
+        timeout=60_000,
+    )
 
 
 def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:

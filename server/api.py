@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from . import protocol as p
@@ -247,3 +247,65 @@ def events(
 ) -> dict[str, Any]:
     """Events with seq > since, oldest first."""
     return {"events": source.events(run, since=since, limit=limit)}
+
+
+# -- what-if: checkpoints, rewind, the demo's shadow comparison (server/whatif.py) --------------------
+_WHATIF = {409: {"model": p.ErrorBody, "description": "refused here: `detail` says why"}}
+CheckpointId = Annotated[str, Path(min_length=1, max_length=64, description="a checkpoint id, e.g. c2")]
+
+
+@router.get("/checkpoints", response_model=None, tags=["what-if"], responses=_UNKNOWN)
+def list_checkpoints(source: SourceDep) -> dict[str, Any]:
+    """The checkpoints kept in host memory (newest `keep`), their bytes, and `refused`: why
+    checkpoints cannot be taken here (null when they can)."""
+    return source.checkpoints()
+
+
+@router.post(
+    "/checkpoints",
+    status_code=202,
+    response_model=None,
+    tags=["what-if"],
+    responses={**_COMMAND, **_WHATIF},
+)
+def take_checkpoint(source: SourceDep, body: p.CheckpointBody | None = None) -> dict[str, Any]:
+    """Save the model, optimizer and inspector state at the next step boundary (`taken` false
+    until then)."""
+    return source.checkpoint(body.label if body is not None else None)
+
+
+@router.post(
+    "/checkpoints/{cp_id}/rewind",
+    status_code=202,
+    response_model=None,
+    tags=["what-if"],
+    responses={**_COMMAND, **_UNKNOWN, **_WHATIF},
+)
+def rewind(source: SourceDep, cp_id: CheckpointId) -> dict[str, Any]:
+    """Go back to a checkpoint at the next step boundary: state, step counter and hooks; the
+    abandoned steps stay in the history as a branch run (`/api/runs`)."""
+    return source.rewind(cp_id)
+
+
+@router.get("/shadow", response_model=None, tags=["what-if"])
+def shadow(source: SourceDep) -> dict[str, Any]:
+    """The demo's comparison: the running (or last) shadow and its points; `active: false` and
+    no `run` when there has been none (or this is not a demo)."""
+    state = source.shadow_state()
+    return state if state is not None else {"active": False, "run": None, "branch_step": None, "label": None}
+
+
+@router.post(
+    "/shadow", status_code=202, response_model=None, tags=["what-if"], responses={**_COMMAND, **_WHATIF}
+)
+def shadow_start(source: SourceDep) -> dict[str, Any]:
+    """ "Compare from here": a checkpoint now and a shadow copy trained from it on the same batches
+    with the current hooks, while later hook changes apply to the main run only. Demo only."""
+    return source.shadow_start()
+
+
+@router.delete("/shadow", status_code=204, response_model=None, tags=["what-if"], responses=_WHATIF)
+def shadow_stop(source: SourceDep) -> Response:
+    """End the comparison; what it recorded stays in the history."""
+    source.shadow_stop()
+    return Response(status_code=204)

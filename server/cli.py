@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start training at once instead of waiting for the first page to connect",
     )
+    demo.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="do not start a shadow comparison at each hook change from the page (the page's "
+        "'compare from here' still does; a shadow costs a second training step per step)",
+    )
     demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
     demo.add_argument(
         "--threads",
@@ -309,7 +315,13 @@ def run_demo(args: argparse.Namespace) -> int:
         insp.close()
         raise _Fail(str(e)) from None
     scenario = {"name": sc.name, "description": sc.description, "try_this": getattr(sc, "try_this", None)}
-    trainer = Trainer(sc, insp, steps_per_second=args.steps_per_second, wait_for_client=not args.no_wait)
+    trainer = Trainer(
+        sc,
+        insp,
+        steps_per_second=args.steps_per_second,
+        wait_for_client=not args.no_wait,
+        auto_shadow=not args.no_shadow,
+    )
     source = LiveSource(
         insp,
         mode="demo",

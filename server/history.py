@@ -126,28 +126,51 @@ class HistoryReader:
 
     # -- runs ----------------------------------------------------------------------------------------
 
+    def _branch_cols(self) -> str:
+        """The branch columns of `runs`, NULL where a database from before them lacks them."""
+        have = {r[1] for r in self._all("PRAGMA table_info(runs)")}
+        return ", ".join(
+            c if c in have else f"NULL AS {c}" for c in ("parent_run", "branch_step", "branch", "label")
+        )
+
     def runs(self, live_run: int | None = None) -> list[dict[str, Any]]:
-        """Every run, newest first: `{"id", "started", "scenario", "steps", "params", "live"}`."""
-        rows = self._all("SELECT id, started, scenario, last_step, params FROM runs ORDER BY id DESC")
-        return [
-            {
+        """Every run of its own, newest first: `{"id", "started", "scenario", "steps", "params", "live",
+        "branches"}`; `branches` lists the runs that branched from it (oldest first), each
+        `{"id", "started", "steps", "branch", "branch_step", "label", "live"}` with its own
+        `branches` (a branch of a branch)."""
+        rows = self._all(
+            f"SELECT id, started, scenario, last_step, params, {self._branch_cols()} FROM runs ORDER BY id DESC"
+        )
+        children: dict[int, list[dict[str, Any]]] = {}
+        out: list[dict[str, Any]] = []
+        known = {r[0] for r in rows}
+        for i, st, sc, last, p, parent, bstep, kind, label in reversed(rows):  # oldest first
+            item: dict[str, Any] = {
                 "id": i,
                 "started": st,
                 "scenario": sc,
                 "steps": last,
                 "params": len(json.loads(p)),
                 "live": i == live_run,
+                "branches": children.setdefault(i, []),
             }
-            for i, st, sc, last, p in rows
-        ]
+            if parent is not None and parent in known:
+                children.setdefault(parent, []).append(
+                    {**item, "branch": kind, "branch_step": bstep, "label": label, "parent_run": parent}
+                )
+            else:
+                out.append(item)
+        return out[::-1]
 
     def run(self, run_id: int) -> dict[str, Any] | None:
         rows = self._all(
-            "SELECT id, started, scenario, params, modules, meta, last_step FROM runs WHERE id = ?", (run_id,)
+            f"SELECT id, started, scenario, params, modules, meta, last_step, {self._branch_cols()}"
+            " FROM runs WHERE id = ?",
+            (run_id,),
         )
         if not rows:
             return None
-        i, st, sc, params, modules, meta, last = rows[0]
+        i, st, sc, params, modules, meta, last, parent, bstep, kind, label = rows[0]
         return {
             "id": i,
             "started": st,
@@ -156,10 +179,26 @@ class HistoryReader:
             "modules": json.loads(modules),
             "meta": json.loads(meta),
             "last_step": last,
+            "parent_run": parent,
+            "branch_step": bstep,
+            "branch": kind,
+            "label": label,
         }
 
+    def branches_of(self, run_id: int) -> list[dict[str, Any]]:
+        """The runs that branched from `run_id`, oldest first: `{"id", "branch", "branch_step", "label", "steps"}`."""
+        if "parent_run" not in {r[1] for r in self._all("PRAGMA table_info(runs)")}:
+            return []
+        rows = self._all(
+            "SELECT id, branch, branch_step, label, last_step FROM runs WHERE parent_run = ? ORDER BY id",
+            (run_id,),
+        )
+        return [{"id": i, "branch": k, "branch_step": b, "label": lb, "steps": s} for i, k, b, lb, s in rows]
+
     def latest_run_id(self) -> int | None:
-        rows = self._all("SELECT MAX(id) FROM runs")
+        """The newest run of its own (a branch, `parent_run` set, belongs to its run)."""
+        branches = "parent_run" in {r[1] for r in self._all("PRAGMA table_info(runs)")}
+        rows = self._all("SELECT MAX(id) FROM runs" + (" WHERE parent_run IS NULL" if branches else ""))
         return rows[0][0] if rows else None
 
     # -- snapshots and scalars -----------------------------------------------------------------------

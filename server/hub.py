@@ -89,6 +89,14 @@ class ClientQueue:
 
     # -- producer side (event loop, synchronous) -----------------------------------------------------
 
+    def rewound(self, step: int) -> None:
+        """The run went back to `step` (a rewind): newer snapshots waiting here are of the abandoned
+        branch, and the new branch's steps, at or below the last one sent, must go out."""
+        if self.snapshot is not None and self.snapshot_step > step:
+            self.snapshot = None
+        self.scalars = None
+        self.last_step = min(self.last_step, step)
+
     def offer(self, kind: str, text: str, *, step: int | None = None, seq: int | None = None) -> None:
         if self.close_code is not None:
             return
@@ -214,7 +222,10 @@ class ClientHub:
         step = payload.get("step") if kind == "snapshot" else None
         seq = payload.get("seq") if kind == "event" else None
         self.published += 1
+        rewound = kind == "event" and payload.get("kind") == "rewind"
         for client in list(self.clients.values()):
+            if rewound:
+                client.rewound(int(payload.get("step") or 0))
             client.offer(kind, text, step=step, seq=seq)
 
     def close_all(self, code: int = WS_1001_GOING_AWAY, reason: str = "server shutting down") -> None:

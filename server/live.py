@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from . import whatif
 from .history import select, select_buckets, values_of
 from .protocol import dumps
 from .sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
@@ -75,6 +76,7 @@ class LiveSource(Source):
         self.owns_inspector = owns_inspector
         self.history_outlives_server = history_outlives_server
         self.run_id = 0 if store is None else None
+        self.whatif = getattr(trainer, "whatif", None)  # the demo's shadow comparisons (shadow.py)
         self.started = time.time()
         self._publish: Publish | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -105,10 +107,18 @@ class LiveSource(Source):
                 meta={"mode": self.mode, "scenario": self.scenario},
             )
             self.store.start_writer(on_status=self._history_status)
+        if self.whatif is not None:
+            self.whatif.store, self.whatif.parent_run = self.store, self.run_id
+            self.whatif.publish = self._publish_now  # the hub's, while the server runs
         # lossless: the history records every step; slow browsers are coalesced per client (hub.py)
         self._unsubscribe = self.insp.subscribe(self._on_message, lossless=True)
         if self.store is not None and self.run_id is not None:
             self.store.add_hooks(self.run_id, self.insp.config_version, self.insp.hooks())
+
+    def _publish_now(self, kind: str, payload: Any, text: str | None = None) -> None:
+        publish = self._publish
+        if publish is not None:
+            publish(kind, payload, text)
 
     def start(self, publish: Publish) -> None:
         self.record()
@@ -164,12 +174,43 @@ class LiveSource(Source):
                     store.add_event(run, payload)
                 elif kind == "hooks":
                     store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
+            if kind == "event" and payload.get("kind") == "rewind":
+                self._rewound(payload)
+            elif kind == "hooks" and self.whatif is not None:
+                self.whatif.hooks_changed(payload["hooks"])
             if self._publish is not None:
                 self._publish(kind, payload, text)
         except Exception:  # never raise into the core's dispatcher
             self.callback_errors += 1
             if self.callback_errors == 1:
                 log.exception("gradient-inspector server: failed to handle a %r message", kind)
+
+    def _rewound(self, ev: dict[str, Any]) -> None:
+        """A rewind (the core's `rewind` event): the steps past the checkpoint's are an abandoned
+        branch now, a run of its own linked to this one (`parent_run`, `branch_step`)."""
+        step = int(ev["step"])
+        with self._lock:
+            for s in [s for s in self._recent_scalars if s > step]:
+                del self._recent_scalars[s]
+        store, run = self.store, self.run_id
+        if store is None or run is None:
+            return
+        label = f"abandoned at step {ev.get('from_step')}: rewound to {ev.get('checkpoint')}"
+        if ev.get("label"):
+            label += f" ({ev['label']})"
+        branch = store.new_run(
+            params=self.insp.param_info(),
+            modules=list(self.insp.modules),
+            scenario=self.scenario["name"] if self.scenario else None,
+            meta={"mode": self.mode, "scenario": self.scenario},
+            parent_run=run,
+            branch_step=step,
+            branch="abandoned",
+            label=label,
+        )
+        seqs = (int(ev.get("seq_after") or 0), int(ev.get("seq_until") or 0))
+        store.move_branch(run, branch, step, seqs, int(ev.get("config_version") or 0))
+        store.flush(5.0)  # moved before a page asks for this run's history again
 
     # -- reads ---------------------------------------------------------------------------------------
 
@@ -205,6 +246,10 @@ class LiveSource(Source):
                 "db": self.store.path if self.store is not None else None,
                 "paused": self.store.paused_reason if self.store is not None else None,
             },
+            "checkpoints": self.checkpoints(),
+            "shadow": self.shadow_state(points=False),
+            "branches": self.store.branches_of(self.run_id) if self.store is not None and self.run_id else [],
+            "branch": None,
         }
 
     def param_names(self, run: int | None = None) -> list[str]:
@@ -359,26 +404,64 @@ class LiveSource(Source):
     def add_hook(
         self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
     ) -> dict[str, Any]:
-        handle = self._command(
-            self.insp.add_hook, kind, target=target, point=point, enabled=enabled, params=params
+        handle = self._change(
+            f"before add {kind}",
+            self.insp.add_hook,
+            kind,
+            target=target,
+            point=point,
+            enabled=enabled,
+            params=params,
         )
         self._durable("add", handle.id)
         return dict(handle.spec)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
         given = {k: v for k, v in change.items() if v is not None}
-        spec = self._command(self.insp.update_hook, hook_id, **given)
+        spec = self._change(f"before update {hook_id}", self.insp.update_hook, hook_id, **given)
         self._durable("update", hook_id)
-        return spec
+        return spec  # type: ignore[no-any-return]
 
     def remove_hook(self, hook_id: str) -> None:
-        self._command(self.insp.remove_hook, hook_id)
+        self._change(f"before remove {hook_id}", self.insp.remove_hook, hook_id)
         self._durable("remove", hook_id)
 
     def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
-        hooks = self._command(self.insp.import_hooks, preset)
+        hooks = self._change("before import", self.insp.import_hooks, preset)
         self._durable("import", None)
-        return hooks
+        return hooks  # type: ignore[no-any-return]
+
+    def _change(self, label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A hook change from the page, with the what-if around it (whatif.py)."""
+        if self.read_only:
+            raise read_only_error()
+        return whatif.around_change(self, label, lambda: self._core(fn, *args, **kwargs))
+
+    def checkpoints(self) -> dict[str, Any]:
+        return whatif.checkpoints(self)
+
+    def checkpoint(self, label: str | None) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.checkpoint(self, label)
+
+    def rewind(self, cp_id: str) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.rewind(self, cp_id)
+
+    def shadow_state(self, points: bool = True) -> dict[str, Any] | None:
+        return whatif.shadow_state(self, points)
+
+    def shadow_start(self) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.shadow_start(self)
+
+    def shadow_stop(self) -> None:
+        if self.read_only:
+            raise read_only_error()
+        whatif.shadow_stop(self)
 
     def training_command(self, action: str) -> dict[str, Any]:
         fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]

@@ -104,6 +104,13 @@ class HookPatch(BaseModel):
     position: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
+class CheckpointBody(BaseModel):
+    """POST /api/checkpoints: an optional label."""
+
+    model_config = _FORBID
+    label: Annotated[StrictStr, Field(max_length=200)] | None = None
+
+
 class RateBody(BaseModel):
     """POST /api/training/rate: `null` lifts the cap."""
 
@@ -159,6 +166,10 @@ class RunInfo(BaseModel):
     steps: int
     params: int
     live: bool
+    branches: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="runs that branched from this one: {id, branch (abandoned|shadow), branch_step, label, ...}",
+    )
 
 
 class RunList(BaseModel):

@@ -50,6 +50,7 @@ from typing import IO, Any
 from .history import pick_even
 from .protocol import jsonsafe
 from .report_assets import ReportError, page_source, plotly_source
+from .report_branches import branch_series
 from .storage import HistoryStore
 
 MAX_POINTS = 2000  # the most steps a chart gets
@@ -342,6 +343,7 @@ def collect(store: HistoryStore, run: int, *, max_points: int = MAX_POINTS) -> d
             for e in listed[:MAX_EVENT_ROWS]
         ],
         "events_total": len(listed),
+        "branches": branch_series(store, run, max_points),  # what-if: drawn dashed over the run's own
     }
 
 

@@ -177,6 +177,25 @@ class Source:
     def set_hist(self, client_id: str, names: list[str]) -> None:
         pass  # histograms are computed in training; a replay has what was recorded
 
+    # what-if (whatif.py): checkpoints live in the training process, a replay has none
+    def checkpoints(self) -> dict[str, Any]:
+        raise ApiError(404, "no live training: checkpoints are kept by the training process")
+
+    def checkpoint(self, label: str | None) -> dict[str, Any]:
+        raise read_only_error()
+
+    def rewind(self, cp_id: str) -> dict[str, Any]:
+        raise read_only_error()
+
+    def shadow_state(self, points: bool = True) -> dict[str, Any] | None:
+        return None
+
+    def shadow_start(self) -> dict[str, Any]:
+        raise read_only_error()
+
+    def shadow_stop(self) -> None:
+        raise read_only_error()
+
     # helpers
     def _store(self) -> HistoryStore:
         if self.store is None:
@@ -216,6 +235,12 @@ class Source:
             "read_only": read_only,
             "scenario": info["meta"].get("scenario"),
             "history": {"db": self._store().path, "paused": None},
+            "checkpoints": None,
+            "shadow": None,
+            "branches": self._store().branches_of(run),
+            "branch": None
+            if info.get("parent_run") is None
+            else {k: info[k] for k in ("parent_run", "branch_step", "branch", "label")},
         }
 
 

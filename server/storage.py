@@ -60,52 +60,14 @@ from typing import Any
 
 from .history import HistoryReader
 from .protocol import dumps
+from .schema import BRANCH_COLUMNS, StoreError, connect
+
+__all__ = ["BRANCH_COLUMNS", "DEFAULT_DB", "HistoryStore", "StoreError", "connect"]
 
 DEFAULT_DB = "gradient-inspector.sqlite"
 WAL_LIMIT = 2 << 20  # bytes: past this the writer checkpoints and truncates the WAL
 CHECKPOINT_WAIT = 0.2  # seconds the checkpoint waits for readers to move on (then tries later)
 KEEP_FREE_PAGES = 256  # free pages kept after a thinning pass for the next inserts (1 MiB)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    started REAL NOT NULL,
-    scenario TEXT,
-    params TEXT NOT NULL,          -- JSON: [{name, shape, numel, module}, ...]
-    modules TEXT NOT NULL,         -- JSON: [name, ...]
-    meta TEXT NOT NULL DEFAULT '{}',
-    last_step INTEGER NOT NULL DEFAULT 0,
-    updated REAL
-);
-CREATE TABLE IF NOT EXISTS snapshots (  -- a rowid table: see "The file stays bounded" above
-    run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
-    n_events INTEGER NOT NULL DEFAULT 0,
-    data TEXT NOT NULL,            -- the wire snapshot, strict JSON
-    UNIQUE (run, step)
-);
-CREATE TABLE IF NOT EXISTS scalars (
-    run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
-    loss REAL, data TEXT NOT NULL,  -- data: {"loss", "scalars"} as sent
-    PRIMARY KEY (run, step)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    run INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT, time REAL, step INTEGER,
-    data TEXT NOT NULL,
-    PRIMARY KEY (run, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS hook_changes (
-    run INTEGER NOT NULL, config_version INTEGER NOT NULL, time REAL,
-    hooks TEXT NOT NULL,           -- JSON: the full hook list after the change
-    PRIMARY KEY (run, config_version)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS hook_requests (
-    run INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL,
-    action TEXT, hook_id TEXT,     -- add, update, remove, import; the hook's id (null for import)
-    config_version INTEGER NOT NULL,  -- the version the requested config has once applied
-    hooks TEXT NOT NULL,           -- JSON: the requested hook list after the change
-    PRIMARY KEY (run, seq)
-) WITHOUT ROWID;
-"""
 
 StatusCallback = Callable[[str, str], None]  # (kind: "history_paused"|"history_resumed", reason)
 
@@ -115,28 +77,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-class StoreError(RuntimeError):
-    """The database cannot be opened (missing file, not a gradient-inspector database)."""
-
-
-def connect(path: str, *, create: bool) -> sqlite3.Connection:
-    if not create and not os.path.exists(path):
-        raise StoreError(f"no such database: {path}")
-    try:
-        conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
-        if create and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
-            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file: only before its first table
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        if create:
-            conn.executescript(_SCHEMA)
-        else:
-            conn.execute("SELECT id FROM runs LIMIT 1")
-    except sqlite3.DatabaseError as e:
-        raise StoreError(f"cannot open {path} as a gradient-inspector database: {e}") from e
-    return conn
 
 
 class HistoryStore(HistoryReader):
@@ -186,16 +126,45 @@ class HistoryStore(HistoryReader):
         modules: list[str],
         scenario: str | None = None,
         meta: dict[str, Any] | None = None,
+        parent_run: int | None = None,
+        branch_step: int | None = None,
+        branch: str | None = None,
+        label: str | None = None,
     ) -> int:
-        """Add a run (committed at once) and return its id."""
+        """Add a run (committed at once) and return its id. A branch names its `parent_run`, the
+        `branch_step` of the parent it starts after, its kind (`branch`) and a `label`."""
         if self.read_only:
             raise StoreError("this database is open read-only")
         with self._lock:
             cur = self._conn.execute(
-                "INSERT INTO runs (started, scenario, params, modules, meta, updated) VALUES (?,?,?,?,?,?)",
-                (time.time(), scenario, dumps(params), dumps(modules), dumps(meta or {}), time.time()),
+                "INSERT INTO runs (started, scenario, params, modules, meta, updated, parent_run, branch_step,"
+                " branch, label) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    time.time(),
+                    scenario,
+                    dumps(params),
+                    dumps(modules),
+                    dumps(meta or {}),
+                    time.time(),
+                    parent_run,
+                    branch_step,
+                    branch,
+                    label,
+                ),
             )
             return int(cur.lastrowid or 0)
+
+    def set_label(self, run: int, label: str) -> None:
+        """A branch's label changed (the shadow's difference from the main run grew)."""
+        self._queue.put(("label", run, label))
+
+    def move_branch(
+        self, run: int, to_run: int, after_step: int, seqs: tuple[int, int], config_version: int
+    ) -> None:
+        """A rewind of `run` to `after_step`: its snapshots and scalars past that step, and its
+        events with `seqs[0] < seq <= seqs[1]`, move to the branch run `to_run` (in order with the
+        rows queued before); `to_run` gets a copy of the hook changes before `config_version`."""
+        self._queue.put(("branch", run, to_run, after_step, seqs, config_version))
 
     # -- writes (any thread; cheap: a queue put) -----------------------------------------------------
 
@@ -291,6 +260,18 @@ class HistoryStore(HistoryReader):
                     stopping = True
                 elif kind == "flush":
                     waiters.append(item[1])
+                elif kind in ("branch", "label"):
+                    # rows queued before it belong where they were: commit them first
+                    if self._commit(conn, snaps, scalars, urgent, last_thin):
+                        snaps.clear()
+                        scalars.clear()
+                        urgent.clear()
+                        oldest = None
+                        for ack in acks:  # hook requests among them are durable now
+                            ack[1] = True
+                            ack[0].set()
+                        acks.clear()
+                    self._branch(conn, item)
                 elif kind == "snapshot":
                     _, run, snap, text = item
                     step = int(snap.get("step", 0))
@@ -431,6 +412,41 @@ class HistoryStore(HistoryReader):
                     conn.execute("PRAGMA busy_timeout=10000")
         except (sqlite3.Error, OSError):
             pass
+
+    def _branch(self, conn: sqlite3.Connection, item: tuple[Any, ...]) -> None:
+        try:
+            if self.fault is not None:
+                self.fault()
+            conn.execute("BEGIN IMMEDIATE")
+            if item[0] == "label":
+                conn.execute("UPDATE runs SET label = ? WHERE id = ?", (item[2], item[1]))
+            else:
+                _, run, to_run, step, (seq_lo, seq_hi), version = item
+                for table in ("snapshots", "scalars"):
+                    conn.execute(
+                        f"UPDATE {table} SET run = ? WHERE run = ? AND step > ?", (to_run, run, step)
+                    )
+                conn.execute(
+                    "UPDATE events SET run = ? WHERE run = ? AND seq > ? AND seq <= ?",
+                    (to_run, run, seq_lo, seq_hi),
+                )
+                conn.execute(  # the branch's session shows the hooks it ran with
+                    "INSERT OR REPLACE INTO hook_changes (run, config_version, time, hooks)"
+                    " SELECT ?, config_version, time, hooks FROM hook_changes WHERE run = ? AND config_version < ?",
+                    (to_run, run, version),
+                )
+                conn.execute(
+                    "UPDATE runs SET last_step = (SELECT last_step FROM runs WHERE id = ?) WHERE id = ?",
+                    (run, to_run),
+                )
+                conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (step, run))
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError) as e:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            self._status("history_paused", f"cannot record the branch in {self.path}: {e}")
 
     def _thin(self, conn: sqlite3.Connection, run: int, latest: int) -> None:
         for table, window, keep_events in (

@@ -25,6 +25,8 @@ const CONFIG = { responsive: true, displaylogo: false, scrollZoom: false };
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 const bad = (v) => typeof v === "string"; // "nan", "inf", "-inf"
 const pos = (v) => (typeof v === "number" && v > 0 ? v : null);
+// user text (a branch label names hooks and targets) for Plotly, which reads a few HTML tags
+const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 const fmt = (v) =>
   v === null || v === undefined ? "no gradient" : typeof v === "string" ? v : v.toPrecision(3);
 const steps = D.steps;
@@ -157,6 +159,24 @@ function drawNorms() {
       hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>",
     },
   ];
+  // what-if branches of this run (a shadow, an abandoned branch): dashed, from their branch step
+  for (const b of D.branches || []) {
+    const name = esc(b.label || `${b.branch} #${b.id}`);
+    const dashed = (x, y, what, yaxis, color) => ({
+      x,
+      y,
+      name: `${name}: ${what}`,
+      type: "scatter",
+      mode: "lines",
+      line: { color, width: 1.3, dash: "dash" },
+      xaxis: "x",
+      yaxis,
+      hovertemplate: `${name}<br>step %{x}<br>${what} %{y:.4g}<extra></extra>`,
+    });
+    traces.push(dashed(b.steps, b.total_norm_raw.map(pos), "raw ‖g‖", "y", C.raw));
+    traces.push(dashed(b.steps, b.total_norm.map(pos), "final ‖g‖", "y", C.final));
+    traces.push(dashed(b.loss.steps, b.loss.values.map(num), "loss", "y2", C.loss));
+  }
   // non-finite global norms: red crosses along the bottom of the norm panel
   const nfSteps = steps.filter((s, i) => bad(D.total_norm_raw[i]) || bad(D.total_norm[i]));
   if (nfSteps.length) {

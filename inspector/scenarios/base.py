@@ -128,6 +128,15 @@ class Scenario:
         self.steps_done += 1
         return loss.detach()
 
+    def data_state(self) -> dict[str, Any]:
+        """Where the scenario is: ``{"steps_done", "gen"}`` (its data generator's state), for a checkpoint."""
+        return {"steps_done": self.steps_done, "gen": self._data_gen.get_state()}
+
+    def set_data_state(self, state: dict[str, Any]) -> None:
+        """Go back (or on) to a :meth:`data_state`: the next batches are those that followed it."""
+        self.steps_done = int(state["steps_done"])
+        self._data_gen.set_state(state["gen"].clone())
+
     def reset(self) -> None:
         """Start over: initial parameters, empty optimizer state, the data stream from its start.
 

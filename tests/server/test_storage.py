@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from server import storage
+from server import schema
 from server.history import pick_even, select
 from server.storage import HistoryStore, StoreError
 
@@ -50,7 +50,15 @@ def test_runs_snapshots_scalars_events_hooks(tmp_path):
     assert store.hooks(run) == (1, [{"id": "h1", "kind": "freeze"}])
     runs = store.runs(live_run=run)
     assert runs == [
-        {"id": 1, "started": runs[0]["started"], "scenario": "mlp", "steps": 5, "params": 1, "live": True}
+        {
+            "id": 1,
+            "started": runs[0]["started"],
+            "scenario": "mlp",
+            "steps": 5,
+            "params": 1,
+            "live": True,
+            "branches": [],
+        }
     ]
     assert store.run(run)["meta"] == {"mode": "demo"}
     store.close()
@@ -179,11 +187,11 @@ def test_a_database_of_the_earlier_layout_is_read_and_written(tmp_path):
     """Databases made before snapshots became a rowid table (issue 15, point 12) keep their
     WITHOUT ROWID table and no auto_vacuum: the store reads, writes, replaces and thins them alike."""
     path = tmp_path / "old.sqlite"
-    old_schema = storage._SCHEMA.replace(
+    old_schema = schema._SCHEMA.replace(
         "    UNIQUE (run, step)\n);\nCREATE TABLE IF NOT EXISTS scalars",
         "    PRIMARY KEY (run, step)\n) WITHOUT ROWID;\nCREATE TABLE IF NOT EXISTS scalars",
     )
-    assert old_schema != storage._SCHEMA
+    assert old_schema != schema._SCHEMA
     conn = sqlite3.connect(path)
     conn.executescript(old_schema)
     conn.close()
