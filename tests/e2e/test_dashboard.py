@@ -163,6 +163,9 @@ def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(
     row.get_by_test_id("hook-toggle").click()
     expect(row).to_have_attribute("data-pending", "false")
     expect(row.get_by_test_id("hook-status")).not_to_have_text(f"since step {applied}")
+    # the change is "pending" until the step it applies at is known (a page change waits for its
+    # automatic what-if checkpoint at the next boundary): wait for that step, then read it
+    expect(row.get_by_test_id("hook-status")).to_have_text(re.compile(r"since step \d+$"))
     off = int(row.get_by_test_id("hook-status").inner_text().split()[-1])
     assert demo.get("/api/hooks")[0]["enabled"] is False
     page.wait_for_function(f"(a) => ({FLOW})().step >= a", arg=off)
