@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/page_memory.py                          # an hour of tiny_gpt, a sample every 60 s
     .venv/bin/python bench/page_memory.py --minutes 5 --every 10   # a quick look
+    .venv/bin/python bench/page_memory.py --scenario mlp --steps-per-second 50 --minutes 20 --every 30
     nohup nice -n 10 .venv/bin/python bench/page_memory.py > /tmp/page_memory.log 2>&1 &
 
-What runs: `gradient-inspector demo --scenario tiny_gpt` (this interpreter's environment) on a
+What runs: `gradient-inspector demo --scenario tiny_gpt` (or --scenario's; this interpreter's environment) on a
 free loopback port with a temporary --db, and the dashboard in headless Chromium (Debian's, as
 the tests launch it: tests/support.py `launch_chromium`) at 1440x900, left alone as a user
 leaves a tab open beside training.
@@ -15,11 +16,14 @@ count `Nodes`, which counts detached nodes too, and event listeners); the number
 in the document; the points held by every Plotly chart (the lengths of each trace's x, or of
 its z for a heatmap); and the step, from the server (`/api/session`) and as the page knows it.
 Prints one line per sample, then a summary: the first and last after-GC heap, the least-squares
-slope per hour (over every sample, and over the second half, past the page's warm-up while
-its windows fill), the largest heap, and DOM nodes and trace points first, last and largest.
+slope per hour (over every sample, and over the second half), the largest heap, and DOM nodes and
+trace points first, last and largest.
 
-A flat page: the second half's slope is small beside the heap (its windows are full), and the
-DOM node and trace point counts stop growing. Exit status 0; this is a measurement, not a check.
+The page's stores are bounded, and fill first: the charts' 600 sampled steps, then the
+histograms over steps (300 per parameter at most, one every 10 sampled steps: full by step
+3,000). A flat page: once they are full the heap after GC stops rising (its slope is small
+beside its run-to-run noise of a few MiB), and the DOM node and trace point counts stay within
+a band. Exit status 0; this is a measurement, not a check.
 """
 
 from __future__ import annotations
@@ -105,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         "--every", type=float, default=60.0, metavar="SECONDS", help="sampling interval (default 60)"
     )
     p.add_argument(
-        "--steps-per-second", type=float, default=10.0, help="the demo's cap (default 10, the demo's own)"
+        "--steps-per-second",
+        type=float,
+        default=10.0,
+        metavar="X",
+        help="the demo's cap (default 10, the demo's own)",
     )
     p.add_argument("--scenario", default="tiny_gpt", help="the demo scenario (default tiny_gpt)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the samples and the summary here")
