@@ -341,8 +341,11 @@ export class WhatIf {
     if (this.bound || typeof gd.on !== "function") return;
     this.bound = true;
     gd.on("plotly_click", (ev) => {
-      const p = ev && ev.points && ev.points[0];
-      if (!p || !p.data || p.data.name !== "hook change" || p.data.mode !== "markers") return;
+      // the marker among the points clicked (the loss line or a change's vertical line may come first)
+      const p = ((ev && ev.points) || []).find(
+        (q) => q && q.data && q.data.name === "hook change" && q.data.mode === "markers",
+      );
+      if (!p) return;
       this.offer(num(p.x), p.hovertext || "");
     });
   }

@@ -92,6 +92,12 @@ def test_rewind_on_a_marker_moves_the_step_counter_back(tmp_path, new_page):
         expect(page.get_by_test_id("step-counter")).to_have_text(str(before))
         x, y = page.evaluate(MARKER_XY, changed)
         page.mouse.move(x, y)
+        # Plotly's click reports what it hovers, and it hovers on its next animation frame: on a
+        # busy machine that frame may come after an immediate click (a person never clicks as fast)
+        page.wait_for_function(
+            """() => (document.querySelector('[data-testid="chart-loss"]')._hoverdata || [])
+                .some((p) => p.data && p.data.name === "hook change" && p.data.mode === "markers")"""
+        )
         page.mouse.click(x, y)
         button = page.get_by_test_id("marker-rewind")
         expect(button).to_contain_text(f"rewind to before this change ({cp['id']}, step {cp['step']})")
