@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from torch import Tensor
 from .nonfinite import Findings
 from .telemetry import Pack
 
-__all__ = ["Check", "Deferred", "MAX_PENDING", "build_check"]
+__all__ = ["Check", "Deferred", "MAX_PENDING", "build_check", "guard_counts", "pack_guard_counts"]
 
 MAX_PENDING = 8  # checks in flight before the oldest one is waited for (a device far behind)
 
@@ -65,13 +65,10 @@ class Check:
         """Nothing but the probe: no guard, module flag, backward finding or local norm to examine."""
         return not (self.guards or self.post or self.modules or self.local_index or self.found)
 
-    def read(self) -> dict[str, list[float]]:
-        return self.values
-
     def local_bad(self) -> int:
         """The first parameter whose local gradient (DDP: before the all-reduce; FSDP2: this rank's
         shard) was not finite on this rank, or -1."""
-        v = self.read()
+        v = self.values
         bad = [
             i for i, x in zip(self.local_index, v.get("local_norm", []), strict=True) if not math.isfinite(x)
         ]
@@ -81,19 +78,16 @@ class Check:
 
     def findings(self) -> Findings:
         """The step's non-finite gradients, with counts where a guard took them."""
-        v = self.read()
+        v = self.values
         counts: dict[int, tuple[int, int]] = dict(self.found)
         actions: dict[int, str] = dict(self.actions)
         points: dict[int, str] = {}
         covered: set[int] = set()  # parameters whose counts a guard took (so its probe's inf is known)
-        for k, (indices, action) in enumerate(self.guards):
-            flat = v.get(f"guard:{k}", [])
-            for j, i in enumerate(indices):
-                nan, inf = int(flat[2 * j]), int(flat[2 * j + 1])
-                covered.add(i)
-                if nan or inf:
-                    counts.setdefault(i, (nan, inf))
-                    actions.setdefault(i, action)
+        for i, nan, inf, action in guard_counts(self.guards, v):
+            covered.add(i)
+            if nan or inf:
+                counts.setdefault(i, (nan, inf))
+                actions.setdefault(i, action)
         flat = v.get("post", [])
         for j, (i, action) in enumerate(self.post):
             nan, inf = int(flat[2 * j]), int(flat[2 * j + 1])
@@ -124,6 +118,28 @@ class Check:
         )
 
 
+def pack_guard_counts(pack: Pack, guards: list[Any]) -> list[tuple[list[int], str]]:
+    """Add each ``pre_step`` guard's device counts (``ops.GuardResult.counts``) to ``pack`` as
+    segment ``guard:k``; returns each one's ``(indices, action)``, in ``k`` order."""
+    out: list[tuple[list[int], str]] = []
+    for g in guards:
+        if g.counts is not None:
+            pack.add(f"guard:{len(out)}", g.counts)
+            out.append((g.indices, g.action))
+    return out
+
+
+def guard_counts(
+    entries: list[tuple[list[int], str]], values: dict[str, list[float]]
+) -> Iterator[tuple[int, int, int, str]]:
+    """``(index, nan, inf, action)`` per guarded parameter, from the host values of the segments
+    :func:`pack_guard_counts` added, in guard order."""
+    for k, (indices, action) in enumerate(entries):
+        flat = values.get(f"guard:{k}", [])
+        for j, i in enumerate(indices):
+            yield i, int(flat[2 * j]), int(flat[2 * j + 1]), action
+
+
 def build_check(
     step: int, raw: Any, guards: list[Any], skipped: bool, hooks: Any, layout: Any
 ) -> tuple[Check, Pack]:
@@ -142,12 +158,8 @@ def build_check(
         pack.add("local_norm", raw.local_norms)
     if layout is not None:
         check.shard_index = [i for i in raw.index if layout.sharded[i]]
-    k = 0
+    check.guards = pack_guard_counts(pack, guards)
     for g in guards:
-        if g.counts is not None:
-            check.guards.append((g.indices, g.action))
-            pack.add(f"guard:{k}", g.counts)
-            k += 1
         for f in g.found or ():
             check.found[f.index] = (f.nan, f.inf)
             check.actions[f.index] = g.action

@@ -316,9 +316,7 @@ def _nan_guard_pre_step(state: HookState, tg: list[ParamTarget], measure: bool) 
     before = foreach_norm(values) if measure else None
     counts = device_counts(values)
     if sharded:
-        assert lay is not None
-        summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
-        counts = lay.combine(counts.reshape(-1), summed).reshape(-1, 2)
+        counts = _full_counts(tg, counts.reshape(-1)).reshape(-1, 2)
     bad = counts.sum(1) > 0
     changed: Tensor | float = 0.0
     if action == "zero":
@@ -336,6 +334,15 @@ def _nan_guard_pre_step(state: HookState, tg: list[ParamTarget], measure: bool) 
     return GuardResult(indices, action, counts=counts)
 
 
+def _full_counts(tg: list[ParamTarget], flat: Tensor) -> Tensor:
+    """FSDP2: ``[nan, inf]`` per target (flattened) summed across the mesh for sharded targets, so
+    every rank decides alike (one collective)."""
+    lay = tg[0].layout
+    assert lay is not None
+    summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
+    return lay.combine(flat, summed)
+
+
 def _nan_guard_read(
     state: HookState, tg: list[ParamTarget], grads: list[Any], values: list[Tensor], measure: bool
 ) -> GuardResult:
@@ -349,8 +356,7 @@ def _nan_guard_read(
         mine = torch.zeros(2 * len(tg), device=values[0].device)
         for i, (nan, inf) in found:
             mine[2 * i], mine[2 * i + 1] = float(nan), float(inf)
-        summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
-        total = lay.combine(mine, summed).tolist()
+        total = _full_counts(tg, mine).tolist()
         found = [(i, (int(total[2 * i]), int(total[2 * i + 1]))) for i in range(len(tg))]
     found = [(i, c) for i, c in found if c != (0, 0)]  # (0, 0): finite values, an overflowed norm
     action = state.spec.params["action"]

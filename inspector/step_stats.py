@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .deferred import guard_counts, pack_guard_counts
 from .histsel import HIST_BINS
 from .ops import GuardResult, HookState, count_nonfinite
 from .records import Snapshot
@@ -74,7 +75,8 @@ class StepStats:
         self._meta: dict[str, Any] = {}
         self.update = UpdateProbe()  # parameters before the update (sampled steps)
         self._fgrads: dict[int, Tensor] = {}  # index -> the final gradient (sampled steps; no copies)
-        self._guards: list[GuardResult] = []  # this sampled step's nan_guard counts
+        self._guards: list[GuardResult] = []  # this sampled step's nan_guards (their host findings)
+        self._guard_entries: list[tuple[list[int], str]] = []  # their "guard:k" segments in the pack
         self._touched: set[int] = set()  # parameters a pre_step hook may have changed (sampled steps)
 
     @property
@@ -139,9 +141,7 @@ class StepStats:
         if self.layout is None:
             pack.add("raw_norm", raw.norm_tensors)
             pack.add("raw_absmax", raw.absmax)
-        for k, g in enumerate(guards):
-            if g.counts is not None:
-                pack.add(f"guard:{k}", g.counts)
+        self._guard_entries = pack_guard_counts(pack, guards)
         fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
         fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
         if hooks_ran:
@@ -298,11 +298,9 @@ class StepStats:
         ``pre_step`` hook changed it: a host read each, -1 where neither can tell), and, in place,
         the float64 norm of finite raw values whose float32 norm overflowed (where still there)."""
         counts: dict[int, tuple[int, int]] = {}
-        for k, g in enumerate(self._guards):
-            if g.counts is not None:
-                flat = data.get(f"guard:{k}", [])
-                for j, i in enumerate(g.indices):
-                    counts.setdefault(i, (int(flat[2 * j]), int(flat[2 * j + 1])))
+        for i, nan, inf, _ in guard_counts(self._guard_entries, data):
+            counts.setdefault(i, (nan, inf))
+        for g in self._guards:
             for f in g.found or ():
                 counts.setdefault(f.index, (f.nan, f.inf))
         out: dict[int, tuple[int, int]] = {}
@@ -327,6 +325,7 @@ class StepStats:
         self._fgrads = {}
         self._part = {}
         self._guards = []
+        self._guard_entries = []
         self._touched = set()
         self.update.end_step()
 
