@@ -175,45 +175,50 @@ def build_check(
 
 
 class _Item:
-    __slots__ = ("step", "pack", "host", "event", "consume")
+    """One submission: ``flat`` (a 1-D float32 device tensor, or None) on its way to the host, and
+    what consumes its values: ``consume(split(values))``, with ``split`` a Pack's ``unflatten``
+    (named segments) or None (the plain list)."""
+
+    __slots__ = ("step", "split", "host", "event", "consume")
 
     def __init__(
-        self, step: int | None, pack: Pack | None, consume: Callable[[dict[str, list[float]]], None]
+        self,
+        step: int | None,
+        flat: Tensor | None,
+        split: Callable[[list[float]], Any] | None,
+        consume: Callable[[Any], None],
     ):
         self.step = step
-        self.pack = pack
+        self.split = split
         self.consume = consume
-        self.host: Tensor | None = None
         self.event: Any = None  # a torch.cuda.Event recorded after the copy (None: on the host already)
-        flat = pack.flat() if pack is not None else None
-        if flat is None:
-            return
-        if flat.is_cuda:
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
+        if flat is None or flat.is_cpu:
+            self.host = flat  # a fresh tensor of the step's, read at a later boundary
+        elif flat.is_cuda:
+            self.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self.host.copy_(flat, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
-        elif not flat.is_cpu:
-            host = flat.to("cpu", non_blocking=True)
         else:
-            host = flat  # a fresh tensor of the step's, read at a later boundary
-        self.host = host
+            self.host = flat.to("cpu", non_blocking=True)
 
     def ready(self) -> bool:
         return self.event is None or bool(self.event.query())
 
-    def values(self) -> dict[str, list[float]]:
-        if self.host is None or self.pack is None:
-            return {}
+    def run(self) -> None:
+        if self.host is None:  # nothing on the device (a pack-less submit): the consumer's turn in order
+            self.consume({})
+            return
         if self.event is not None and not self.event.query():
             self.event.synchronize()  # only where the caller chose to wait (finish, close, a pause)
-        return self.pack.unflatten(self.host.tolist())
+        values = self.host.tolist()
+        self.consume(values if self.split is None else self.split(values))
 
 
 class Deferred:
     """Device values on their way to the host, consumed in submission order (FIFO).
 
-    ``submit(step, pack, consume)`` starts one copy and returns; ``drain(before=N)`` calls each
+    ``submit(step, pack, consume)`` (or ``submit_flat``) starts one copy and returns; ``drain(before=N)`` calls each
     ``consume(values)`` whose copy completed, for items of steps before ``N``, stopping at the
     first that is not ready, so order is kept; ``drain(wait=True)`` waits for them all. An item
     with no device values (``pack=None``) is consumed at once when nothing is ahead of it.
@@ -229,11 +234,17 @@ class Deferred:
     def submit(
         self, step: int | None, pack: Pack | None, consume: Callable[[dict[str, list[float]]], None]
     ) -> None:
+        flat = pack.flat() if pack is not None else None
         with self._lock:
-            if pack is None and not self._q:
+            if flat is None and not self._q:
                 consume({})
                 return
-            self._q.append(_Item(step, pack, consume))
+            self._q.append(_Item(step, flat, None if flat is None else pack.unflatten, consume))  # type: ignore[union-attr]
+
+    def submit_flat(self, step: int, flat: Tensor, consume: Callable[[list[float]], None]) -> None:
+        """Like :meth:`submit` for one unnamed 1-D float32 tensor: ``consume`` gets its host list."""
+        with self._lock:
+            self._q.append(_Item(step, flat, None, consume))
 
     def drain(self, *, before: int | None = None, wait: bool = False) -> None:
         with self._lock:
@@ -244,7 +255,7 @@ class Deferred:
                 if not (wait or it.ready() or len(self._q) > MAX_PENDING):
                     break
                 self._q.popleft()
-                it.consume(it.values())
+                it.run()
 
     def clear(self) -> None:
         with self._lock:

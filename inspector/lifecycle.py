@@ -340,7 +340,24 @@ class StepLifecycle(DistributedBoundary):
         check (once per step or per closure call); nothing is read on the host here, except by an
         enabled ``nan_guard`` ``skip`` (see :mod:`inspector.ops`)."""
         t0 = time.perf_counter()
-        plan, sampled = self._hooks.plan, self._sampled
+        hooks = self._hooks
+        plan, sampled = hooks.plan, self._sampled
+        if not (
+            sampled
+            or plan.pre
+            or hooks.mod_bad
+            or hooks.post_found
+            or hooks.per_rank
+            or self._layout is not None
+            or self._dist is not None
+        ):
+            # the usual unsampled step: nothing but the probe to check (the same check build_check
+            # makes, without its segments)
+            probe = self._stats.probe()
+            if probe is not None:
+                self._deferred.submit_flat(self._step + 1, probe[1], _ProbeCheck(self, probe[0]))
+                self._t_ours += time.perf_counter() - t0
+                return
         with self._lock:
             if not sampled:
                 hist = []
@@ -408,21 +425,70 @@ class StepLifecycle(DistributedBoundary):
         dist = self._dist is not None and not self._dist.broken
         # steps before this one whose check reached the host (never a wait, except under
         # torch.distributed: every rank reads the previous step's, for the exchange)
-        self._drain_deferred(before=self._step + 1, wait=dist)
+        if self._deferred:
+            self._drain_deferred(before=self._step + 1, wait=dist)
         with self._lock:
             self._step += 1
             self._under_way = False
             step, sampled = self._step, self._sampled
             events, self._step_events = self._step_events, []
             rec, self._records.current = self._records.current, {}
-            # the config this step ran with: once the lock is released, a pre_step-only edit from
-            # another thread may apply (no step is under way) and must not reach this step's snapshot
-            version, states = self._reg.version, list(self._hooks.states.values())
+            if sampled:
+                # the config this step ran with: once the lock is released, a pre_step-only edit
+                # from another thread may apply (no step is under way) and must not reach this
+                # step's snapshot
+                version, states = self._reg.version, list(self._hooks.states.values())
         now = time.perf_counter()
         wall = None if self._last_boundary is None else now - self._last_boundary
         self._cadence.observe(step, sampled, self._t_ours + self._hooks.take_spent() + (now - t0), wall)
         t1 = time.perf_counter()
         self._t_ours = 0.0
+        hold = False
+        if sampled or dist:
+            hold = self._publish_step(
+                step, sampled, dist, events, rec, version if sampled else 0, states if sampled else []
+            )
+        else:  # an unsampled step: its records wait (scalars.Recorder), its check is on its way
+            self._stats.end_step()
+            self._hooks.end_step()
+            if rec:
+                self._records.defer(step, rec)
+        self._t_ours += time.perf_counter() - t1  # counted with the next step
+        if dist:
+            self._dist_hold(step, hold)
+        else:
+            if self._paused and self._credit == 0 and not self._closed:
+                # about to hold: what this step found and recorded is shown now (outside the lock:
+                # the deferred queue's consumers take it)
+                self._records.flush_pending()
+                self._drain_deferred(wait=True)
+            with self._cond:
+                self._drain_locked(torch_ok=True)
+                self._decide_next(step)
+                while self._paused and self._credit == 0 and not self._closed:
+                    if not self._waiting:
+                        self._waiting = True
+                        self._cond.notify_all()  # for whoever waits for the pause to take hold
+                        self._publish_training()
+                    self._drain_locked(torch_ok=True)
+                    self._cond.wait()
+                if self._credit > 0:
+                    self._credit -= 1
+                self._waiting = False
+        self._last_boundary = time.perf_counter()
+
+    def _publish_step(
+        self,
+        step: int,
+        sampled: bool,
+        dist: bool,
+        events: list[dict[str, Any]],
+        rec: Any,
+        version: int,
+        states: list[Any],
+    ) -> bool:
+        """A sampled step's snapshot (under torch.distributed, every step's exchange); returns
+        whether the exchange says to hold (a pause under torch.distributed)."""
         exchanged: list[tuple[dict[str, Any] | None, bool]] = []
 
         def exchange(local_norms: list[float] | None) -> dict[str, Any] | None:
@@ -455,7 +521,6 @@ class StepLifecycle(DistributedBoundary):
                 )
         if dist and not exchanged:
             exchange(None)
-        hold = exchanged[0][1] if exchanged else False
         self._stats.end_step()
         self._hooks.end_step()
         if snap is not None:
@@ -463,29 +528,7 @@ class StepLifecycle(DistributedBoundary):
             self._records.published(snap, rec)  # every step's records reach the scalars stream
         elif rec:
             self._records.defer(step, rec)
-        self._t_ours += time.perf_counter() - t1  # counted with the next step
-        if self._dist is not None and not self._dist.broken:
-            self._dist_hold(step, hold)
-        else:
-            if self._paused and self._credit == 0 and not self._closed:
-                # about to hold: what this step found and recorded is shown now (outside the lock:
-                # the deferred queue's consumers take it)
-                self._records.flush_pending()
-                self._drain_deferred(wait=True)
-            with self._cond:
-                self._drain_locked(torch_ok=True)
-                self._decide_next(step)
-                while self._paused and self._credit == 0 and not self._closed:
-                    if not self._waiting:
-                        self._waiting = True
-                        self._cond.notify_all()  # for whoever waits for the pause to take hold
-                        self._publish_training()
-                    self._drain_locked(torch_ok=True)
-                    self._cond.wait()
-                if self._credit > 0:
-                    self._credit -= 1
-                self._waiting = False
-        self._last_boundary = time.perf_counter()
+        return exchanged[0][1] if exchanged else False
 
     def _decide_next(self, step: int) -> None:
         self._sampled = self._cadence.is_sampled(step + 1)
@@ -495,3 +538,20 @@ class StepLifecycle(DistributedBoundary):
     def _flush_late(self) -> None:
         """Send the records made after step N's boundary (before the next forward) as step N's."""
         self._records.flush_late(self._step)
+
+
+class _ProbeCheck:
+    """Consumes an unsampled step's probe (see ``_pre_step_work``): the step's NaN/Inf findings."""
+
+    __slots__ = ("insp", "step", "index")
+
+    def __init__(self, insp: StepLifecycle, index: list[int]) -> None:
+        self.insp, self.step, self.index = insp, insp._step + 1, index
+
+    def __call__(self, probe: list[float]) -> None:
+        if math.isfinite(sum(probe)):  # the usual case: every gradient finite
+            self.insp._nonfinite.step(NO_FINDINGS, self.step)
+            return
+        check = Check(step=self.step, index=self.index, exact=False)
+        check.values = {"probe": probe}
+        self.insp._nonfinite.step(check.findings(), self.step)

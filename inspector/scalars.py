@@ -48,6 +48,13 @@ def check_scalars(scalars: Mapping[str, Any]) -> dict[str, float | Tensor]:
     return vals
 
 
+def _safe(x: Any) -> Any:
+    """``jsonsafe(x)`` for a mean (a float, None or the odd other value), finite floats first."""
+    if type(x) is float and x - x == 0.0:  # finite (inf - inf and nan - nan are NaN)
+        return x
+    return jsonsafe(x)
+
+
 def accumulate(dest: Records, vals: Mapping[str, float | Tensor]) -> None:
     for k, v in vals.items():
         acc = dest.get(k)
@@ -97,7 +104,12 @@ class Recorder:
         accumulate(self.late if late else self.current, vals)
 
     def _send(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
-        self._feed.publish("scalars", jsonsafe({"step": step, "loss": loss, "scalars": scalars}))
+        payload = {
+            "step": step,
+            "loss": _safe(loss),
+            "scalars": {str(k): _safe(v) for k, v in scalars.items()},
+        }
+        self._feed.publish("scalars", payload)
 
     def _later(
         self,
@@ -149,6 +161,8 @@ class Recorder:
     def flush_late(self, step: int) -> None:
         """Send the records made after step N's boundary as step N's, merged with N's own records when
         N was not sampled, and into N's snapshot in the feed's ring when it was."""
+        if not (self.late or self.discard_late):  # the usual case: nothing recorded after the boundary
+            return
         with self._lock:
             late, self.late = self.late, {}
             if self.discard_late:

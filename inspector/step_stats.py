@@ -71,6 +71,7 @@ class StepStats:
         self.layout = layout  # FSDP2: statistics of sharded parameters combine across the mesh
         self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
         self.raw_read: RawRead | None = None
+        self._all_index = list(range(len(tensors)))
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
         self.update = UpdateProbe()  # parameters before the update (sampled steps)
@@ -93,6 +94,22 @@ class StepStats:
         if self.layout is None:
             return [p.detach() for p in self.tensors]
         return [local(p.detach()) for p in self.tensors]
+
+    def probe(self) -> tuple[list[int], Tensor] | None:
+        """The unsampled step's finiteness probe alone, for the usual case (no ``pre_step`` hook, no
+        FSDP2): ``(indices, their gradients' 2-norms stacked)``, one fused norm and one stack, or
+        None where it does not apply (a sparse gradient, which :meth:`raw` densifies; gradients
+        on several devices, which :class:`~inspector.telemetry.Pack` gathers)."""
+        grads = [g for p in self.tensors if (g := p.grad) is not None]
+        if not grads:
+            return None
+        try:
+            flat = torch.stack(foreach_norm(grads))
+        except RuntimeError:  # a sparse gradient has no norm kernel; gradients on several devices
+            return None
+        if len(grads) == len(self.tensors):
+            return self._all_index, flat
+        return [i for i, p in enumerate(self.tensors) if p.grad is not None], flat
 
     def raw(
         self,

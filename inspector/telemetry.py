@@ -56,15 +56,18 @@ def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
 
 
 class _Recent:
-    """The median of the last ``WINDOW`` measurements (the lower one of an even count)."""
+    """The median of the last ``WINDOW`` measurements (the lower one of an even count), taken
+    when read (it is added to every step, read on sampled steps)."""
 
     def __init__(self) -> None:
         self._xs: deque[float] = deque(maxlen=WINDOW)
-        self.value: float | None = None
 
     def add(self, x: float) -> None:
         self._xs.append(x)
-        self.value = statistics.median_low(self._xs)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median_low(self._xs) if self._xs else None
 
 
 class Cadence:
