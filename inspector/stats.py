@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -24,6 +26,7 @@ __all__ = [
     "absmax",
     "mean_std",
     "histograms",
+    "exact_histograms",
     "dense",
     "wide_norm",
     "sq_norm",
@@ -104,62 +107,95 @@ def clamp_abs_(tensors: list[Tensor], threshold: float) -> None:
             t.mul_((threshold / t.abs()).clamp_(max=1.0))  # |z| = 0: inf, clamped to 1
 
 
-def absmax(tensors: list[Tensor]) -> list[Tensor]:
-    """Per-tensor largest absolute value (magnitude, for complex) as float32 0-dim tensors.
+def absmax(tensors: list[Tensor]) -> Tensor:
+    """Per-tensor largest absolute value (magnitude, for complex), as one 1-D float32 tensor.
 
     On CUDA one fused ``torch._foreach_norm(..., inf)``; on the CPU that kernel is several
-    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor (a complex
-    tensor has no order: the max of its magnitudes).
+    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor, combined in
+    two stacks (a complex tensor has no order: the max of its magnitudes).
     """
     if not tensors:
-        return []
+        return torch.zeros(0)
     if tensors[0].device.type == "cuda":
-        return foreach_norm(tensors, math.inf)
-    out = []
+        return _stack(foreach_norm(tensors, math.inf))
+    los, his = [], []
     for t in tensors:
         if t.numel() == 0:
-            out.append(torch.zeros((), device=t.device))
-            continue
-        if t.is_complex():
-            out.append(t.abs().max().float())
-            continue
-        lo, hi = torch.aminmax(t)
-        out.append(torch.maximum(hi.float(), -lo.float()))
-    return out
+            lo = hi = torch.zeros((), device=t.device)
+        elif t.is_complex():
+            lo, hi = torch.zeros((), device=t.device), t.abs().max()
+        else:
+            lo, hi = torch.aminmax(t)
+        los.append(lo)
+        his.append(hi)
+    return torch.maximum(_stack(his), _stack(los).neg()).float()
 
 
-def mean_std(tensors: list[Tensor], norms: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-    """Per-tensor mean and unbiased std (float32 0-dim tensors), from one sum per tensor and the
-    2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64.
+def _stack(xs: list[Tensor]) -> Tensor:
+    """``torch.stack(xs)`` of 0-dim tensors, on the first one's device when they are on several
+    (a model split across devices: device-to-device copies, no host read)."""
+    try:
+        return torch.stack(xs)
+    except RuntimeError:
+        dev = xs[0].device
+        return torch.stack([x.to(dev) for x in xs])
+
+
+_COUNTS: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}  # (device, shapes) -> (numels, complex mask)
+
+
+def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The tensors' element counts (float64) and which are complex, on their device, built once per
+    device and set of sizes: a pinned ``non_blocking`` copy, so the host never waits for it."""
+    dev = tensors[0].device
+    key = (dev, tuple((t.numel(), t.is_complex()) for t in tensors))
+    got = _COUNTS.get(key)
+    if got is None:
+        numel = torch.tensor([float(n) for n, _ in key[1]], dtype=torch.float64)
+        cplx = torch.tensor([c for _, c in key[1]], dtype=torch.bool)
+        if dev.type != "cpu":
+            pin = torch.cuda.is_available()
+            numel = numel.pin_memory().to(dev, non_blocking=True) if pin else numel.to(dev)
+            cplx = cplx.pin_memory().to(dev, non_blocking=True) if pin else cplx.to(dev)
+        if len(_COUNTS) > 64:  # models come and go in a long-lived process (a notebook)
+            _COUNTS.clear()
+        got = _COUNTS[key] = (numel, cplx)
+    return got
+
+
+def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
+    """Per-tensor mean and unbiased std (1-D float32 tensors), from one sum per tensor and the
+    2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64
+    for all the tensors at once.
 
     One pass instead of ``torch.std_mean``'s two (and several times faster on the CPU). The
     identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
     NaN for one element (the caller reports null). A complex tensor's std is torch's complex
     std and its mean is NaN (a complex mean is not one number; the caller reports null).
     """
-    means, stds = [], []
-    for t, norm in zip(tensors, norms, strict=True):
-        n = t.numel()
-        cplx = t.is_complex()
-        if not n:
-            total = torch.zeros((), dtype=torch.float64, device=t.device)
-        elif t.dtype in (torch.float16, torch.bfloat16):
+    if not tensors:
+        return torch.zeros(0), torch.zeros(0)
+    if any(t.device != tensors[0].device for t in tensors):  # a model split across devices
+        parts = [mean_std([t], [n]) for t, n in zip(tensors, norms, strict=True)]
+        dev = tensors[0].device
+        return torch.cat([m.to(dev) for m, _ in parts]), torch.cat([s.to(dev) for _, s in parts])
+    sums = []
+    for t in tensors:
+        if t.dtype in (torch.float16, torch.bfloat16):
             # accumulated in float32: an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits
-            total = t.sum(dtype=torch.float32).to(torch.float64)
+            total = t.sum(dtype=torch.float32)
         else:
             # in the tensor's own precision (pairwise), widened after: sum(dtype=float64) of a
             # float32 tensor is ~10x slower on the CPU
-            total = t.sum().to(torch.complex128 if cplx else torch.float64)
-        mean = total / max(n, 1)
-        if n > 1:
-            mean_sq = mean.abs() ** 2 if cplx else mean * mean
-            var = (norm.to(torch.float64) ** 2 - n * mean_sq) / (n - 1)
-            std = var.clamp_min(0).sqrt()
-        else:
-            std = torch.full((), math.nan, dtype=torch.float64, device=t.device)
-        means.append(torch.full((), math.nan, device=t.device) if cplx else mean.float())
-        stds.append(std.float())
-    return means, stds
+            total = t.sum()
+        sums.append(total.abs() if t.is_complex() else total)  # |mean|^2 is all the std needs
+    numel, cplx = _counts(tensors)
+    total = torch.stack(sums).double()
+    sq = (_stack(norms) if isinstance(norms, list) else norms).double().square()
+    mean = total / numel.clamp_min(1)
+    var = (sq - numel * mean.square()) / (numel - 1)
+    std = torch.where(numel > 1, var.clamp_min(0).sqrt(), math.nan)
+    return torch.where(cplx, math.nan, mean).float(), std.float()
 
 
 def _hist_values(x: Tensor) -> Tensor:
@@ -191,7 +227,64 @@ def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
     return out
 
 
-def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None) -> Tensor:
+HIST_CHUNK = 1 << 21  # elements binned at a time: the transient memory of a histogram is bounded by it
+
+
+def histograms(
+    raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None, exact: bool = False
+) -> Tensor:
+    """Histograms of ``raw`` and ``final`` over common edges, on device with no host read: the
+    layout of :func:`exact_histograms`, which gives the result for tensors with NaN or Inf values.
+
+    For finite values (the usual case) this is the same arithmetic as :func:`exact_histograms` in
+    fewer passes: the range from one ``torch.aminmax`` per tensor, then bins taken in place,
+    :data:`HIST_CHUNK` elements at a time. A tensor holding NaN or Inf gets counts that are
+    meaningless but safe (every index in range): the caller, who learns from the same transfer
+    that its abs-max is not finite, takes :func:`exact_histograms` then (``exact=True``). With a
+    ``span`` (a sharded tensor's range across ranks) it is :func:`exact_histograms`.
+    """
+    if span is not None or exact:
+        return exact_histograms(raw, final, bins, span=span)
+    same = final is not None and _same_values(raw, final)  # no hook edited it: count it once
+    xs = [_hist_values(raw)] + ([_hist_values(final)] if final is not None and not same else [])
+    dev = xs[0].device
+    los, his = [], []
+    for x in xs:
+        if x.numel():
+            lo, hi = torch.aminmax(x)
+        else:
+            lo, hi = torch.full((), math.inf, device=dev), torch.full((), -math.inf, device=dev)
+        los.append(lo)
+        his.append(hi)
+    lo, hi = (torch.stack(los).amin(), torch.stack(his).amax()) if len(xs) > 1 else (los[0], his[0])
+    lo, hi, scale = _edges(lo, hi, bins, dev)
+    parts = [lo.reshape(1), hi.reshape(1)]
+    for x in xs:
+        c = torch.zeros(bins, device=dev)
+        for chunk in x.split(HIST_CHUNK):
+            t = torch.sub(chunk, lo).mul_(scale).nan_to_num_(0.0, bins - 1, 0.0).clamp_(0, bins - 1)
+            idx = t.to(torch.int32)
+            if dev.type == "cpu":
+                c += torch.bincount(idx, minlength=bins)
+            else:  # (bincount would read its input's max on the host to size its output)
+                c.index_add_(0, idx, torch.ones((), device=dev).expand_as(chunk))
+        parts.append(c)
+    if same:
+        parts.append(parts[-1])
+    return torch.cat(parts)
+
+
+def _edges(lo: Tensor, hi: Tensor, bins: int, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(lo, hi, bins / (hi - lo))`` of a histogram: ``[0, 1]`` where no value is finite, and a
+    width for a single value."""
+    some = torch.isfinite(lo) & torch.isfinite(hi)
+    lo = torch.where(some, lo, torch.zeros((), device=dev))
+    hi = torch.where(some, hi, torch.ones((), device=dev))
+    hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
+    return lo, hi, bins / (hi - lo)
+
+
+def exact_histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None) -> Tensor:
     """Histograms of the finite values of ``raw`` and ``final`` over common edges, entirely on
     device and with no host read.
 
@@ -215,11 +308,7 @@ def histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tenso
         hi = torch.stack([r[2] for r in ranged]).amax()
     else:
         lo, hi = -span[0], span[1]
-    some = torch.isfinite(lo) & torch.isfinite(hi)  # no finite value anywhere: the range [0, 1]
-    lo = torch.where(some, lo, torch.zeros((), device=dev))
-    hi = torch.where(some, hi, torch.ones((), device=dev))
-    hi = torch.where(hi > lo, hi, lo + 1e-12 + lo.abs() * 1e-6)
-    scale = bins / (hi - lo)
+    lo, hi, scale = _edges(lo, hi, bins, dev)  # no finite value anywhere: the range [0, 1]
 
     def counts(x: Tensor, fin: Tensor) -> Tensor:
         if x.numel() == 0:

@@ -53,10 +53,10 @@ class RawRead:
     """What :meth:`StepStats.raw` measured before the ``pre_step`` hooks ran (device tensors only)."""
 
     index: list[int]  # parameter indices with a gradient
-    probe: list[Tensor]  # per gradient: abs-max (sampled step) or 2-norm; finite iff the gradient is
+    probe: Tensor | list[Tensor]  # per gradient: abs-max (sampled step) or 2-norm; finite iff the gradient is
     exact: bool  # the probe is the abs-max
     norm_tensors: list[Tensor] = field(default_factory=list)  # sampled steps: the raw 2-norms
-    absmax: list[Tensor] = field(default_factory=list)  # sampled steps (the probe)
+    absmax: Tensor | list[Tensor] = field(default_factory=list)  # sampled steps (the probe), 1-D
     local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
@@ -169,7 +169,10 @@ class StepStats:
         if self.layout is None:
             pack.add("final_norm", fnorms)
             pack.add("final_absmax", fabsmax)
-            means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
+            if len(strided) == len(fgrads):  # the usual case: no sparse gradient
+                means, stds = mean_std(fgrads, fnorms)
+            else:
+                means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
             pack.add("std", stds)
             pack.add("mean", means)
         else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
@@ -287,6 +290,20 @@ class StepStats:
             pack.add(f"eff:{hid}", got[f"eff:{hid}"])
         for i in part.get("hist", {}):
             pack.add(f"hist:{i}", got[f"hist:{i}"])
+
+    def _exact_histograms(self, indices: list[int], raw: RawRead | None) -> dict[int, list[float]]:
+        """The histograms of gradients that hold NaN or Inf (the transfer showed a non-finite
+        abs-max), taken again without them (``stats.exact_histograms``). Rare: one more read, only
+        then. Not under FSDP2, whose histograms are exact already."""
+        if not indices or raw is None or self.layout is not None:
+            return {}
+        out = {}
+        for i in indices:
+            if i not in raw.hist_raw:
+                continue
+            g = self.tensors[i].grad
+            out[i] = histograms(raw.hist_raw[i], dense(g) if g is not None else None, HIST_BINS, exact=True)
+        return {i: h.tolist() for i, h in out.items()}
 
     def _wide_final(
         self,
@@ -466,8 +483,11 @@ class StepStats:
                 "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None,
             }
         hist = {}
+        bad = {i for i, v in zip(raw_idx, raw_absmax_vals, strict=False) if not math.isfinite(v)}
+        bad.update(i for i, v in zip(fin_idx, data.get("final_absmax", []), strict=False) if not math.isfinite(v))
+        exact = self._exact_histograms([i for i in meta.get("hist_idx", []) if i in bad], raw)
         for i in meta.get("hist_idx", []):
-            h = data[f"hist:{i}"]
+            h = exact.get(i) or data[f"hist:{i}"]
             lo, hi = h[0], h[1]
             edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
             final = h[2 + HIST_BINS :] if i in meta.get("hist_final", ()) else None  # None: no final gradient
