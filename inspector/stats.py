@@ -15,7 +15,6 @@ and histograms are of the magnitudes.
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch
@@ -284,7 +283,9 @@ def _edges(lo: Tensor, hi: Tensor, bins: int, dev: torch.device) -> tuple[Tensor
     return lo, hi, bins / (hi - lo)
 
 
-def exact_histograms(raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None) -> Tensor:
+def exact_histograms(
+    raw: Tensor, final: Tensor | None, bins: int = 64, *, span: Tensor | None = None
+) -> Tensor:
     """Histograms of the finite values of ``raw`` and ``final`` over common edges, entirely on
     device and with no host read.
 

@@ -484,7 +484,9 @@ class StepStats:
             }
         hist = {}
         bad = {i for i, v in zip(raw_idx, raw_absmax_vals, strict=False) if not math.isfinite(v)}
-        bad.update(i for i, v in zip(fin_idx, data.get("final_absmax", []), strict=False) if not math.isfinite(v))
+        bad.update(
+            i for i, v in zip(fin_idx, data.get("final_absmax", []), strict=False) if not math.isfinite(v)
+        )
         exact = self._exact_histograms([i for i in meta.get("hist_idx", []) if i in bad], raw)
         for i in meta.get("hist_idx", []):
             h = exact.get(i) or data[f"hist:{i}"]
