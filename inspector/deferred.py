@@ -184,7 +184,7 @@ class _Item:
     def __init__(
         self,
         step: int | None,
-        flat: Tensor | None,
+        flat: Tensor | list[Tensor] | None,
         split: Callable[[list[float]], Any] | None,
         consume: Callable[[Any], None],
     ):
@@ -192,8 +192,8 @@ class _Item:
         self.split = split
         self.consume = consume
         self.event: Any = None  # a torch.cuda.Event recorded after the copy (None: on the host already)
-        if flat is None or flat.is_cpu:
-            self.host = flat  # a fresh tensor of the step's, read at a later boundary
+        if flat is None or isinstance(flat, list) or flat.is_cpu:
+            self.host = flat  # fresh CPU tensors of the step's, read at a later boundary
         elif flat.is_cuda:
             self.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             self.host.copy_(flat, non_blocking=True)
@@ -211,6 +211,9 @@ class _Item:
             return
         if self.event is not None and not self.event.query():
             self.event.synchronize()  # only where the caller chose to wait (finish, close, a pause)
+        if isinstance(self.host, list):  # 0-dim CPU tensors (``submit_flat``)
+            self.consume([x.item() for x in self.host])
+            return
         values = self.host.tolist()
         self.consume(values if self.split is None else self.split(values))
 
@@ -241,8 +244,11 @@ class Deferred:
                 return
             self._q.append(_Item(step, flat, None if flat is None else pack.unflatten, consume))  # type: ignore[union-attr]
 
-    def submit_flat(self, step: int, flat: Tensor, consume: Callable[[list[float]], None]) -> None:
-        """Like :meth:`submit` for one unnamed 1-D float32 tensor: ``consume`` gets its host list."""
+    def submit_flat(
+        self, step: int, flat: Tensor | list[Tensor], consume: Callable[[list[float]], None]
+    ) -> None:
+        """Like :meth:`submit` for one unnamed 1-D float32 tensor (or a list of 0-dim CPU ones):
+        ``consume`` gets its host list."""
         with self._lock:
             self._q.append(_Item(step, flat, None, consume))
 

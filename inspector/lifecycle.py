@@ -251,6 +251,8 @@ class StepLifecycle(DistributedBoundary):
                 self._train_tid = tid
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if self._under_way and self._scaler is None and not (self._reg.pending or self._hooks.dirty):
+            return  # a later forward of the step under way (accumulation): nothing to do
         t0 = time.perf_counter()
         self._claim_training_thread()
         self._check_scaler_skip()

@@ -95,16 +95,19 @@ class StepStats:
             return [p.detach() for p in self.tensors]
         return [local(p.detach()) for p in self.tensors]
 
-    def probe(self) -> tuple[list[int], Tensor] | None:
+    def probe(self) -> tuple[list[int], Tensor | list[Tensor]] | None:
         """The unsampled step's finiteness probe alone, for the usual case (no ``pre_step`` hook, no
-        FSDP2): ``(indices, their gradients' 2-norms stacked)``, one fused norm and one stack, or
+        FSDP2): ``(indices, their gradients' 2-norms)``, one fused norm (and on a device one stack), or
         None where it does not apply (a sparse gradient, which :meth:`raw` densifies; gradients
         on several devices, which :class:`~inspector.telemetry.Pack` gathers)."""
         grads = [g for p in self.tensors if (g := p.grad) is not None]
         if not grads:
             return None
         try:
-            flat = torch.stack(foreach_norm(grads))
+            norms = foreach_norm(grads)
+            # on the CPU the norms are read one by one at a later boundary (no copy to make: one
+            # op fewer per step); elsewhere stacked, for one non_blocking copy
+            flat = norms if grads[0].is_cpu and grads[-1].is_cpu else torch.stack(norms)
         except RuntimeError:  # a sparse gradient has no norm kernel; gradients on several devices
             return None
         if len(grads) == len(self.tensors):
@@ -353,6 +356,8 @@ class StepStats:
 
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
+        if self.raw_read is None and self._pack is None and not self.update.kept:
+            return  # an unsampled step's probe (``probe()``) keeps nothing here
         self.raw_read = None
         self._pack = None
         self._meta = {}
