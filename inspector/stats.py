@@ -106,16 +106,22 @@ def clamp_abs_(tensors: list[Tensor], threshold: float) -> None:
             t.mul_((threshold / t.abs()).clamp_(max=1.0))  # |z| = 0: inf, clamped to 1
 
 
+SMALL_CPU = 1 << 14  # elements up to which the CPU's inf-norm kernel costs less than its calls
+
+
 def absmax(tensors: list[Tensor]) -> Tensor:
     """Per-tensor largest absolute value (magnitude, for complex), as one 1-D float32 tensor.
 
     On CUDA one fused ``torch._foreach_norm(..., inf)``; on the CPU that kernel is several
-    times slower than a min/max pass, so there it is ``torch.aminmax`` per tensor, combined in
-    two stacks (a complex tensor has no order: the max of its magnitudes).
+    times slower than a min/max pass, so there (unless every tensor is small, up to
+    ``SMALL_CPU`` elements) it is ``torch.aminmax`` per tensor, combined in two stacks (a
+    complex tensor has no order: the max of its magnitudes).
     """
     if not tensors:
         return torch.zeros(0)
-    if tensors[0].device.type == "cuda":
+    cuda = tensors[0].device.type == "cuda"
+    if all(0 < t.numel() and (cuda or t.numel() <= SMALL_CPU) for t in tensors):
+        # (small tensors: one op beats 2 per tensor; an empty one has no inf-norm in that kernel)
         return _stack(foreach_norm(tensors, math.inf))
     los, his = [], []
     for t in tensors:
@@ -140,32 +146,37 @@ def _stack(xs: list[Tensor]) -> Tensor:
         return torch.stack([x.to(dev) for x in xs])
 
 
-_COUNTS: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}  # (device, shapes) -> (numels, complex mask)
+_COUNTS: dict[tuple[Any, ...], tuple[Tensor, Tensor, Tensor | None]] = {}  # (device, sizes) -> constants
 
 
-def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The tensors' element counts (float64) and which are complex, on their device, built once per
-    device and set of sizes: a pinned ``non_blocking`` copy, so the host never waits for it."""
+def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per tensor, on its device: the element count ``n`` (at least 1), ``1 / (n - 1)`` (NaN for
+    n <= 1: no unbiased std) in float64, and which are complex (None: none is). Built once per
+    device and set of sizes, by a pinned ``non_blocking`` copy, so the host never waits for it."""
     dev = tensors[0].device
     key = (dev, tuple((t.numel(), t.is_complex()) for t in tensors))
     got = _COUNTS.get(key)
     if got is None:
-        numel = torch.tensor([float(n) for n, _ in key[1]], dtype=torch.float64)
-        cplx = torch.tensor([c for _, c in key[1]], dtype=torch.bool)
+        ns = [n for n, _ in key[1]]
+        host = [
+            torch.tensor([float(max(n, 1)) for n in ns], dtype=torch.float64),
+            torch.tensor([1.0 / (n - 1) if n > 1 else math.nan for n in ns], dtype=torch.float64),
+        ]
+        if any(c for _, c in key[1]):
+            host.append(torch.tensor([c for _, c in key[1]], dtype=torch.bool))
         if dev.type != "cpu":
             pin = torch.cuda.is_available()
-            numel = numel.pin_memory().to(dev, non_blocking=True) if pin else numel.to(dev)
-            cplx = cplx.pin_memory().to(dev, non_blocking=True) if pin else cplx.to(dev)
+            host = [h.pin_memory().to(dev, non_blocking=True) if pin else h.to(dev) for h in host]
         if len(_COUNTS) > 64:  # models come and go in a long-lived process (a notebook)
             _COUNTS.clear()
-        got = _COUNTS[key] = (numel, cplx)
+        got = _COUNTS[key] = (host[0], host[1], host[2] if len(host) > 2 else None)
     return got
 
 
 def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
     """Per-tensor mean and unbiased std (1-D float32 tensors), from one sum per tensor and the
     2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64
-    for all the tensors at once.
+    for all the tensors at once (a dozen ops, whatever their number).
 
     One pass instead of ``torch.std_mean``'s two (and several times faster on the CPU). The
     identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
@@ -188,13 +199,13 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tenso
             # float32 tensor is ~10x slower on the CPU
             total = t.sum()
         sums.append(total.abs() if t.is_complex() else total)  # |mean|^2 is all the std needs
-    numel, cplx = _counts(tensors)
+    numel, inv_nm1, cplx = _counts(tensors)
     total = torch.stack(sums).double()
+    mean = total / numel
     sq = (_stack(norms) if isinstance(norms, list) else norms).double().square()
-    mean = total / numel.clamp_min(1)
-    var = (sq - numel * mean.square()) / (numel - 1)
-    std = torch.where(numel > 1, var.clamp_min(0).sqrt(), math.nan)
-    return torch.where(cplx, math.nan, mean).float(), std.float()
+    std = sq.sub_(total.mul_(mean)).mul_(inv_nm1).clamp_min_(0).sqrt_()  # n * mean^2 = total * mean
+    mean = mean.float()
+    return (mean if cplx is None else mean.masked_fill_(cplx, math.nan)), std.float()
 
 
 def _hist_values(x: Tensor) -> Tensor:

@@ -184,8 +184,10 @@ class Pack:
             except RuntimeError:  # mixed devices or shapes of one element
                 dev = values[0].device
                 values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
+        if values.dim() != 1:
+            values = values.reshape(-1)
         self._names.append(name)
-        self._parts.append(values.reshape(-1).float())
+        self._parts.append(values if values.dtype == torch.float32 else values.float())
 
     def __bool__(self) -> bool:
         return bool(self._parts)
@@ -197,8 +199,11 @@ class Pack:
         parts = self._parts
         if len(parts) == 1:
             return parts[0]
-        dev = parts[0].device
-        return torch.cat([p.to(dev) for p in parts])
+        try:
+            return torch.cat(parts)
+        except RuntimeError:  # on several devices: gathered on the first one's (no host read)
+            dev = parts[0].device
+            return torch.cat([p.to(dev) for p in parts])
 
     def unflatten(self, host: list[float]) -> dict[str, list[float]]:
         """The host values of :meth:`flat`, split back into the named segments."""
