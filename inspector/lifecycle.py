@@ -85,6 +85,7 @@ class StepLifecycle(DistributedBoundary):
     _dist_checks: list[Check]  # under torch.distributed: checks read at this boundary, for the exchange
     _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
     _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
+    _telemetry_seen: set[str]  # statistics failures reported so far (each one once)
     # control
     _paused: bool
     _credit: int  # single steps still allowed while paused
@@ -108,6 +109,7 @@ class StepLifecycle(DistributedBoundary):
         self._skip_known = False
         self._dist_checks = []
         self._hist_next = []
+        self._telemetry_seen = set()
         self._paused = False
         self._credit = 0
         self._waiting = False
@@ -355,7 +357,11 @@ class StepLifecycle(DistributedBoundary):
         ):
             # the usual unsampled step: nothing but the probe to check (the same check build_check
             # makes, without its segments)
-            probe = self._stats.probe()
+            try:
+                probe = self._stats.probe()
+            except Exception as e:  # never take training down for telemetry
+                self._telemetry_failed("the NaN/Inf probe", e)
+                probe = None
             if probe is not None:
                 self._deferred.submit_flat(self._step + 1, probe[1], _ProbeCheck(self, probe[0]))
                 self._t_ours += time.perf_counter() - t0
@@ -374,7 +380,11 @@ class StepLifecycle(DistributedBoundary):
                 p = state.spec.params
                 if state.spec.kind not in ("freeze", "nan_guard") or p.get("action") == "zero":
                     touched.update(t.index for t in targets)
-        raw = self._stats.raw(self._hooks, sampled, hist, touched)
+        try:
+            raw = self._stats.raw(self._hooks, sampled, hist, touched)
+        except Exception as e:  # never take training down for telemetry: the hooks still run
+            self._telemetry_failed("the raw gradient statistics", e)
+            raw, sampled = RawRead([], [], False), False
         skip = False
         guards: list[GuardResult] = []
         for state, targets in plan.pre:
@@ -394,8 +404,19 @@ class StepLifecycle(DistributedBoundary):
             self._event("step_skipped", step=self._step + 1, reason="nan_guard")
         self._submit_check(raw, guards, skip)
         if sampled:
-            self._stats.final(raw, hooks_ran=bool(plan.pre) or skip, guards=guards, touched=touched)
+            try:
+                self._stats.final(raw, hooks_ran=bool(plan.pre) or skip, guards=guards, touched=touched)
+            except Exception as e:  # the snapshot then shows what it has (nulls)
+                self._telemetry_failed("the final gradient statistics", e)
         self._t_ours += time.perf_counter() - t0
+
+    def _telemetry_failed(self, what: str, err: BaseException) -> None:
+        """Our statistics raised inside the user's ``optimizer.step()``: report it (once per
+        message: it would recur every step) and go on, the hooks applied as ever."""
+        message = f"{what} could not be taken: {describe_error(err)}"
+        if message not in self._telemetry_seen:
+            self._telemetry_seen.add(message)
+            self._event("telemetry_error", message=message, step=self._step + 1)
 
     def _submit_check(self, raw: RawRead, guards: list[GuardResult], skipped: bool) -> None:
         """Start this step's NaN/Inf check on its way to the host (read at a later boundary)."""

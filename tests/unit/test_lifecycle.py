@@ -392,6 +392,30 @@ def test_a_telemetry_failure_is_its_own_event_and_training_goes_on(mlp, monkeypa
         assert insp.step == 2
 
 
+@pytest.mark.parametrize("part", ["raw", "final", "probe"])
+def test_a_statistics_failure_inside_step_is_reported_once_and_the_hooks_still_apply(mlp, monkeypatch, part):
+    """Our raw/final statistics and the unsampled probe run inside the user's optimizer.step():
+    one that raises must not take the step down, nor keep a clip from applying."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    clip = part != "probe"  # (the probe alone is the unsampled step without a pre_step hook)
+    with inspector.attach(mlp, opt, every=1 if clip else 1000) as insp:
+        if clip:
+            insp.add_hook("clip_value", point="pre_step", threshold=1e-4)
+
+        def broken(*a, **kw):
+            raise RuntimeError(f"{part} bug")
+
+        monkeypatch.setattr(insp._stats, part, broken)
+        x, y = batch()
+        for _ in range(3):
+            train_step(mlp, opt, x, y)
+            assert not clip or all(p.grad.abs().max() <= 1e-4 + 1e-9 for p in mlp.parameters())
+        assert insp.step == 3
+    errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+    assert len(errors) == 1 and f"{part} bug" in errors[0]["message"], errors
+    assert not [e for e in insp.events() if e["kind"] == "hook_error"]
+
+
 def test_close_says_when_the_last_late_records_are_lost(mlp, monkeypatch):
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     insp = inspector.attach(mlp, opt)
