@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import inspector  # noqa: E402
 from inspector.scenarios import make  # noqa: E402
-from inspector.update_ratio import BUDGET, FLOOR, strides  # noqa: E402
+from inspector.update_ratio import BUDGET, FLOOR, sample_numel, strides  # noqa: E402
 
 
 def trained(name: str) -> tuple[int, int, int]:
@@ -68,7 +68,7 @@ def gpt2_small_shapes() -> tuple[int, int]:
     item = [2] * len(shapes)
     s = strides(shapes, item)
     pbytes = sum(math.prod(x) * 2 for x in shapes)
-    kept = sum(math.ceil(math.prod(x) / k) * 2 for x, k in zip(shapes, s, strict=True))
+    kept = sum(sample_numel(x, k) * 2 for x, k in zip(shapes, s, strict=True))
     return pbytes, kept
 
 

@@ -6,15 +6,18 @@ of the parameters' bytes, or ``FLOOR`` bytes when that is more (a small model is
 
 - while everything fits, every parameter is kept whole, and the ratio is exact;
 - otherwise the small parameters (up to ``SMALL`` elements: biases, norms) are kept whole, and
-  each larger one as every ``s``-th element of its flattened values, ``s`` the smallest stride
-  that keeps the total within the budget (at least 2), moved up to be coprime with the
-  parameter's last dimension so that the sample runs diagonally through every row and column.
-  Its update norm is then estimated as ``||delta_S|| * sqrt(numel / |S|)``: for the large
-  tensors of a real model (``|S|`` in the tens of thousands) within a fraction of a percent.
+  each larger one as every ``s``-th block of ``BLOCK`` consecutive elements of its flattened
+  values, ``s`` the smallest stride that keeps the total within the budget (at least 2). Its
+  update norm is then estimated as ``||delta_S|| * sqrt(numel / |S|)``: for the large tensors of
+  a real model (``|S|`` in the thousands and up) within a few percent.
+
+Blocks of a cache line, not every ``s``-th element: a copy of every ``s``-th element with ``s``
+under 16 touches every cache line of the parameter (a full pass over its memory, twice per
+sampled step), while blocks are read only where they are kept.
 
 The buffers are allocated once, at the first sampled step, in each parameter's dtype and on its
 device (this rank's shard under FSDP2), and filled on sampled steps only; taking the ratio costs
-one strided copy before the update, an in-place subtraction and one batched norm after it.
+one block-strided copy before the update, an in-place subtraction and one batched norm after it.
 """
 
 from __future__ import annotations
@@ -26,21 +29,30 @@ from torch import Tensor
 
 from .stats import foreach_norm
 
-__all__ = ["BUDGET", "FLOOR", "SMALL", "UpdateProbe", "strides"]
+__all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "strides"]
 
 BUDGET = 0.10  # the largest share of the parameters' bytes kept
 FLOOR = 1 << 20  # bytes always allowed (a model under 10 MiB may keep more than 10 %)
 SMALL = 4096  # parameters up to this many elements are kept whole when strides are needed
+BLOCK = 16  # elements per block kept or left (64 bytes in float32: a cache line)
 
 
-def _coprime(s: int, last: int) -> int:
-    while last > 1 and math.gcd(s, last) != 1:
-        s += 1
-    return s
+def _block(shape: torch.Size) -> int:
+    """The length of a block that is kept or left whole: ``BLOCK``, or all of a smaller tensor."""
+    return max(1, min(BLOCK, math.prod(shape)))
+
+
+def sample_numel(shape: torch.Size, s: int) -> int:
+    """How many elements a parameter of ``shape`` sampled at stride ``s`` keeps."""
+    n = math.prod(shape)
+    if s == 1:
+        return n
+    b = _block(shape)
+    return math.ceil((n // b) / s) * b
 
 
 def strides(shapes: list[torch.Size], itemsizes: list[int]) -> list[int]:
-    """The stride each parameter is sampled with (1: kept whole), within the budget above."""
+    """The block stride each parameter is sampled with (1: kept whole), within the budget above."""
     sizes = [math.prod(s) * b for s, b in zip(shapes, itemsizes, strict=True)]
     total = sum(sizes)
     budget = max(BUDGET * total, FLOOR)
@@ -53,14 +65,26 @@ def strides(shapes: list[torch.Size], itemsizes: list[int]) -> list[int]:
     if room <= 0:  # many small parameters: sample them too
         small, room, rest = [False] * len(shapes), budget, total
     s = max(2, math.ceil(rest / room))
-    return [
-        1 if sm else _coprime(s, int(shape[-1]) if len(shape) else 1)
-        for shape, sm in zip(shapes, small, strict=True)
-    ]
+    while True:  # whole blocks round the sample up: widen the stride until it fits
+        out = [1 if sm else s for sm in small]
+        kept = sum(sample_numel(x, k) * b for x, k, b in zip(shapes, out, itemsizes, strict=True))
+        if kept <= budget:
+            return out
+        s += 1
 
 
 def _flat(p: Tensor) -> Tensor:
     return p.reshape(-1)  # a view of a contiguous parameter (a copy otherwise, transient)
+
+
+def _sample(p: Tensor, s: int) -> Tensor:
+    """Every ``s``-th block of ``p`` (a view), or ``p`` flattened for ``s == 1``."""
+    f = _flat(p)
+    if s == 1:
+        return f
+    b = _block(p.shape)
+    rows = f.numel() // b
+    return f[: rows * b].view(rows, b)[::s]
 
 
 class UpdateProbe:
@@ -78,7 +102,7 @@ class UpdateProbe:
         return sum(b.numel() * b.element_size() for b in self._bufs or [])
 
     def _views(self, ps: list[Tensor]) -> list[Tensor]:
-        return [_flat(p) if s == 1 else _flat(p)[::s] for p, s in zip(ps, self._strides, strict=True)]
+        return [_sample(p, s) for p, s in zip(ps, self._strides, strict=True)]
 
     def keep(self, ps: list[Tensor]) -> None:
         """Before the update: copy the parameters' sample (``ps`` detached; local shards under FSDP2)."""
