@@ -4,7 +4,8 @@
 1, 1+N, 1+2N, ...; otherwise it keeps the inspector's own measured cost within
 ``budget`` (a fraction of the wall-clock step): hooks and NaN/Inf detection still run
 every step (their cost is ``base``), and the full statistics (cost ``sampled``) run
-every k-th step with ``k = ceil((sampled - base) / (budget * step - base))``, moved by at
+every k-th step with ``k = ceil((sampled - base) / room)``, ``room = budget * step - base``
+but at least ``MIN_ROOM`` of ``budget * step``, moved by at
 most a doubling at a time and capped so that a snapshot comes about once a second.
 
 Short runs are shown densely: the first ``DENSE_STEPS`` steps are all sampled (so a run that
@@ -43,6 +44,7 @@ DENSE_STEPS = 20  # the first steps, all sampled
 DECADE = 10  # after them, k <= step // DECADE
 WINDOW = 7  # each cost: the median of its last WINDOW measurements
 PROBE = 16  # at k = 1 under the budget, one unsampled step after this many sampled ones
+MIN_ROOM = 0.25  # the share of the aimed-at cost the statistics get when the every-step work takes it all
 
 
 def check_cadence(budget: Any, every: Any, hist_every: Any) -> None:
@@ -129,9 +131,11 @@ class Cadence:
     def _choose_k(self) -> int:
         """The next sampling interval (see the module docstring), moved gradually.
 
-        When the every-step work alone already exceeds the budget (a tiny model, a busy CPU),
-        sampling less cannot fix that: the interval then only keeps the statistics' own extra
-        cost within the budget. It at most doubles from one sampled step to the next, and stays
+        When the every-step work alone already takes (nearly) all of the share aimed at (a tiny
+        model, a large one on the CPU, where the NaN/Inf probe is a pass over every gradient),
+        sampling less cannot fix that: the interval then keeps the statistics' own extra cost
+        within ``MIN_ROOM`` of that share, on top of it (it once gave them the whole share again,
+        doubling the cost of such a run). It at most doubles from one sampled step to the next, and stays
         short enough for about one snapshot a second, so the dashboard never goes quiet.
         """
         if self._wall is None or self._sampled_cost is None:
@@ -144,9 +148,7 @@ class Cadence:
         # around it (caches evicted by our passes over the gradients and parameters), which the
         # benchmark (bench/overhead.py) measures at about as much again
         target = SAFETY * self.budget * self._wall
-        room = target - base
-        if room <= 0:
-            room = target
+        room = max(target - base, MIN_ROOM * target)
         k = math.ceil(extra / room)
         k = min(k, 2 * self.k, max(1, int(1.0 / self._wall)))
         return max(1, min(MAX_EVERY, k))

@@ -88,17 +88,18 @@ def test_cadence_one_slow_early_wall_step_is_re_measured():
 
 def test_cadence_grows_gradually_and_keeps_about_a_snapshot_a_second():
     c = Cadence(0.03, None)
-    # 10 ms steps, every-step work alone over budget (1 ms > 0.3 ms), 5 ms statistics
+    # 10 ms steps, every-step work alone over budget (1 ms > 0.3 ms), 2 ms statistics
     ks = []
     for step in range(1, 400):
         sampled = c.is_sampled(step)
-        c.observe(step, sampled, 0.005 if sampled else 0.001, 0.010)
+        c.observe(step, sampled, 0.002 if sampled else 0.001, 0.010)
         if sampled:
             ks.append(c.k)
     assert ks[: DENSE_STEPS - 1] == [1] * (DENSE_STEPS - 1)  # the dense start
     assert all(b <= 2 * a for a, b in zip(ks, ks[1:], strict=False))  # then at most doubling
     assert max(ks) <= 100  # about one snapshot a second at 100 steps a second
-    # the statistics' own extra cost within half the budget (the cadence's safety margin): ceil(4 / 0.15)
+    # the statistics' own extra cost within a quarter (MIN_ROOM) of half the budget (the cadence's
+    # safety margin), on top of the every-step work that took it all: ceil(1 / (0.25 * 0.15))
     assert ks[-1] == 27
 
 
