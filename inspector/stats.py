@@ -237,7 +237,7 @@ def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
     return out
 
 
-HIST_CHUNK = 1 << 21  # elements binned at a time: the transient memory of a histogram is bounded by it
+HIST_CHUNK = 1 << 18  # elements binned at a time: the transient memory of a histogram is bounded by it
 
 
 def histograms(
@@ -269,12 +269,19 @@ def histograms(
     lo, hi = (torch.stack(los).amin(), torch.stack(his).amax()) if len(xs) > 1 else (los[0], his[0])
     lo, hi, scale = _edges(lo, hi, bins, dev)
     parts = [lo.reshape(1), hi.reshape(1)]
+    cpu = dev.type == "cpu"
+    size = min(max(x.numel() for x in xs), HIST_CHUNK)
+    # scratch for one chunk, filled in place (a fresh tensor per op would fault its pages in)
+    buf = torch.empty(size, device=dev)
+    ibuf = torch.empty(size, dtype=torch.uint8 if cpu and bins <= 256 else torch.int32, device=dev)
     for x in xs:
         c = torch.zeros(bins, device=dev)
-        for chunk in x.split(HIST_CHUNK):
-            t = torch.sub(chunk, lo).mul_(scale).nan_to_num_(0.0, bins - 1, 0.0).clamp_(0, bins - 1)
-            idx = t.to(torch.int32)
-            if dev.type == "cpu":
+        for at in range(0, x.numel(), HIST_CHUNK):
+            chunk = x[at : at + HIST_CHUNK]
+            t, idx = buf[: chunk.numel()], ibuf[: chunk.numel()]
+            torch.sub(chunk, lo, out=t).mul_(scale).nan_to_num_(0.0, bins - 1, 0.0).clamp_(0, bins - 1)
+            idx.copy_(t)  # truncated, as .to() does: the bin
+            if cpu:
                 c += torch.bincount(idx, minlength=bins)
             else:  # (bincount would read its input's max on the host to size its output)
                 c.index_add_(0, idx, torch.ones((), device=dev).expand_as(chunk))
