@@ -9,6 +9,7 @@ fully_shard, ...), which runs in each rank after the process group is up.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -74,7 +75,6 @@ def rank_main(args: argparse.Namespace, variants: Variants, job: str, wrap: Call
         for name in variants:
             r = f"{statistics.median(ratios[name]):.3f}" if ratios[name] else "1 (base)"
             print(f"{name:38s} {statistics.median(times[name]) * 1e3:9.2f} ms {r:>13s}")
-    dist.destroy_process_group()
 
 
 def main(script: str, doc: str, variants: Variants, job: str, wrap: Callable[[Any], Any]) -> None:
@@ -89,6 +89,12 @@ def main(script: str, doc: str, variants: Variants, job: str, wrap: Callable[[An
     args.steps = args.steps or (20 if args.quick else 60)
     if args.rank_main:
         rank_main(args, variants, job, wrap)
+        # the group goes after the model (rank_main's locals): an FSDP2 model freed after
+        # destroy_process_group() can abort the process (gloo, torch 2.13)
+        import torch.distributed as dist
+
+        gc.collect()
+        dist.destroy_process_group()
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

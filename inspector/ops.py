@@ -165,9 +165,9 @@ def _clip_norm_coefs(
         dev = grads[0].device
         stacked = torch.stack([n.to(dev) for n in norms])
         if math.isinf(norm_type):
-            norms = list(layout.combine(stacked, torch.zeros(len(norms), dtype=torch.bool)).unbind())
+            norms = list(layout.combine(stacked, (False,) * len(norms)).unbind())
         else:
-            summed = layout.combine(stacked.pow(norm_type), torch.tensor(sharded, dtype=torch.bool))
+            summed = layout.combine(stacked.pow(norm_type), tuple(sharded))
             norms = list(summed.pow(1.0 / norm_type).unbind())
     if mode == "global":
         dev = grads[0].device
@@ -339,8 +339,7 @@ def _full_counts(tg: list[ParamTarget], flat: Tensor) -> Tensor:
     every rank decides alike (one collective)."""
     lay = tg[0].layout
     assert lay is not None
-    summed = torch.tensor([t.sharded for t in tg for _ in (0, 1)], dtype=torch.bool)
-    return lay.combine(flat, summed)
+    return lay.combine(flat, tuple(t.sharded for t in tg for _ in (0, 1)))
 
 
 def _nan_guard_read(

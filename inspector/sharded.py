@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .errors import AttachError
+from .stats import device_constant
 
 __all__ = ["Layout", "layout_of", "local", "is_dtensor"]
 
@@ -64,11 +65,14 @@ class Layout:
     def is_sharded(self, i: int) -> bool:
         return self.sharded[i]
 
-    def combine(self, values: Tensor, summed: Tensor) -> Tensor:
+    def combine(self, values: Tensor, summed: tuple[bool, ...]) -> Tensor:
         """One collective: ``values`` (1-D float32, every rank the same length) gathered from every
-        rank, then per column the sum over ranks where ``summed`` else the max (NaN propagates)."""
+        rank, then per column the sum over ranks where ``summed`` else the max (NaN propagates).
+        ``summed`` is host data: its device mask is built once (``stats.device_constant``)."""
         home = values.device
         values = values.reshape(-1).float().contiguous()
+        if len(summed) != values.numel():
+            raise ValueError(f"combine: {len(summed)} flags for {values.numel()} values")
         if self.world == 1:
             return values
         if self.device is not None and values.device != self.device:
@@ -76,7 +80,8 @@ class Layout:
         out = torch.empty(self.world * values.numel(), dtype=values.dtype, device=values.device)
         _all_gather(out, values, group=self.group)
         rows = out.reshape(self.world, -1)
-        return torch.where(summed.to(values.device), rows.sum(0), rows.amax(0)).to(home)
+        mask = device_constant(summed, torch.bool, values.device)
+        return torch.where(mask, rows.sum(0), rows.amax(0)).to(home)
 
 
 # torch 2.13 names it all_gather_single (all_gather_into_tensor, deprecated there, is the older name)

@@ -27,6 +27,7 @@ __all__ = [
     "histograms",
     "exact_histograms",
     "dense",
+    "device_constant",
     "wide_norm",
     "sq_norm",
     "clamp_abs_",
@@ -146,31 +147,37 @@ def _stack(xs: list[Tensor]) -> Tensor:
         return torch.stack([x.to(dev) for x in xs])
 
 
-_COUNTS: dict[tuple[Any, ...], tuple[Tensor, Tensor, Tensor | None]] = {}  # (device, sizes) -> constants
+_CONSTANTS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def device_constant(values: tuple[Any, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.tensor(values, dtype=dtype)`` on ``device``, built once per (values, dtype, device):
+    the first time by a pinned ``non_blocking`` copy, never again. A tensor made from host data and
+    moved to a GPU from pageable memory is a copy that synchronises (torch waits for it), so the
+    masks, indices and counts our statistics use on every sampled step come from here."""
+    key = (device, dtype, values)
+    got = _CONSTANTS.get(key)
+    if got is None:
+        got = torch.tensor(values, dtype=dtype)
+        if device.type == "cuda":
+            got = got.pin_memory().to(device, non_blocking=True)
+        elif device.type != "cpu":
+            got = got.to(device)
+        if len(_CONSTANTS) > 256:  # models come and go in a long-lived process (a notebook)
+            _CONSTANTS.clear()
+        _CONSTANTS[key] = got
+    return got
 
 
 def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per tensor, on its device: the element count ``n`` (at least 1), ``1 / (n - 1)`` (NaN for
-    n <= 1: no unbiased std) in float64, and which are complex (None: none is). Built once per
-    device and set of sizes, by a pinned ``non_blocking`` copy, so the host never waits for it."""
+    n <= 1: no unbiased std) in float64, and which are complex (None: none is)."""
     dev = tensors[0].device
-    key = (dev, tuple((t.numel(), t.is_complex()) for t in tensors))
-    got = _COUNTS.get(key)
-    if got is None:
-        ns = [n for n, _ in key[1]]
-        host = [
-            torch.tensor([float(max(n, 1)) for n in ns], dtype=torch.float64),
-            torch.tensor([1.0 / (n - 1) if n > 1 else math.nan for n in ns], dtype=torch.float64),
-        ]
-        if any(c for _, c in key[1]):
-            host.append(torch.tensor([c for _, c in key[1]], dtype=torch.bool))
-        if dev.type != "cpu":
-            pin = torch.cuda.is_available()
-            host = [h.pin_memory().to(dev, non_blocking=True) if pin else h.to(dev) for h in host]
-        if len(_COUNTS) > 64:  # models come and go in a long-lived process (a notebook)
-            _COUNTS.clear()
-        got = _COUNTS[key] = (host[0], host[1], host[2] if len(host) > 2 else None)
-    return got
+    ns = tuple(t.numel() for t in tensors)
+    cplx = tuple(t.is_complex() for t in tensors)
+    numel = device_constant(tuple(float(max(n, 1)) for n in ns), torch.float64, dev)
+    inv = device_constant(tuple(1.0 / (n - 1) if n > 1 else math.nan for n in ns), torch.float64, dev)
+    return numel, inv, (device_constant(cplx, torch.bool, dev) if any(cplx) else None)
 
 
 def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tensor, Tensor]:

@@ -26,6 +26,7 @@ histogram of a sharded parameter takes its range from one collective of its own 
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -40,7 +41,16 @@ from .histsel import HIST_BINS
 from .ops import GuardResult, HookState, count_nonfinite
 from .records import Snapshot
 from .sharded import Layout, local
-from .stats import absmax, dense, foreach_norm, histograms, mean_std, value_range, wide_norm
+from .stats import (
+    absmax,
+    dense,
+    device_constant,
+    foreach_norm,
+    histograms,
+    mean_std,
+    value_range,
+    wide_norm,
+)
 from .telemetry import Pack
 from .torch_hooks import TorchHooks
 from .update_ratio import UpdateProbe
@@ -216,7 +226,7 @@ class StepStats:
         if lay is None or not mine:
             return {}
         ranges = torch.cat([value_range(g, f) for _, g, f in mine])
-        ranges = lay.combine(ranges, torch.zeros(ranges.numel(), dtype=torch.bool))
+        ranges = lay.combine(ranges, (False,) * ranges.numel())
         return {h[0]: ranges[2 * k : 2 * k + 2] for k, h in enumerate(mine)}
 
     def _combine(
@@ -238,16 +248,20 @@ class StepStats:
         assert lay is not None
         n = len(self.params)
         dev = pnorms[0].device if pnorms else torch.device("cpu")
-        sharded = torch.tensor(lay.sharded, dtype=torch.bool)
-        cols: list[tuple[str, Tensor, Tensor]] = []
+        # (masks and indices are host data: on the device once, stats.device_constant; a tensor
+        # made from a list and moved to a GPU is a copy that synchronises)
+        sharded, unsummed = tuple(lay.sharded), (False,) * n
+        cols: list[tuple[str, Tensor, tuple[bool, ...]]] = []
 
-        def column(name: str, indices: list[int], values: list[Tensor], *, summed: bool) -> None:
+        def pick(t: Tensor, indices: list[int]) -> Tensor:
+            return t.index_select(0, device_constant(tuple(indices), torch.int64, t.device))
+
+        def column(name: str, indices: list[int], values: Any, *, summed: bool) -> None:
             v = torch.zeros(n, device=dev)
             if indices:
-                v[torch.tensor(indices, device=dev)] = torch.stack(
-                    [x.reshape(()).to(dev, torch.float32) for x in values]
-                )
-            cols.append((name, v, sharded if summed else torch.zeros(n, dtype=torch.bool)))
+                got = torch.stack([x.reshape(()).to(dev, torch.float32) for x in values])
+                v.index_copy_(0, device_constant(tuple(indices), torch.int64, dev), got)
+            cols.append((name, v, sharded if summed else unsummed))
 
         raw_idx = raw.index if raw is not None else []
         part = self._part
@@ -258,32 +272,33 @@ class StepStats:
         column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
         column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
         column("re", dense_idx, [x.real if x.is_complex() else x for x in sums], summed=True)
-        column("im", dense_idx, [x.imag if x.is_complex() else torch.zeros(()) for x in sums], summed=True)
+        column("im", dense_idx, [x.imag if x.is_complex() else x.new_zeros(()) for x in sums], summed=True)
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
             v = torch.stack([x.to(dev) for x in e])
-            cols.append((f"eff:{hid}", v, torch.ones(3, dtype=torch.bool)))
+            cols.append((f"eff:{hid}", v, (True, True, True)))
         for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
-            summed = torch.ones(h.numel(), dtype=torch.bool)
-            summed[:2] = False
-            cols.append((f"hist:{i}", h.to(dev), summed))
-        flat = lay.combine(torch.cat([c[1] for c in cols]), torch.cat([c[2] for c in cols]))
+            cols.append((f"hist:{i}", h.to(dev), (False, False) + (True,) * (h.numel() - 2)))
+        flat = lay.combine(
+            torch.cat([c[1] for c in cols]), tuple(itertools.chain.from_iterable(c[2] for c in cols))
+        )
         got, at = {}, 0
         for name, v, _ in cols:
             got[name] = flat[at : at + v.numel()]
             at += v.numel()
         if raw_idx:
-            pack.add("raw_norm", got["raw_sq"].sqrt()[raw_idx])
-            pack.add("raw_absmax", got["raw_am"][raw_idx])
+            pack.add("raw_norm", pick(got["raw_sq"].sqrt(), raw_idx))
+            pack.add("raw_absmax", pick(got["raw_am"], raw_idx))
         if fin_idx:
-            pack.add("final_norm", got["fin_sq"][fin_idx].sqrt())
-            pack.add("final_absmax", got["fin_am"][fin_idx])
+            pack.add("final_norm", pick(got["fin_sq"], fin_idx).sqrt())
+            pack.add("final_absmax", pick(got["fin_am"], fin_idx))
         if dense_idx:
-            numel = torch.tensor([float(self.tensors[i].numel()) for i in dense_idx], dtype=torch.float64)
-            numel = numel.to(dev)
-            re, im = got["re"][dense_idx].double() / numel, got["im"][dense_idx].double() / numel
-            var = (got["fin_sq"][dense_idx].double() - numel * (re * re + im * im)) / (numel - 1)
+            numel = device_constant(
+                tuple(float(self.tensors[i].numel()) for i in dense_idx), torch.float64, dev
+            )
+            re, im = pick(got["re"], dense_idx).double() / numel, pick(got["im"], dense_idx).double() / numel
+            var = (pick(got["fin_sq"], dense_idx).double() - numel * (re * re + im * im)) / (numel - 1)
             pack.add("std", torch.where(numel > 1, var.clamp_min(0).sqrt(), math.nan).float())
             pack.add("mean", re.float())
         pack.add("param_norm", got["p_sq"].sqrt())

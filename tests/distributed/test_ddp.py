@@ -119,7 +119,13 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
 
         def held():
             s = session()
-            ok = s["state"] == "paused" and last_step(tmp_path, 0) == last_step(tmp_path, 1) == s["step"] - 1
+            # "held": the pause has taken hold (the state says "paused" as soon as it is asked for, while
+            # the boundary under way may still let its step go: then a single step would run two)
+            ok = (
+                s["state"] == "paused"
+                and s["held"]
+                and last_step(tmp_path, 0) == last_step(tmp_path, 1) == s["step"] - 1
+            )
             return s["step"] if ok else None
 
         held_at = poll(held, what="both ranks held")

@@ -91,7 +91,13 @@ def test_fsdp2_two_ranks_share_hooks_pause_and_report_full_gradients(tmp_path):
 
         def held():
             s = session()
-            ok = s["state"] == "paused" and last_step(tmp_path, 0) == last_step(tmp_path, 1) == s["step"] - 1
+            # "held": the pause has taken hold (the state says "paused" as soon as it is asked for, while
+            # the boundary under way may still let its step go: then a single step would run two)
+            ok = (
+                s["state"] == "paused"
+                and s["held"]
+                and last_step(tmp_path, 0) == last_step(tmp_path, 1) == s["step"] - 1
+            )
             return s["step"] if ok else None
 
         held_at = poll(held, what="both ranks held")
@@ -234,17 +240,40 @@ insp.add_hook("module_log", target="2", point="module", grad_input=True)
 insp.add_hook("freeze", target="2.weight")
 insp.set_hist_params(["0.weight"])
 data = torch.Generator().manual_seed(rank)
-for _ in range(6):
+from torch.utils._python_dispatch import TorchDispatchMode
+class HostData(TorchDispatchMode):  # tensors made from host data (torch.tensor(list)) by our statistics
+    def __init__(self):
+        super().__init__(); self.made = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:
+            f = sys._getframe(1)
+            while f is not None:
+                name = f.f_globals.get("__name__", "")
+                if name.startswith("inspector."):
+                    # (the control plane's rows are CPU tensors for its own gloo group, by design)
+                    if name != "inspector.distributed":
+                        self.made.append(f"{name}:{f.f_lineno}")
+                    break
+                f = f.f_back
+        return func(*args, **(kwargs or {}))
+host_data = HostData()
+for i in range(6):
     opt.zero_grad()
     model(torch.randn(4, 6, generator=data)).square().mean().backward()
-    opt.step()
+    if i >= 2:  # sampled steps after the first: on a GPU such a tensor is a copy that synchronises
+        with host_data:
+            opt.step()
+    else:
+        opt.step()
 final = [p.grad.full_tensor().norm().item() if p.grad is not None else None for p in model.parameters()]
 snap = insp.latest()
 errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
 print("RESULT " + json.dumps({"rank": rank, "final": final, "grad_norm": snap["grad_norm"], "seen": seen[:1],
       "hist": [sum(s["hist"]["0.weight"]["raw"]) for s in insp.snapshots() if s["hist"]], "modules": snap["modules"],
-      "errors": errors}), flush=True)
+      "errors": errors, "host_data": host_data.made}), flush=True)
 insp.close()
+del insp, model, opt  # an FSDP2 model freed after destroy_process_group() can abort the process (gloo)
+import gc; gc.collect()
 dist.destroy_process_group()
 """
 
@@ -276,6 +305,7 @@ def test_fsdp2_every_kind_acts_on_shards_and_reports_full_tensors(tmp_path):
         results.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]))
     for res in results:
         assert res["errors"] == [], res["errors"]
+        assert res["host_data"] == [], res["host_data"]  # masks, indices, counts: device constants
         assert res["seen"] == ["DTensor"]
         assert res["final"][2] is None  # frozen
         assert all(n <= 0.05 * (1 + 1e-5) for n in res["final"] if n is not None), res["final"]

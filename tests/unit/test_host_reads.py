@@ -14,6 +14,9 @@ This test runs on the CPU and counts such reads the way CUDA would suffer them:
   written during the same step counts. A read of a buffer filled in an earlier step does not: its
   copy was queued a step ago, so on CUDA it has long completed.
 
+Also counted: tensors the inspector makes from host data (``torch.tensor(list)``, seen as
+``aten.lift_fresh``), which on a GPU arrive by a synchronising copy: none after the first two steps.
+
 0 on unsampled steps, at most 1 (the snapshot's one transfer) on sampled steps, for the defaults,
 ``every=1``, each hook kind at each point, a GradScaler and gradient accumulation. An enabled
 ``nan_guard`` ``skip`` reads once per step, by design (documented in README and ops.py).
@@ -57,12 +60,19 @@ class Reads(TorchDispatchMode):
         super().__init__()
         self.written: set[int] = set()
         self.reads: list[str] = []  # where each counted read came from
+        # tensors the inspector made from host data (torch.tensor(list)) in the window: on a GPU,
+        # moved there from pageable memory, each is a copy that synchronises
+        self.made: list[str] = []
         self.active = False
         self._saved: dict[str, Callable[..., Any]] = {}
 
     # ------------------------------------------------------------------ writes
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.ops.aten.lift_fresh.default and self.active:
+            where = self._ours_where()
+            if where is not None:
+                self.made.append(where)
         out = func(*args, **kwargs)
         schema = func._schema
         for i, arg in enumerate(schema.arguments):
@@ -81,6 +91,17 @@ class Reads(TorchDispatchMode):
         k = _key(t)
         if k is not None:
             self.written.add(k)
+
+    def _ours_where(self) -> str | None:
+        """The first inspector frame on the stack (None: none, or the control plane's, whose rows
+        are CPU tensors for its own gloo group by design)."""
+        f = sys._getframe(2)
+        while f is not None:
+            name = f.f_globals.get("__name__", "")
+            if name == "inspector" or name.startswith("inspector."):
+                return None if name == "inspector.distributed" else f"{name}:{f.f_lineno}"
+            f = f.f_back
+        return None
 
     # ------------------------------------------------------------------ reads
     def _ours(self) -> bool:
@@ -133,6 +154,7 @@ class Reads(TorchDispatchMode):
         """Run one training step inside a fresh window; the reads it counted."""
         self.written.clear()
         self.reads = []
+        self.made = []
         self.active = True
         try:
             with self:
@@ -190,6 +212,8 @@ def run(
                 insp.record(acc=loss.detach() * 2)  # a late record, after the boundary
 
             got = reads.step(one)
+            # masks, indices and counts are built once (stats.device_constant), in the first steps
+            assert s <= 2 or not reads.made, f"step {s}: tensors made from host data at {reads.made}"
             latest = insp.latest()
             out.append((s, latest is not None and latest["step"] == s, got))
             insp.found_after.append([e for e in insp.events() if e["kind"] == "nonfinite"])  # type: ignore[attr-defined]
