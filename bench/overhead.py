@@ -126,7 +126,7 @@ WORKLOADS = [
     # inspector.telemetry): the rounds then measure what a long run costs (--short: the old ones)
     Workload("mlp", scenario_workload("mlp"), warmup=1000, blocks=16, steps=100, quick=(10, 3, 20)),
     Workload("wide", wide_mlp, warmup=300, blocks=12, steps=10, quick=(1, 2, 2)),
-    Workload("tiny_gpt", scenario_workload("tiny_gpt"), warmup=30, blocks=6, steps=4, quick=(0, 2, 1)),
+    Workload("tiny_gpt", scenario_workload("tiny_gpt"), warmup=30, blocks=12, steps=4, quick=(0, 2, 1)),
 ]
 
 
