@@ -1,4 +1,4 @@
-"""The update-to-parameter ratio of a model too large to keep whole: a bounded sample of rows."""
+"""The update-to-parameter ratio of a model too large to keep whole, and histograms of non-finite gradients."""
 
 from __future__ import annotations
 
@@ -54,3 +54,24 @@ def test_strides_keep_within_the_budget_and_keep_small_parameters_whole():
     kept = sum(sample_numel(sh, k) * b for sh, k, b in zip(shapes, s, item, strict=True))
     assert s[1] == 1 and all(k > 1 for k in (s[0], s[2], s[3]))
     assert kept <= BUDGET * total
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_a_histogram_of_a_gradient_with_nan_and_inf_counts_its_finite_values_only(edited):
+    """The fast histogram takes its range from min/max, which NaN or Inf spoil; the snapshot's
+    transfer shows the non-finite abs-max and the histogram is taken again without them."""
+    t = torch.zeros(8, requires_grad=True)
+    with inspector.attach({"t": t}, every=1) as insp:
+        insp.set_hist_params(["t"])
+        if edited:  # a pre_step hook edits it in place: the raw histogram is of the copy kept before
+            insp.add_hook("nan_guard", target="t", action="zero")
+        t.grad = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan"), float("inf"), -float("inf"), 2.5])
+        insp.mark_step()
+        h = insp.latest()["hist"]["t"]
+    assert sum(h["raw"]) == 5  # the five finite values
+    # common edges for raw and final: the zeroed final gradient brings 0 in
+    assert h["edges"][0] == (0.0 if edited else 1.0) and h["edges"][-1] == pytest.approx(4.0)
+    if edited:  # zeroed: eight zeros, all in the first bin
+        assert sum(h["final"]) == h["final"][0] == 8
+    else:
+        assert h["final"] == h["raw"]
