@@ -85,7 +85,7 @@ class StepLifecycle(DistributedBoundary):
     _dist_checks: list[Check]  # under torch.distributed: checks read at this boundary, for the exchange
     _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
     _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
-    _telemetry_seen: set[str]  # statistics failures reported so far (each one once)
+    _telemetry_seen: set[str]  # statistics failures reported so far (each part and error type once)
     # control
     _paused: bool
     _credit: int  # single steps still allowed while paused
@@ -253,7 +253,12 @@ class StepLifecycle(DistributedBoundary):
                 self._train_tid = tid
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if self._under_way and self._scaler is None and not (self._reg.pending or self._hooks.dirty):
+        if (
+            self._under_way
+            and self._scaler is None
+            and not self._skip_known
+            and not (self._reg.pending or self._hooks.dirty)
+        ):
             return  # a later forward of the step under way (accumulation): nothing to do
         t0 = time.perf_counter()
         self._claim_training_thread()
@@ -286,7 +291,10 @@ class StepLifecycle(DistributedBoundary):
             # root compiled in place): records made since the last boundary were late ones
             self._mark_under_way()
         if self._sampled:
-            self._stats.keep_params()  # for the update-to-parameter ratio
+            try:
+                self._stats.keep_params()  # for the update-to-parameter ratio
+            except Exception as e:  # never take training down for telemetry
+                self._telemetry_failed("the parameters' sample for the update ratio", e)
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         self._t_ours += time.perf_counter() - t0
         if closure is None:
@@ -411,11 +419,12 @@ class StepLifecycle(DistributedBoundary):
         self._t_ours += time.perf_counter() - t0
 
     def _telemetry_failed(self, what: str, err: BaseException) -> None:
-        """Our statistics raised inside the user's ``optimizer.step()``: report it (once per
-        message: it would recur every step) and go on, the hooks applied as ever."""
-        message = f"{what} could not be taken: {describe_error(err)}"
-        if message not in self._telemetry_seen:
-            self._telemetry_seen.add(message)
+        """Our statistics raised inside the user's ``optimizer.step()``: report it (once per part and
+        error type: it would recur every step) and go on, the hooks applied as ever."""
+        key = f"{what}: {type(err).__name__}"  # (a message may vary from step to step: an OOM's sizes)
+        if key not in self._telemetry_seen:
+            self._telemetry_seen.add(key)
+            message = f"{what} could not be taken: {describe_error(err)}"
             self._event("telemetry_error", message=message, step=self._step + 1)
 
     def _submit_check(self, raw: RawRead, guards: list[GuardResult], skipped: bool) -> None:

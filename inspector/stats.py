@@ -116,7 +116,8 @@ def absmax(tensors: list[Tensor]) -> Tensor:
     On CUDA one fused ``torch._foreach_norm(..., inf)``; on the CPU that kernel is several
     times slower than a min/max pass, so there (unless every tensor is small, up to
     ``SMALL_CPU`` elements) it is ``torch.aminmax`` per tensor, combined in two stacks (a
-    complex tensor has no order: the max of its magnitudes).
+    complex tensor has no order: the max of its magnitudes). The fused kernel refuses an empty
+    tensor: with one among them, every tensor takes the per-tensor path.
     """
     if not tensors:
         return torch.zeros(0)
@@ -244,7 +245,9 @@ def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
     return out
 
 
-HIST_CHUNK = 1 << 18  # elements binned at a time: the transient memory of a histogram is bounded by it
+# elements binned at a time: a histogram's scratch is bounded by it (a gradient that is not float32
+# is first copied whole to float32 values, as every statistic of it is, by _hist_values)
+HIST_CHUNK = 1 << 18
 
 
 def histograms(

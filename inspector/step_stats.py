@@ -82,6 +82,7 @@ class StepStats:
         self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
         self.raw_read: RawRead | None = None
         self._all_index = list(range(len(tensors)))
+        self._no_probe = False  # probe() cannot take these gradients (sparse, on several devices)
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
         self.update = UpdateProbe()  # parameters before the update (sampled steps)
@@ -110,6 +111,8 @@ class StepStats:
         FSDP2): ``(indices, their gradients' 2-norms)``, one fused norm (and on a device one stack), or
         None where it does not apply (a sparse gradient, which :meth:`raw` densifies; gradients
         on several devices, which :class:`~inspector.telemetry.Pack` gathers)."""
+        if self._no_probe:
+            return None
         grads = [g for p in self.tensors if (g := p.grad) is not None]
         if not grads:
             return None
@@ -117,8 +120,10 @@ class StepStats:
             norms = foreach_norm(grads)
             # on the CPU the norms are read one by one at a later boundary (no copy to make: one
             # op fewer per step); elsewhere stacked, for one non_blocking copy
-            flat = norms if grads[0].is_cpu and grads[-1].is_cpu else torch.stack(norms)
+            cpu = grads[0].is_cpu and grads[-1].is_cpu and all(g.is_cpu for g in grads)
+            flat = norms if cpu else torch.stack(norms)
         except RuntimeError:  # a sparse gradient has no norm kernel; gradients on several devices
+            self._no_probe = True  # (the same parameters every step: raw() from now on)
             return None
         if len(grads) == len(self.tensors):
             return self._all_index, flat
@@ -312,12 +317,13 @@ class StepStats:
     def _exact_histograms(self, indices: list[int], raw: RawRead | None) -> dict[int, list[float]]:
         """The histograms of gradients that hold NaN or Inf (the transfer showed a non-finite
         abs-max), taken again without them (``stats.exact_histograms``). Rare: one more read, only
-        then. Not under FSDP2, whose histograms are exact already."""
-        if not indices or raw is None or self.layout is not None:
+        then. Not for a sharded parameter under FSDP2, whose histogram is exact already (taken
+        over its global range, ``_hist_spans``)."""
+        if not indices or raw is None:
             return {}
         out = {}
         for i in indices:
-            if i not in raw.hist_raw:
+            if i not in raw.hist_raw or (self.layout is not None and self.layout.sharded[i]):
                 continue
             g = self.tensors[i].grad
             out[i] = histograms(raw.hist_raw[i], dense(g) if g is not None else None, HIST_BINS, exact=True)

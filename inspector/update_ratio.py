@@ -7,7 +7,10 @@ of the parameters' bytes, or ``FLOOR`` bytes when that is more (a small model is
 - while everything fits, every parameter is kept whole, and the ratio is exact;
 - otherwise the small parameters (up to ``SMALL`` elements: biases, norms) are kept whole, and
   each larger one as every ``s``-th block of ``BLOCK`` consecutive elements of its flattened
-  values, ``s`` the smallest stride that keeps the total within the budget (at least 2). Its
+  values, ``s`` the smallest stride that keeps the total within the budget (at least 2), moved up
+  to be coprime with the number of block positions in a row, so that the blocks fall on every
+  column of every row in turn (an update that lives in some columns is neither missed nor
+  overweighted). Its
   update norm is then estimated as ``||delta_S|| * sqrt(numel / |S|)``: for the large tensors of
   a real model (``|S|`` in the thousands and up) within a few percent.
 
@@ -23,6 +26,7 @@ one block-strided copy before the update, an in-place subtraction and one batche
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,6 +55,19 @@ def sample_numel(shape: torch.Size, s: int) -> int:
     return math.ceil((n // b) / s) * b
 
 
+def _coprime(s: int, shape: torch.Size) -> int:
+    """``s`` moved up until the blocks it keeps fall on every column of the last dimension: a block
+    starts ``s * BLOCK`` elements after the previous one, so ``s`` must be coprime with the number
+    of block positions in a row (``last // gcd(BLOCK, last)``). Else every row keeps the same
+    columns (s = 8 on a 1024-wide weight: 8 of its 64 block columns), and an update that lives in
+    some columns (SGD's, which follows the input features) is missed or overweighted."""
+    last = int(shape[-1]) if len(shape) >= 2 else 1
+    period = last // math.gcd(BLOCK, last) if last > 1 else 1
+    while period > 1 and math.gcd(s, period) != 1:
+        s += 1
+    return s
+
+
 def strides(shapes: list[torch.Size], itemsizes: list[int]) -> list[int]:
     """The block stride each parameter is sampled with (1: kept whole), within the budget above."""
     sizes = [math.prod(s) * b for s, b in zip(shapes, itemsizes, strict=True)]
@@ -64,13 +81,29 @@ def strides(shapes: list[torch.Size], itemsizes: list[int]) -> list[int]:
     room = budget - whole
     if room <= 0:  # many small parameters: sample them too
         small, room, rest = [False] * len(shapes), budget, total
-    s = max(2, math.ceil(rest / room))
-    while True:  # whole blocks round the sample up: widen the stride until it fits
-        out = [1 if sm else s for sm in small]
+    base = max(2, math.ceil(rest / room))
+    # whole blocks round the sample up: widen the stride until it fits, at most until every sampled
+    # parameter keeps one block (then, if the small ones kept whole still do not fit, they are
+    # sampled too; past that, the smallest sample there is)
+    widest = max([math.prod(x) // _block(x) for x in shapes] + [base]) + 1
+    for s in range(base, widest + 1):
+        out = [1 if sm else _coprime(s, x) for x, sm in zip(shapes, small, strict=True)]
         kept = sum(sample_numel(x, k) * b for x, k, b in zip(shapes, out, itemsizes, strict=True))
         if kept <= budget:
             return out
-        s += 1
+    if any(small):
+        return _strides_all(shapes, itemsizes, budget, widest)
+    return out
+
+
+def _strides_all(shapes: list[torch.Size], itemsizes: list[int], budget: float, widest: int) -> list[int]:
+    """``strides`` with every parameter sampled (the small ones kept whole did not fit)."""
+    base = max(2, math.ceil(sum(math.prod(x) * b for x, b in zip(shapes, itemsizes, strict=True)) / budget))
+    for s in range(base, widest + 1):
+        out = [_coprime(s, x) for x in shapes]
+        if sum(sample_numel(x, k) * b for x, k, b in zip(shapes, out, itemsizes, strict=True)) <= budget:
+            return out
+    return [_coprime(widest, x) for x in shapes]
 
 
 def _flat(p: Tensor) -> Tensor:
@@ -94,6 +127,7 @@ class UpdateProbe:
         self._bufs: list[Tensor] | None = None
         self._strides: list[int] = []
         self._scale: list[float] = []
+        self._shapes: list[Any] = []  # (shape, dtype, device) per parameter the buffers were made for
         self.kept = False  # filled for the step under way
 
     @property
@@ -109,7 +143,9 @@ class UpdateProbe:
         if self.kept:
             return
         with torch.no_grad():
-            if self._bufs is None or len(self._bufs) != len(ps):
+            shapes = [(p.shape, p.dtype, p.device) for p in ps]
+            if self._bufs is None or shapes != self._shapes:  # (a parameter replaced: p.data = ...)
+                self._shapes = shapes
                 self._strides = strides([p.shape for p in ps], [p.element_size() for p in ps])
                 views = self._views(ps)
                 self._bufs = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in views]

@@ -220,3 +220,20 @@ def test_optimizer_that_unscales_with_a_grad_scaler_argument_is_refused_under_a_
     scaler = torch.amp.GradScaler("cpu")
     with pytest.raises(inspector.AttachError, match="grad_scaler"):
         inspector.attach(model, opt, scaler=scaler)
+
+
+def test_records_after_a_fused_skip_are_forgotten_with_the_skipped_iteration():
+    """A fused optimizer's skip leaves the iteration 'under way' (no boundary came): the next
+    forward must still forget what was recorded after that step(), not skip the check as a later
+    forward of the same step would."""
+    model = seed_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    with inspector.attach(model, opt, every=1) as insp:
+        for i, (x, y) in enumerate(batches(3, bad=(1,))):
+            amp_iteration(model, opt, scaler, x, y)
+            insp.record(**{f"after_{i}": 1.0})
+    snaps = insp.snapshots()  # after close(), which sends the last late records
+    assert skipped_steps(insp) == [2]
+    assert [s["step"] for s in snaps] == [1, 2]
+    assert set(snaps[-1]["scalars"]) == {"after_2"}, snaps[-1]["scalars"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -46,6 +48,32 @@ def test_a_sampled_update_ratio_is_within_a_few_percent_of_the_exact_one(opt_nam
         assert 0 < insp._stats.resident_bytes <= BUDGET * total
 
 
+def test_an_update_that_lives_in_some_columns_is_estimated_within_a_few_percent():
+    """A block stride sharing a factor with a row's block count keeps the same columns in every
+    row (s = 4 on a 1024-wide weight: block columns 0, 4, 8, ...): an SGD update confined to
+    columns 16-63 (blocks 1 to 3, following three input features' scale) would read as almost 0."""
+    w = nn.Parameter(torch.randn(1024, 1024))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with inspector.attach({"w": w}, opt, every=1) as insp:
+        g = torch.zeros(1024, 1024)
+        g[:, 16:64] = torch.randn(1024, 48)
+        w.grad = g
+        before = w.detach().clone()
+        insp.begin_step()
+        opt.step()
+        exact = float((w.detach() - before).norm() / w.detach().norm())
+        got = insp.latest()["update_ratio"][0]
+        assert insp._stats.update._strides[0] > 1  # sampled, not kept whole
+    assert got == pytest.approx(exact, rel=0.05)
+
+
+def test_strides_terminate_when_the_small_parameters_alone_fill_the_budget():
+    shapes = [torch.Size([4096])] * 100 + [torch.Size([3686425])]  # 1,638,400 B of small ones
+    s = strides(shapes, [4] * 101)
+    total = sum(sh.numel() * 4 for sh in shapes)
+    assert sum(sample_numel(sh, k) * 4 for sh, k in zip(shapes, s, strict=True)) <= BUDGET * total
+
+
 def test_strides_keep_within_the_budget_and_keep_small_parameters_whole():
     shapes = [torch.Size([50257, 768]), torch.Size([768]), torch.Size([3072, 768]), torch.Size([10_000_000])]
     item = [2, 2, 2, 2]
@@ -75,3 +103,33 @@ def test_a_histogram_of_a_gradient_with_nan_and_inf_counts_its_finite_values_onl
         assert sum(h["final"]) == h["final"][0] == 8
     else:
         assert h["final"] == h["raw"]
+
+
+def test_under_fsdp2_a_parameter_not_sharded_gets_its_exact_histogram_too():
+    """Under FSDP2 only sharded parameters take the range-across-ranks (exact) path; a replicated
+    one takes the fast path, so it too needs the second look when it holds NaN or Inf."""
+    from inspector.sharded import Layout
+    from inspector.step_stats import StepStats
+    from inspector.torch_hooks import TorchHooks
+
+    w = nn.Parameter(torch.zeros(1000))
+    w.grad = torch.linspace(-2.0, 3.0, 1000)
+    w.grad[10] = math.inf
+    stats = StepStats(["w"], [w], Layout([False], None, 1, 0))
+    hooks = TorchHooks(["w"], [w], {}, is_sampled=lambda: True, on_failure=lambda *a: None)
+    raw = stats.raw(hooks, True, [0])
+    stats.final(raw, hooks_ran=False, guards=[], touched=set())
+    snap = stats.snapshot(
+        step=1,
+        config_version=0,
+        records={},
+        events=[],
+        ranks=None,
+        states=[],
+        hooks=hooks,
+        lr=[],
+        sampled_every=1,
+        overhead=None,
+    )
+    h = snap.hist["w"]
+    assert sum(h["raw"]) == 999 and h["edges"][0] == -2.0 and h["edges"][-1] == pytest.approx(3.0)
