@@ -24,6 +24,7 @@ __all__ = [
     "foreach_norm",
     "absmax",
     "mean_std",
+    "raw_stats",
     "histograms",
     "exact_histograms",
     "dense",
@@ -138,6 +139,48 @@ def absmax(tensors: list[Tensor]) -> Tensor:
     return torch.maximum(_stack(his), _stack(los).neg()).float()
 
 
+SWEEP_MIN = 1 << 18  # CPU float32 tensors from this size get one fused sweep on sampled steps
+SWEEP_CHUNK = 1 << 16  # elements per chunk of the sweep: stays in the CPU's cache between its ops
+
+
+def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, Tensor]]:
+    """A sampled step's raw statistics: ``(abs-max 1-D, 2-norms, sums by position)``.
+
+    ``absmax`` and ``foreach_norm`` of the tensors, except that a large contiguous float32 tensor
+    on the CPU (``SWEEP_MIN`` elements and up) is swept once, ``SWEEP_CHUNK`` elements at a time:
+    its norm, min, max and sum are taken of each chunk while it is in the cache, so the memory is
+    read once instead of three times (the sum is returned for :func:`mean_std`). Elsewhere
+    (CUDA, small tensors) the batched kernels are cheaper, and the sums are left to ``mean_std``.
+    """
+    big = [
+        k
+        for k, t in enumerate(tensors)
+        if t.numel() >= SWEEP_MIN and t.is_cpu and t.dtype == torch.float32 and t.is_contiguous()
+    ]
+    if not big:
+        return absmax(tensors), foreach_norm(tensors), {}
+    small = [k for k in range(len(tensors)) if k not in set(big)]
+    norms: list[Tensor] = [torch.empty(0)] * len(tensors)
+    ams: list[Tensor] = [torch.empty(0)] * len(tensors)
+    if small:
+        got = [tensors[k] for k in small]
+        for k, n, a in zip(small, foreach_norm(got), absmax(got).unbind(), strict=True):
+            norms[k], ams[k] = n, a
+    sums: dict[int, Tensor] = {}
+    for k in big:
+        ns, los, his, ss = [], [], [], []
+        for chunk in tensors[k].reshape(-1).split(SWEEP_CHUNK):
+            ns.append(torch.linalg.vector_norm(chunk))
+            lo, hi = torch.aminmax(chunk)
+            los.append(lo)
+            his.append(hi)
+            ss.append(chunk.sum())
+        norms[k] = torch.linalg.vector_norm(torch.stack(ns))
+        ams[k] = torch.maximum(torch.stack(his).amax(), torch.stack(los).amin().neg())
+        sums[k] = torch.stack(ss).sum()
+    return torch.stack(ams), norms, sums
+
+
 def _stack(xs: list[Tensor]) -> Tensor:
     """``torch.stack(xs)`` of 0-dim tensors, on the first one's device when they are on several
     (a model split across devices: device-to-device copies, no host read)."""
@@ -181,7 +224,9 @@ def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
     return numel, inv, (device_constant(cplx, torch.bool, dev) if any(cplx) else None)
 
 
-def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
+def mean_std(
+    tensors: list[Tensor], norms: list[Tensor] | Tensor, sums: dict[int, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
     """Per-tensor mean and unbiased std (1-D float32 tensors), from one sum per tensor and the
     2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64
     for all the tensors at once (a dozen ops, whatever their number).
@@ -190,15 +235,20 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tenso
     identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
     NaN for one element (the caller reports null). A complex tensor's std is torch's complex
     std and its mean is NaN (a complex mean is not one number; the caller reports null).
+    ``sums``: sums already taken, by position (:func:`raw_stats`).
     """
     if not tensors:
         return torch.zeros(0), torch.zeros(0)
+    sums = sums or {}
     if any(t.device != tensors[0].device for t in tensors):  # a model split across devices
         parts = [mean_std([t], [n]) for t, n in zip(tensors, norms, strict=True)]
         dev = tensors[0].device
         return torch.cat([m.to(dev) for m, _ in parts]), torch.cat([s.to(dev) for _, s in parts])
-    sums = []
-    for t in tensors:
+    totals = []
+    for k, t in enumerate(tensors):
+        if k in sums:
+            totals.append(sums[k])
+            continue
         if t.dtype in (torch.float16, torch.bfloat16):
             # accumulated in float32: an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits
             total = t.sum(dtype=torch.float32)
@@ -206,9 +256,9 @@ def mean_std(tensors: list[Tensor], norms: list[Tensor] | Tensor) -> tuple[Tenso
             # in the tensor's own precision (pairwise), widened after: sum(dtype=float64) of a
             # float32 tensor is ~10x slower on the CPU
             total = t.sum()
-        sums.append(total.abs() if t.is_complex() else total)  # |mean|^2 is all the std needs
+        totals.append(total.abs() if t.is_complex() else total)  # |mean|^2 is all the std needs
     numel, inv_nm1, cplx = _counts(tensors)
-    total = torch.stack(sums).double()
+    total = torch.stack(totals).double()
     mean = total / numel
     sq = (_stack(norms) if isinstance(norms, list) else norms).double().square()
     std = sq.sub_(total.mul_(mean)).mul_(inv_nm1).clamp_min_(0).sqrt_()  # n * mean^2 = total * mean

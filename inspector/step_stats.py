@@ -5,7 +5,8 @@ the host (see :mod:`inspector.deferred` for the every-step NaN/Inf check):
 
 1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: the finiteness probe of
    each gradient (its 2-norm, one fused ``torch._foreach_norm``); on sampled steps the raw
-   2-norms and abs-max (the probe then) and copies of the raw gradients that get histograms;
+   2-norms, abs-max (the probe then) and, for large CPU tensors, sums, in one sweep of each
+   (``stats.raw_stats``), and copies of the raw gradients that get histograms;
 2. the hooks (the Inspector applies them);
 3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max, mean and std of the
    gradients the optimizer will see, and the histograms, all kept on device.
@@ -42,12 +43,12 @@ from .ops import GuardResult, HookState, count_nonfinite
 from .records import Snapshot
 from .sharded import Layout, local
 from .stats import (
-    absmax,
     dense,
     device_constant,
     foreach_norm,
     histograms,
     mean_std,
+    raw_stats,
     value_range,
     wide_norm,
 )
@@ -70,6 +71,7 @@ class RawRead:
     local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
+    sums: dict[int, Tensor] = field(default_factory=dict)  # position in index -> sum (stats.raw_stats)
 
 
 class StepStats:
@@ -151,8 +153,8 @@ class StepStats:
                 idx.append(i)
                 grads.append(g if g.layout == torch.strided else dense(g))
         if sampled:
-            am = absmax(grads)
-            out = RawRead(idx, am, True, norm_tensors=foreach_norm(grads), absmax=am)
+            am, norms, sums = raw_stats(grads)
+            out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, sums=sums)
         else:
             out = RawRead(idx, foreach_norm(grads), False)
         if hooks.per_rank:
@@ -179,16 +181,16 @@ class StepStats:
         self._guard_entries = pack_guard_counts(pack, guards)
         fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
         fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
-        if hooks_ran:
-            fnorms, fabsmax = foreach_norm(fgrads), absmax(fgrads)
+        if hooks_ran:  # (the same arithmetic as raw(): an untouched gradient reads the same twice)
+            fabsmax, fnorms, fsums = raw_stats(fgrads)
         else:  # no pre_step hook ran: the final gradients are the raw ones
-            fnorms, fabsmax = raw.norm_tensors, raw.absmax
+            fnorms, fabsmax, fsums = raw.norm_tensors, raw.absmax, raw.sums
         strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
         if self.layout is None:
             pack.add("final_norm", fnorms)
             pack.add("final_absmax", fabsmax)
             if len(strided) == len(fgrads):  # the usual case: no sparse gradient
-                means, stds = mean_std(fgrads, fnorms)
+                means, stds = mean_std(fgrads, fnorms, fsums)
             else:
                 means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
             pack.add("std", stds)
