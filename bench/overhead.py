@@ -1,6 +1,6 @@
 """What the inspector costs per training step, against plain training and against W&B's watch.
 
-    .venv/bin/python bench/overhead.py            # about 8-10 minutes on 2 CPU cores
+    .venv/bin/python bench/overhead.py            # about 4 minutes on 2 CPU cores
     .venv/bin/python bench/overhead.py --quick    # under a minute: a smoke run, too noisy to judge
 
 Workloads (CPU):
