@@ -90,6 +90,15 @@ def test_rewind_on_a_marker_moves_the_step_counter_back(tmp_path, new_page):
         support.wait_until(lambda: server.get("/api/session")["training"]["held"], what="the pause")
         before = server.get("/api/session")["training"]["step"]
         expect(page.get_by_test_id("step-counter")).to_have_text(str(before))
+        # the last steps' losses reach the page after the counter (unsampled steps' records travel
+        # together, a few steps late, and the pause sends them; the held step's own loss is
+        # recorded after its step() returns): until they have, the loss chart's step axis still
+        # grows, and a marker's position taken now would move under the mouse
+        page.wait_for_function(
+            """(s) => (document.querySelector('[data-testid="chart-loss"]').data || [])
+                .some((t) => t.name === "loss" && t.x.length && t.x[t.x.length - 1] >= s)""",
+            arg=before - 1,
+        )
         x, y = page.evaluate(MARKER_XY, changed)
         page.mouse.move(x, y)
         # Plotly's click reports what it hovers, and it hovers on its next animation frame: on a
