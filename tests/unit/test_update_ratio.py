@@ -133,3 +133,23 @@ def test_under_fsdp2_a_parameter_not_sharded_gets_its_exact_histogram_too():
     )
     h = snap.hist["w"]
     assert sum(h["raw"]) == 999 and h["edges"][0] == -2.0 and h["edges"][-1] == pytest.approx(3.0)
+
+
+def test_a_model_with_an_empty_parameter_is_inspected_on_every_step():
+    """An empty parameter among others: every statistic of every step is taken, and the empty
+    one reads 0 norms (the fused inf-norm kernel refuses an empty tensor, so such a set takes the
+    per-tensor path)."""
+    w, e = nn.Parameter(torch.randn(3)), nn.Parameter(torch.zeros(0))
+    opt = torch.optim.SGD([w, e], lr=0.1)
+    with inspector.attach({"w": w, "e": e}, opt, every=1) as insp:
+        insp.set_hist_params(["w", "e"])
+        for _ in range(3):
+            opt.zero_grad()
+            ((w * w).sum() + e.sum()).backward()
+            opt.step()
+        snap = insp.latest()
+    assert snap["step"] == 3
+    errors = [ev for ev in insp.events() if ev["kind"] in ("telemetry_error", "hook_error")]
+    assert errors == [], errors
+    assert snap["grad_norm"][1] == 0.0 and snap["grad_absmax"][1] == 0.0
+    assert snap["grad_norm"][0] > 0 and snap["grad_absmax"][0] > 0
