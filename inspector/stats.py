@@ -23,7 +23,8 @@ from torch import Tensor
 __all__ = [
     "foreach_norm",
     "absmax",
-    "mean_std",
+    "sums",
+    "mean_std_of",
     "raw_stats",
     "histograms",
     "exact_histograms",
@@ -149,8 +150,8 @@ def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, Te
     ``absmax`` and ``foreach_norm`` of the tensors, except that a large contiguous float32 tensor
     on the CPU (``SWEEP_MIN`` elements and up) is swept once, ``SWEEP_CHUNK`` elements at a time:
     its norm, min, max and sum are taken of each chunk while it is in the cache, so the memory is
-    read once instead of three times (the sum is returned for :func:`mean_std`). Elsewhere
-    (CUDA, small tensors) the batched kernels are cheaper, and the sums are left to ``mean_std``.
+    read once instead of three times (the sum is returned for :func:`sums`). Elsewhere
+    (CUDA, small tensors) the batched kernels are cheaper, and the sums are left to ``sums``.
     """
     big = [
         k
@@ -213,57 +214,41 @@ def device_constant(values: tuple[Any, ...], dtype: torch.dtype, device: torch.d
     return got
 
 
-def _counts(tensors: list[Tensor]) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per tensor, on its device: the element count ``n`` (at least 1), ``1 / (n - 1)`` (NaN for
-    n <= 1: no unbiased std) in float64, and which are complex (None: none is)."""
-    dev = tensors[0].device
-    ns = tuple(t.numel() for t in tensors)
-    cplx = tuple(t.is_complex() for t in tensors)
-    numel = device_constant(tuple(float(max(n, 1)) for n in ns), torch.float64, dev)
-    inv = device_constant(tuple(1.0 / (n - 1) if n > 1 else math.nan for n in ns), torch.float64, dev)
-    return numel, inv, (device_constant(cplx, torch.bool, dev) if any(cplx) else None)
-
-
-def mean_std(
-    tensors: list[Tensor], norms: list[Tensor] | Tensor, sums: dict[int, Tensor] | None = None
-) -> tuple[Tensor, Tensor]:
-    """Per-tensor mean and unbiased std (1-D float32 tensors), from one sum per tensor and the
-    2-norms already computed: ``var = (||g||^2 - n * |mean|^2) / (n - 1)``, combined in float64
-    for all the tensors at once (a dozen ops, whatever their number).
-
-    One pass instead of ``torch.std_mean``'s two (and several times faster on the CPU). The
-    identity loses precision only when ``|mean| >> std``, which gradients rarely are; std is
-    NaN for one element (the caller reports null). A complex tensor's std is torch's complex
-    std and its mean is NaN (a complex mean is not one number; the caller reports null).
-    ``sums``: sums already taken, by position (:func:`raw_stats`).
-    """
-    if not tensors:
-        return torch.zeros(0), torch.zeros(0)
-    sums = sums or {}
-    if any(t.device != tensors[0].device for t in tensors):  # a model split across devices
-        parts = [mean_std([t], [n]) for t, n in zip(tensors, norms, strict=True)]
-        dev = tensors[0].device
-        return torch.cat([m.to(dev) for m, _ in parts]), torch.cat([s.to(dev) for _, s in parts])
-    totals = []
+def sums(tensors: list[Tensor], known: dict[int, Tensor] | None = None) -> list[Tensor]:
+    """Per-tensor sums (0-dim, on each tensor's device), for the mean and std that
+    :func:`mean_std_of` makes of them on the host. float16 and bfloat16 are accumulated in
+    float32 (an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits); the others in their own
+    precision, pairwise (``sum(dtype=float64)`` of a float32 tensor is ~10x slower on the CPU).
+    A complex tensor's sum is complex. ``known``: sums already taken, by position
+    (:func:`raw_stats`)."""
+    known = known or {}
+    out = []
     for k, t in enumerate(tensors):
-        if k in sums:
-            totals.append(sums[k])
-            continue
-        if t.dtype in (torch.float16, torch.bfloat16):
-            # accumulated in float32: an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits
-            total = t.sum(dtype=torch.float32)
+        if k in known:
+            out.append(known[k])
+        elif t.dtype in (torch.float16, torch.bfloat16):
+            out.append(t.sum(dtype=torch.float32))
         else:
-            # in the tensor's own precision (pairwise), widened after: sum(dtype=float64) of a
-            # float32 tensor is ~10x slower on the CPU
-            total = t.sum()
-        totals.append(total.abs() if t.is_complex() else total)  # |mean|^2 is all the std needs
-    numel, inv_nm1, cplx = _counts(tensors)
-    total = torch.stack(totals).double()
-    mean = total / numel
-    sq = (_stack(norms) if isinstance(norms, list) else norms).double().square()
-    std = sq.sub_(total.mul_(mean)).mul_(inv_nm1).clamp_min_(0).sqrt_()  # n * mean^2 = total * mean
-    mean = mean.float()
-    return (mean if cplx is None else mean.masked_fill_(cplx, math.nan)), std.float()
+            out.append(t.sum())
+    return out
+
+
+def mean_std_of(total: float, norm: float, n: int) -> tuple[float, float | None]:
+    """The mean and unbiased std of ``n`` values from their sum and 2-norm, on the host in float64
+    after the snapshot's transfer (no device op): ``var = (||g||^2 - n * mean^2) / (n - 1)``.
+
+    One pass of the values (their sum; the norm is taken anyway) instead of ``torch.std_mean``'s
+    two. The identity loses precision only when ``|mean| >> std``, which gradients rarely are.
+    For complex values give the sum's magnitude: the std is then torch's complex std
+    (``sqrt(sum |z - mean|^2 / (n - 1))``) and the mean is that magnitude's (not the complex
+    mean: the caller reports null). std is None for fewer than two values; NaN and Inf pass
+    through (an infinite norm gives an infinite std).
+    """
+    mean = total / max(n, 1)
+    if n <= 1:
+        return mean, None
+    var = (norm * norm - total * mean) / (n - 1)  # (n * mean^2 = total * mean)
+    return mean, math.sqrt(var) if var > 0 else (var if math.isnan(var) else 0.0)
 
 
 def _hist_values(x: Tensor) -> Tensor:

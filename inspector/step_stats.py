@@ -8,8 +8,9 @@ the host (see :mod:`inspector.deferred` for the every-step NaN/Inf check):
    2-norms, abs-max (the probe then) and, for large CPU tensors, sums, in one sweep of each
    (``stats.raw_stats``), and copies of the raw gradients that get histograms;
 2. the hooks (the Inspector applies them);
-3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max, mean and std of the
-   gradients the optimizer will see, and the histograms, all kept on device.
+3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max and sums of the gradients
+   the optimizer will see, and the histograms, all kept on device (their mean and std are
+   made on the host from the sums and norms once transferred, ``stats.mean_std_of``).
 
 :meth:`StepStats.snapshot`, at the boundary of a sampled step, adds the parameter norms and
 the update norms (:class:`~inspector.update_ratio.UpdateProbe`: a bounded sample of the
@@ -47,8 +48,9 @@ from .stats import (
     device_constant,
     foreach_norm,
     histograms,
-    mean_std,
+    mean_std_of,
     raw_stats,
+    sums,
     value_range,
     wide_norm,
 )
@@ -189,17 +191,16 @@ class StepStats:
         if self.layout is None:
             pack.add("final_norm", fnorms)
             pack.add("final_absmax", fabsmax)
-            if len(strided) == len(fgrads):  # the usual case: no sparse gradient
-                means, stds = mean_std(fgrads, fnorms, fsums)
-            else:
-                means, stds = mean_std([fgrads[k] for k in strided], [fnorms[k] for k in strided])
-            pack.add("std", stds)
-            pack.add("mean", means)
+            # the sums of the dense final gradients: their mean and std are made on the host
+            # (stats.mean_std_of), from these and the final norms
+            known = {j: fsums[k] for j, k in enumerate(strided) if k in fsums}
+            totals = sums([fgrads[k] for k in strided], known)
+            pack.add("sum", [t.abs() if t.is_complex() else t for t in totals])  # (|sum| is all a complex std needs)
         else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
             self._part = {
                 "fnorms": fnorms,
                 "fabsmax": fabsmax,
-                "sums": [fgrads[k].sum() for k in strided],
+                "sums": sums([fgrads[k] for k in strided]),
             }
             if raw.local_index or any(self.layout.sharded[i] for i in raw.index):
                 shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
@@ -300,14 +301,10 @@ class StepStats:
         if fin_idx:
             pack.add("final_norm", pick(got["fin_sq"], fin_idx).sqrt())
             pack.add("final_absmax", pick(got["fin_am"], fin_idx))
-        if dense_idx:
-            numel = device_constant(
-                tuple(float(self.tensors[i].numel()) for i in dense_idx), torch.float64, dev
-            )
-            re, im = pick(got["re"], dense_idx).double() / numel, pick(got["im"], dense_idx).double() / numel
-            var = (pick(got["fin_sq"], dense_idx).double() - numel * (re * re + im * im)) / (numel - 1)
-            pack.add("std", torch.where(numel > 1, var.clamp_min(0).sqrt(), math.nan).float())
-            pack.add("mean", re.float())
+        if dense_idx:  # the full tensors' sums: their mean and std are made on the host
+            pack.add("sum", pick(got["re"], dense_idx))
+            if any(self.tensors[i].is_complex() for i in dense_idx):
+                pack.add("sum_im", pick(got["im"], dense_idx))
         pack.add("param_norm", got["p_sq"].sqrt())
         if unorms:
             pack.add("update_norm", got["u_sq"].sqrt())
@@ -331,24 +328,35 @@ class StepStats:
             out[i] = histograms(raw.hist_raw[i], dense(g) if g is not None else None, HIST_BINS, exact=True)
         return {i: h.tolist() for i, h in out.items()}
 
-    def _wide_final(
-        self,
-        norms: list[float | None],
-        absmax: list[float | None],
-        std: list[float | None],
-        dense_idx: set[int],
-    ) -> None:
+    def _wide_final(self, norms: list[float | None], absmax: list[float | None]) -> None:
         """Where a hook made finite final values whose float32 norm overflows (an infinite norm, a
-        finite abs-max), that norm and std again in float64, from the same gradient, in place. Rare:
-        a host read each, only then."""
+        finite abs-max), that norm again in float64, from the same gradient, in place (the std is
+        made from it after). Rare: a host read each, only then."""
         for i, (n, a) in enumerate(zip(norms, absmax, strict=True)):
             g = self._fgrads.get(i)
             if g is None or n is None or a is None or math.isfinite(n) or not math.isfinite(a):
                 continue
-            wide = wide_norm(g)
-            norms[i] = float(wide)
-            if i in dense_idx and g.numel() > 1:
-                std[i] = float(mean_std([g], [wide])[1][0])
+            norms[i] = float(wide_norm(g))
+
+    def _mean_std(
+        self, dense_idx: list[int], norms: list[float | None], data: dict[str, list[float]]
+    ) -> tuple[list[float | None], list[float | None]]:
+        """The dense final gradients' means and stds, made on the host (``stats.mean_std_of``, in
+        float64) from the transfer's sums and the final norms. A complex mean is not one number:
+        null, as is the std of a single value."""
+        n = len(self.params)
+        mean: list[float | None] = [None] * n
+        std: list[float | None] = [None] * n
+        totals, im = data.get("sum", []), data.get("sum_im")
+        for k, i in enumerate(dense_idx):
+            t, norm = self.tensors[i], norms[i]
+            if norm is None:
+                continue
+            cplx = t.is_complex()
+            total = math.hypot(totals[k], im[k]) if cplx and im is not None else totals[k]
+            m, s = mean_std_of(total, norm, t.numel())
+            mean[i], std[i] = (None if cplx else m), s
+        return mean, std
 
     def _raw_rare(
         self, raw_idx: list[int], norms: list[float], absmax: list[float], data: dict[str, list[float]]
@@ -470,18 +478,10 @@ class StepStats:
         counts = self._raw_rare(raw_idx, raw_norm_vals, raw_absmax_vals, data) if raw_idx else {}
         grad_norm_raw = scatter(raw_idx, raw_norm_vals)
         grad_norm = scatter(fin_idx, data.get("final_norm"))
-        std = scatter(dense_idx, data.get("std"))
-        mean = scatter(dense_idx, data.get("mean"))
         absmax_final = scatter(fin_idx, data.get("final_absmax"))
         if self.layout is None:  # (under FSDP2 a shard's float64 norm is not the tensor's)
-            self._wide_final(grad_norm, absmax_final, std, set(dense_idx))
-        for i in dense_idx:  # a complex mean is not one number (see stats.mean_std)
-            if self.tensors[i].is_complex():
-                mean[i] = None
-        std = [
-            None if (v is not None and math.isnan(v) and self.tensors[i].numel() == 1) else v
-            for i, v in enumerate(std)
-        ]
+            self._wide_final(grad_norm, absmax_final)
+        mean, std = self._mean_std(dense_idx, grad_norm, data)
         nan_count: list[int | None] = [None] * n
         inf_count: list[int | None] = [None] * n
         for i in raw_idx:

@@ -266,10 +266,13 @@ for i in range(6):
     else:
         opt.step()
 final = [p.grad.full_tensor().norm().item() if p.grad is not None else None for p in model.parameters()]
+full = [p.grad.full_tensor().double() for p in model.parameters() if p.grad is not None]
+moments = [[g.mean().item() for g in full], [g.std().item() for g in full]]
 snap = insp.latest()
 errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
 print("RESULT " + json.dumps({"rank": rank, "final": final, "grad_norm": snap["grad_norm"], "seen": seen[:1],
       "hist": [sum(s["hist"]["0.weight"]["raw"]) for s in insp.snapshots() if s["hist"]], "modules": snap["modules"],
+      "moments": moments, "snap_moments": [[v for v in snap[k] if v is not None] for k in ("grad_mean", "grad_std")],
       "errors": errors, "host_data": host_data.made}), flush=True)
 insp.close()
 del insp, model, opt  # an FSDP2 model freed after destroy_process_group() can abort the process (gloo)
@@ -311,6 +314,10 @@ def test_fsdp2_every_kind_acts_on_shards_and_reports_full_tensors(tmp_path):
         assert all(n <= 0.05 * (1 + 1e-5) for n in res["final"] if n is not None), res["final"]
         assert res["grad_norm"][:2] == pytest.approx(res["final"][:2], rel=1e-5)  # the full tensors' norms
         assert res["grad_norm"][2] is None
+        # the full tensors' mean and std (sums and squares combined across the ranks, then made on the host)
+        for got, want in zip(res["snap_moments"], res["moments"], strict=True):
+            assert len(got) == len(want) == 3, res
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-7), res
         assert res["hist"] and all(n == 8 * 6 for n in res["hist"]), res[
             "hist"
         ]  # the full gradient's elements
