@@ -195,7 +195,9 @@ class StepStats:
             # (stats.mean_std_of), from these and the final norms
             known = {j: fsums[k] for j, k in enumerate(strided) if k in fsums}
             totals = sums([fgrads[k] for k in strided], known)
-            pack.add("sum", [t.abs() if t.is_complex() else t for t in totals])  # (|sum| is all a complex std needs)
+            pack.add(
+                "sum", [t.abs() if t.is_complex() else t for t in totals]
+            )  # (|sum| is all a complex std needs)
         else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
             self._part = {
                 "fnorms": fnorms,
