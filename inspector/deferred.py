@@ -227,9 +227,12 @@ class Deferred:
     with no device values (``pack=None``) is consumed at once when nothing is ahead of it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.RLock | None = None) -> None:
         self._q: deque[_Item] = deque()
-        self._lock = threading.RLock()  # close() may run on another thread than the training loop
+        # close() may run on another thread than the training loop. The Inspector passes its own
+        # lock: the consumers take it (an event, a finding), and a rewind drains while holding
+        # it, so one lock for both leaves no order in which two threads could each hold one
+        self._lock = lock if lock is not None else threading.RLock()
 
     def __len__(self) -> int:
         return len(self._q)

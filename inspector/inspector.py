@@ -123,7 +123,8 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         self._stats = StepStats(self.params, self._tensors, self._layout)
         self._nonfinite = NonfiniteReport(self.params, self._event)
         self._hist = HistSelection(self.params, hist_every)
-        self._deferred = Deferred()  # device values on their way to the host (NaN/Inf checks, records)
+        # device values on their way to the host (NaN/Inf checks, records), under the Inspector's lock
+        self._deferred = Deferred(self._lock)
         self._records = Recorder(self._feed, self._lock, self._deferred)
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 

@@ -450,3 +450,34 @@ def test_a_lossless_subscriber_gets_every_record_while_an_ordinary_one_lags():
     assert lossless == list(range(1, 51))  # the history's view: nothing lost
     assert feed.dropped > 0 and len(lossy) < 50 and lossy == sorted(lossy)  # bounded for the slow one
     feed.close()
+
+
+def test_close_on_another_thread_drains_under_the_inspectors_lock(mlp):
+    """close() from another thread consumes what is still on its way to the host (findings, records)
+    holding the Inspector's lock. With a lock of the queue's own, the two threads could deadlock:
+    close() held the queue's lock while a consumer waited for the Inspector's (a finding's event),
+    and a rewind on the training thread held the Inspector's while it drained (waiting for the
+    queue's). Here the training thread tries the Inspector's lock while close() is consuming."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    insp = inspector.attach(mlp, opt, every=1)
+    train_step(mlp, opt, *batch())
+    inside, checked = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def consume(_values: list[float]) -> None:
+        inside.set()
+        checked.wait(timeout=30)  # set by the main thread once it has tried the lock
+
+    insp._deferred.submit_flat(insp._step + 1, torch.zeros(1), consume)  # (what a step's check does)
+    closer = threading.Thread(target=insp.close, daemon=True)
+    closer.start()
+    try:
+        assert inside.wait(timeout=30)
+        seen["free"] = insp._lock.acquire(blocking=False)
+        if seen["free"]:
+            insp._lock.release()
+    finally:
+        checked.set()
+        closer.join(timeout=30)
+    assert not closer.is_alive()
+    assert seen["free"] is False  # held by close()'s drain: no second lock to take in another order
