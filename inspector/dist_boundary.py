@@ -1,7 +1,7 @@
 """The step boundary under ``torch.distributed``: the one exchange of every boundary, the hold while
 rank 0 is paused, and edits made by the script on every rank (see :mod:`inspector.distributed` for the
-rows exchanged). :class:`DistributedBoundary` is a base of
-:class:`~inspector.lifecycle.StepLifecycle`, which declares and builds the state used here.
+rows exchanged). :class:`DistributedBoundary` is a base of :class:`~inspector.boundary.StepBoundary`
+(and so of :class:`~inspector.lifecycle.StepLifecycle`, which declares and builds the state used here).
 """
 
 from __future__ import annotations
