@@ -2,7 +2,11 @@
 
 Histograms cost a pass over each chosen gradient (two with a pre_step hook), so at most
 ``HIST_CAP`` parameters get them, every ``hist_every``-th sampled step (and on the first sampled
-step after the choice changed). Also the optimizer's learning rates, which a snapshot carries.
+step after the choice changed). A ``pre_step`` hook that edits a gradient in place makes its raw
+histogram need a copy of the raw gradient until the final one is taken: those copies stay within
+the largest parameter's bytes (at least ``COPY_FLOOR``), and the other edited parameters get
+their histograms on the next sampled steps, in turn (:meth:`HistSelection.within_budget`). Also
+the optimizer's learning rates, which a snapshot carries.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["HIST_BINS", "HIST_CAP", "HistSelection", "learning_rates"]
+__all__ = ["COPY_FLOOR", "HIST_BINS", "HIST_CAP", "HistSelection", "learning_rates"]
 
 HIST_CAP = 8  # at most this many parameters get histograms
 HIST_BINS = 64
+COPY_FLOOR = 1 << 20  # bytes of raw copies for histograms always allowed (a small model's: all)
 
 
 class HistSelection:
@@ -25,6 +30,7 @@ class HistSelection:
         self._user: list[str] = []
         self._subs: dict[str, list[str]] = {}
         self._force = False  # a change: histograms on the next sampled step
+        self._carry: list[int] = []  # edited parameters whose histogram the copy budget put off
 
     def set(self, key: str, names: list[str]) -> None:
         """``key`` "" is the script's own list; ``[]`` drops a consumer."""
@@ -47,13 +53,33 @@ class HistSelection:
 
     def due(self, sampled_count: int) -> list[int]:
         """The parameter indices that get histograms on this sampled step (the ``sampled_count``-th):
-        every ``every`` sampled steps, or the first one after a change; else none."""
+        every ``every`` sampled steps, or the first one after a change; else none. Those the copy
+        budget put off last time come first, on this step whether it is due or not."""
         names = self.names
+        carry, self._carry = self._carry, []
         if not names:
             return []
         due = self._force or (sampled_count - 1) % self._every == 0
         self._force = False
-        return [self._params.index(n) for n in names] if due else []
+        chosen = [self._params.index(n) for n in names]
+        ahead = [i for i in carry if i in chosen]  # put off last time (and still chosen): first
+        return [*ahead, *(i for i in chosen if i not in ahead)] if due else ahead
+
+    def within_budget(self, indices: list[int], edited: set[int], tensors: list[Any]) -> list[int]:
+        """Of this step's histograms, those whose raw copies (of the ``edited`` parameters) fit the
+        copy budget, in order: the largest parameter's bytes, at least ``COPY_FLOOR``, and always
+        the first. The others are put off to the next sampled step (see the module docstring)."""
+        budget = max(COPY_FLOOR, max((t.numel() * t.element_size() for t in tensors), default=0))
+        kept, used = [], 0
+        for i in indices:
+            if i in edited:
+                size = tensors[i].numel() * tensors[i].element_size()
+                if used and used + size > budget:
+                    self._carry.append(i)
+                    continue
+                used += size
+            kept.append(i)
+        return kept
 
 
 def learning_rates(optimizer: Any) -> list[float]:

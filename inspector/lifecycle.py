@@ -388,6 +388,8 @@ class StepLifecycle(StepBoundary):
                 p = state.spec.params
                 if state.spec.kind not in ("freeze", "nan_guard") or p.get("action") == "zero":
                     touched.update(t.index for t in targets)
+            if hist and touched and self._layout is None:  # (an edited one's raw histogram is of a copy)
+                hist = self._hist.within_budget(hist, touched, self._tensors)
         try:
             raw = self._stats.raw(self._hooks, sampled, hist, touched)
         except Exception as e:  # never take training down for telemetry: the hooks still run

@@ -15,6 +15,7 @@ and histograms are of the magnitudes.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -280,9 +281,32 @@ def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
     return out
 
 
-# elements binned at a time: a histogram's scratch is bounded by it (a gradient that is not float32
-# is first copied whole to float32 values, as every statistic of it is, by _hist_values)
+# elements binned at a time: a histogram's scratch is bounded by it, whatever the gradient's dtype
+# (a chunk of a gradient that is not float32 is converted into the scratch, never the whole of it)
 HIST_CHUNK = 1 << 18
+
+
+def _chunks(x: Tensor) -> Iterator[Tensor]:
+    flat = x.detach().reshape(-1)
+    for at in range(0, flat.numel(), HIST_CHUNK):
+        yield flat[at : at + HIST_CHUNK]
+
+
+def _chunk_range(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(min, max)`` of the values a histogram counts (magnitudes for complex), float32 0-dim;
+    ``(inf, -inf)`` for none. One ``aminmax`` of a real tensor (in its own dtype: its min and max
+    are its own values, exactly); a complex one's magnitudes a chunk at a time."""
+    dev = x.device
+    if x.numel() == 0:
+        return torch.full((), math.inf, device=dev), torch.full((), -math.inf, device=dev)
+    if not x.is_complex():
+        lo, hi = torch.aminmax(x.detach())
+        return lo.float(), hi.float()
+    ranges = [torch.aminmax(c.abs()) for c in _chunks(x)]
+    return (
+        torch.stack([r[0] for r in ranges]).amin().float(),
+        torch.stack([r[1] for r in ranges]).amax().float(),
+    )
 
 
 def histograms(
@@ -292,26 +316,23 @@ def histograms(
     layout of :func:`exact_histograms`, which gives the result for tensors with NaN or Inf values.
 
     For finite values (the usual case) this is the same arithmetic as :func:`exact_histograms` in
-    fewer passes: the range from one ``torch.aminmax`` per tensor, then bins taken in place,
-    :data:`HIST_CHUNK` elements at a time. A tensor holding NaN or Inf gets counts that are
-    meaningless but safe (every index in range): the caller, who learns from the same transfer
+    fewer passes and bounded memory: the range from one ``torch.aminmax`` per tensor, then bins
+    taken :data:`HIST_CHUNK` elements at a time in a float32 scratch (a chunk of another dtype is
+    converted into it; a complex one's magnitudes). A tensor holding NaN or Inf gets counts that
+    are meaningless but safe (every index in range): the caller, who learns from the same transfer
     that its abs-max is not finite, takes :func:`exact_histograms` then (``exact=True``). With a
     ``span`` (a sharded tensor's range across ranks) it is :func:`exact_histograms`.
     """
     if span is not None or exact:
         return exact_histograms(raw, final, bins, span=span)
     same = final is not None and _same_values(raw, final)  # no hook edited it: count it once
-    xs = [_hist_values(raw)] + ([_hist_values(final)] if final is not None and not same else [])
+    xs = [raw] + ([final] if final is not None and not same else [])
     dev = xs[0].device
-    los, his = [], []
-    for x in xs:
-        if x.numel():
-            lo, hi = torch.aminmax(x)
-        else:
-            lo, hi = torch.full((), math.inf, device=dev), torch.full((), -math.inf, device=dev)
-        los.append(lo)
-        his.append(hi)
-    lo, hi = (torch.stack(los).amin(), torch.stack(his).amax()) if len(xs) > 1 else (los[0], his[0])
+    ranges = [_chunk_range(x) for x in xs]
+    if len(xs) > 1:
+        lo, hi = torch.stack([r[0] for r in ranges]).amin(), torch.stack([r[1] for r in ranges]).amax()
+    else:
+        lo, hi = ranges[0]
     lo, hi, scale = _edges(lo, hi, bins, dev)
     parts = [lo.reshape(1), hi.reshape(1)]
     cpu = dev.type == "cpu"
@@ -321,10 +342,13 @@ def histograms(
     ibuf = torch.empty(size, dtype=torch.uint8 if cpu and bins <= 256 else torch.int32, device=dev)
     for x in xs:
         c = torch.zeros(bins, device=dev)
-        for at in range(0, x.numel(), HIST_CHUNK):
-            chunk = x[at : at + HIST_CHUNK]
+        for chunk in _chunks(x):
             t, idx = buf[: chunk.numel()], ibuf[: chunk.numel()]
-            torch.sub(chunk, lo, out=t).mul_(scale).nan_to_num_(0.0, bins - 1, 0.0).clamp_(0, bins - 1)
+            if chunk.dtype == torch.float32:
+                torch.sub(chunk, lo, out=t)
+            else:  # (float16, bfloat16, float64: converted a chunk at a time; complex: magnitudes)
+                t.copy_(chunk.abs() if chunk.is_complex() else chunk).sub_(lo)
+            t.mul_(scale).nan_to_num_(0.0, bins - 1, 0.0).clamp_(0, bins - 1)
             idx.copy_(t)  # truncated, as .to() does: the bin
             if cpu:
                 c += torch.bincount(idx, minlength=bins)

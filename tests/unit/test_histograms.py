@@ -1,0 +1,84 @@
+"""The fast histogram (``stats.histograms``): the exact one's counts, in bounded memory for every dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from inspector import stats
+
+
+class LargestMade(TorchDispatchMode):
+    """The most elements of any tensor an op makes new memory for while active (a view, a
+    ``detach`` or an ``out=`` argument makes none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        seen = {
+            a.untyped_storage().data_ptr()
+            for a in pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        }
+        out = func(*args, **kwargs)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.complex64]
+)
+def test_a_histogram_counts_as_the_exact_one_and_converts_a_chunk_at_a_time(dtype):
+    """A gradient that is not float32 was once copied whole to float32 for its histogram (a bf16
+    model's largest gradient took twice its own memory again); now each chunk is converted into
+    the scratch, so nothing larger than a chunk is made, and the counts are the exact path's."""
+    n = 3 * stats.HIST_CHUNK + 17
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randn(n, generator=gen).to(dtype)
+    if dtype.is_complex:
+        raw = raw + 1j * torch.randn(n, generator=gen).to(dtype)
+    final = raw * 0.5  # a hook's edit: the final histogram shares the edges
+    with LargestMade() as made:
+        fast = stats.histograms(raw, final, 64)
+    exact = stats.exact_histograms(raw, final, 64)
+    assert fast.tolist() == exact.tolist()
+    assert fast[2:66].sum() == fast[66:].sum() == n
+    assert made.largest <= stats.HIST_CHUNK
+
+
+def test_raw_copies_for_the_histograms_of_edited_gradients_stay_within_the_largest_parameter(monkeypatch):
+    """A pre_step hook that edits gradients in place makes each of their raw histograms need a copy
+    of the raw gradient until the final one is taken: up to HIST_CAP copies at once (a clip on a
+    model's eight largest matrices held eight of them). The copies now stay within the largest
+    parameter's bytes; the other edited parameters get their histograms on the next sampled
+    steps, in turn, and a parameter no hook edits gets its own every time."""
+    from torch import nn
+
+    import inspector
+    from inspector import histsel
+
+    monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)  # (the floor lets a small model copy all)
+    params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}
+    params["free"] = nn.Parameter(torch.randn(64, 64))
+    opt = torch.optim.SGD(params.values(), lr=0.01)
+    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
+        insp.set_hist_params(list(params))
+        insp.add_hook("scale", target="w*", factor=0.5)
+        taken = []
+        for _ in range(6):
+            opt.zero_grad()
+            sum((p * p).sum() for p in params.values()).backward()
+            opt.step()
+            h = insp.latest()["hist"]
+            taken.append(sorted(h))
+            for name in h:  # an edited one's histograms: raw before the hook, final after it
+                if name != "free":
+                    assert sum(h[name]["raw"]) == sum(h[name]["final"]) == 64 * 64
+    assert taken == [["free", "w0"], ["free", "w1"], ["free", "w2"]] * 2
