@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(
         f"resident bound: max({BUDGET:.0%} of the parameters' bytes, {FLOOR / 2**20:.0f} MiB); transient bound: the largest parameter\n"
+        "(a histogram's 1.25 MiB scratch on top)\n"
     )
     print(
         f"{'workload':24} {'params':>10} {'resident':>10} {'share':>7} {'bound':>10}"
