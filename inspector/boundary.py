@@ -71,8 +71,8 @@ class StepBoundary(DistributedBoundary):
             self._dist_hold(step, hold)
         else:
             if self._paused and self._credit == 0 and not self._closed:
-                # about to hold: what this step found and recorded is shown now (outside the lock:
-                # the deferred queue's consumers take it)
+                # about to hold: what this step found and recorded is shown now (before the wait,
+                # which holds the lock; the drain takes it itself, and waits for a copy without it)
                 self._records.flush_pending()
                 self._drain_deferred(wait=True)
             with self._cond:

@@ -256,15 +256,24 @@ class Deferred:
             self._q.append(_Item(step, flat, None, consume))
 
     def drain(self, *, before: int | None = None, wait: bool = False) -> None:
-        with self._lock:
-            while self._q:
+        while True:
+            with self._lock:
+                if not self._q:
+                    return
                 it = self._q[0]
                 if before is not None and it.step is not None and it.step >= before:
-                    break
-                if not (wait or it.ready() or len(self._q) > MAX_PENDING):
-                    break
-                self._q.popleft()
-                it.run()
+                    return
+                ready = it.ready()
+                if not (wait or ready or len(self._q) > MAX_PENDING):
+                    return
+                if ready:
+                    self._q.popleft()
+                    it.run()
+                    continue
+            # a copy still under way that we must wait for: waited for outside the lock (the
+            # Inspector's: its other threads go on meanwhile), then consumed in order as above
+            # (a caller that holds the lock already, a rewind, keeps it)
+            it.event.synchronize()
 
     def clear(self) -> None:
         with self._lock:

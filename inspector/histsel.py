@@ -5,7 +5,8 @@ Histograms cost a pass over each chosen gradient (two with a pre_step hook), so 
 step after the choice changed). A ``pre_step`` hook that edits a gradient in place makes its raw
 histogram need a copy of the raw gradient until the final one is taken: those copies stay within
 the largest parameter's bytes (at least ``COPY_FLOOR``), and the other edited parameters get
-their histograms on the next sampled steps, in turn (:meth:`HistSelection.within_budget`). Also
+their histograms on the next sampled steps, in turn (:meth:`HistSelection.within_budget`; not
+under FSDP2, where each rank copies its shards and every rank takes rank 0's choice). Also
 the optimizer's learning rates, which a snapshot carries.
 """
 
@@ -72,7 +73,7 @@ class HistSelection:
         budget = max(COPY_FLOOR, max((t.numel() * t.element_size() for t in tensors), default=0))
         kept, used = [], 0
         for i in indices:
-            if i in edited:
+            if i in edited and tensors[i].grad is not None:  # (no gradient this step: nothing copied)
                 size = tensors[i].numel() * tensors[i].element_size()
                 if used and used + size > budget:
                     self._carry.append(i)

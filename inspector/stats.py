@@ -1,15 +1,17 @@
 """Pure tensor -> statistics functions used by the telemetry.
 
-Everything stays on the gradients' device as float32 tensors; the caller stacks the
-results and moves them to the host once per snapshot. No ``.item()`` here.
+The tensor functions keep everything on the gradients' device (0-dim or 1-D tensors: norms,
+abs-max and histograms in float32, sums in the reduction's dtype); the caller stacks the
+results and moves them to the host once per snapshot, as float32. No ``.item()`` here.
+:func:`mean_std_of` is the host's part: the mean and std from a sum and a norm, in float64.
 
 Dtypes: float32 gradients take the fast path (one ``torch._foreach_norm`` in float32);
 float16 and bfloat16 are reduced in float32 (norms, sums: never in their own precision);
 float64 and complex gradients are reduced in their own precision and the result rounded
 to float32. For a complex gradient the norm is of the complex values (a real number),
-abs-max is the largest magnitude ``|z|``, std is torch's complex std
-(``sqrt(sum |z - mean|^2 / (n - 1))``), the mean (a complex number) is NaN, reported null,
-and histograms are of the magnitudes.
+abs-max is the largest magnitude ``|z|``, the sum is complex (its magnitude is all the std
+needs), std is torch's complex std (``sqrt(sum |z - mean|^2 / (n - 1))``), the mean (a complex
+number) is reported null, and histograms are of the magnitudes.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def mean_std_of(total: float, norm: float, n: int) -> tuple[float, float | None]
     For complex values give the sum's magnitude: the std is then torch's complex std
     (``sqrt(sum |z - mean|^2 / (n - 1))``) and the mean is that magnitude's (not the complex
     mean: the caller reports null). std is None for fewer than two values; NaN and Inf pass
-    through (an infinite norm gives an infinite std).
+    through (an infinite norm beside a finite sum gives an infinite std, NaN where both are).
     """
     mean = total / max(n, 1)
     if n <= 1:
@@ -286,8 +288,29 @@ def value_range(raw: Tensor, final: Tensor | None) -> Tensor:
 HIST_CHUNK = 1 << 18
 
 
+def _flat_values(x: Tensor) -> Tensor:
+    """``x``'s values as a 1-D view, in memory order where it is not contiguous but dense (a
+    transposed or channels_last gradient): what a histogram or a range counts does not depend on
+    the order, and ``reshape(-1)`` would copy the whole of it."""
+    x = x.detach()
+    if not x.is_contiguous() and _dense_in_memory(x):
+        return x.as_strided((x.numel(),), (1,))
+    return x.reshape(-1)
+
+
+def _dense_in_memory(x: Tensor) -> bool:
+    """Whether ``x``'s elements fill one block of memory, each once (some order of its dimensions
+    is contiguous): torch's "non-overlapping and dense"."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride(), strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _chunks(x: Tensor) -> Iterator[Tensor]:
-    flat = x.detach().reshape(-1)
+    flat = _flat_values(x)
     for at in range(0, flat.numel(), HIST_CHUNK):
         yield flat[at : at + HIST_CHUNK]
 
@@ -300,7 +323,7 @@ def _chunk_range(x: Tensor) -> tuple[Tensor, Tensor]:
     if x.numel() == 0:
         return torch.full((), math.inf, device=dev), torch.full((), -math.inf, device=dev)
     if not x.is_complex():
-        lo, hi = torch.aminmax(x.detach())
+        lo, hi = torch.aminmax(_flat_values(x))
         return lo.float(), hi.float()
     ranges = [torch.aminmax(c.abs()) for c in _chunks(x)]
     return (
@@ -318,7 +341,9 @@ def histograms(
     For finite values (the usual case) this is the same arithmetic as :func:`exact_histograms` in
     fewer passes and bounded memory: the range from one ``torch.aminmax`` per tensor, then bins
     taken :data:`HIST_CHUNK` elements at a time in a float32 scratch (a chunk of another dtype is
-    converted into it; a complex one's magnitudes). A tensor holding NaN or Inf gets counts that
+    converted into it; a complex one's magnitudes; a dense tensor is read in memory order, whatever
+    its strides), so nothing full-size is made (:func:`exact_histograms`, the rare path and a
+    sharded tensor's, makes full-size temporaries). A tensor holding NaN or Inf gets counts that
     are meaningless but safe (every index in range): the caller, who learns from the same transfer
     that its abs-max is not finite, takes :func:`exact_histograms` then (``exact=True``). With a
     ``span`` (a sharded tensor's range across ranks) it is :func:`exact_histograms`.

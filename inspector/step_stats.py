@@ -276,13 +276,15 @@ class StepStats:
         raw_idx = raw.index if raw is not None else []
         part = self._part
         fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
-        sums = part.get("sums", [])
+        part_sums = part.get("sums", [])
         column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)
         column("raw_am", raw_idx, raw.absmax if raw else [], summed=False)
         column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
         column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
-        column("re", dense_idx, [x.real if x.is_complex() else x for x in sums], summed=True)
-        column("im", dense_idx, [x.imag if x.is_complex() else x.new_zeros(()) for x in sums], summed=True)
+        column("re", dense_idx, [x.real if x.is_complex() else x for x in part_sums], summed=True)
+        column(
+            "im", dense_idx, [x.imag if x.is_complex() else x.new_zeros(()) for x in part_sums], summed=True
+        )
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
@@ -341,11 +343,18 @@ class StepStats:
             norms[i] = float(wide_norm(g))
 
     def _mean_std(
-        self, dense_idx: list[int], norms: list[float | None], data: dict[str, list[float]]
+        self,
+        dense_idx: list[int],
+        norms: list[float | None],
+        absmax: list[float | None],
+        data: dict[str, list[float]],
     ) -> tuple[list[float | None], list[float | None]]:
         """The dense final gradients' means and stds, made on the host (``stats.mean_std_of``, in
         float64) from the transfer's sums and the final norms. A complex mean is not one number:
-        null, as is the std of a single value."""
+        null, as is the std of a single value. Where finite values' sum overflowed float32 (in
+        the transfer, or in a float32 gradient's own sum: values near 1e34 and up), that sum is
+        taken again in float64 from the same gradient (rare: a host read, only then; not under
+        FSDP2, where it is a shard's)."""
         n = len(self.params)
         mean: list[float | None] = [None] * n
         std: list[float | None] = [None] * n
@@ -356,6 +365,11 @@ class StepStats:
                 continue
             cplx = t.is_complex()
             total = math.hypot(totals[k], im[k]) if cplx and im is not None else totals[k]
+            a, g = absmax[i], self._fgrads.get(i)
+            if not math.isfinite(total) and a is not None and math.isfinite(a) and g is not None:
+                if self.layout is None:
+                    wide = g.detach().to(torch.complex128 if cplx else torch.float64).sum()
+                    total = float(wide.abs() if cplx else wide)
             m, s = mean_std_of(total, norm, t.numel())
             mean[i], std[i] = (None if cplx else m), s
         return mean, std
@@ -483,7 +497,7 @@ class StepStats:
         absmax_final = scatter(fin_idx, data.get("final_absmax"))
         if self.layout is None:  # (under FSDP2 a shard's float64 norm is not the tensor's)
             self._wide_final(grad_norm, absmax_final)
-        mean, std = self._mean_std(dense_idx, grad_norm, data)
+        mean, std = self._mean_std(dense_idx, grad_norm, absmax_final, data)
         nan_count: list[int | None] = [None] * n
         inf_count: list[int | None] = [None] * n
         for i in raw_idx:

@@ -222,6 +222,21 @@ def test_finite_gradients_whose_float32_norm_overflows_read_the_same_raw_final_s
     assert big["total_norm"] == pytest.approx(norm, rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finite_gradients_whose_sum_overflows_float32_read_their_true_mean_and_std(dtype: torch.dtype):
+    """4000 values near 1e35: their sum (4e38) is beyond float32's range, in a float32 gradient's own
+    sum and in the snapshot's float32 transfer alike. Their mean is taken again in float64 (the
+    transfer shows an infinite sum beside a finite abs-max), so it reads 1e35, not inf, and the
+    std comes from it (it read 0.0 for a float64 gradient)."""
+    g = (1e35 * (1 + 0.1 * torch.randn(4000, generator=torch.Generator().manual_seed(0)))).to(dtype)
+    ref = g.double()
+    assert math.isfinite(float(ref.sum())) and not math.isfinite(float(ref.sum().float()))
+    snap = run_grad(g)
+    assert snap["grad_mean"][0] == pytest.approx(float(ref.mean()), rel=1e-6)
+    assert snap["grad_std"][0] == pytest.approx(float(ref.std()), rel=1e-3)
+    assert snap["grad_norm"][0] == pytest.approx(float(ref.norm()), rel=1e-6)
+
+
 def test_overflowing_norms_raise_no_nonfinite_event():
     p = nn.Parameter(torch.zeros(1000))
     opt = torch.optim.SGD([p], lr=0.0)

@@ -82,3 +82,73 @@ def test_raw_copies_for_the_histograms_of_edited_gradients_stay_within_the_large
                 if name != "free":
                     assert sum(h[name]["raw"]) == sum(h[name]["final"]) == 64 * 64
     assert taken == [["free", "w0"], ["free", "w1"], ["free", "w2"]] * 2
+
+
+def _edited_model(monkeypatch):  # type: ignore[no-untyped-def]
+    from torch import nn
+
+    from inspector import histsel
+
+    monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)
+    params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}
+    params["free"] = nn.Parameter(torch.randn(64, 64))
+    return params
+
+
+def test_a_parameter_without_a_gradient_takes_none_of_the_copy_budget(monkeypatch):
+    """Nothing is copied for a parameter the step left without a gradient, so it leaves the budget
+    to the others (it once took a turn of its own, and w1 and w2 had histograms every other step)."""
+    import inspector
+
+    params = _edited_model(monkeypatch)
+    opt = torch.optim.SGD(params.values(), lr=0.01)
+    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
+        insp.set_hist_params(list(params))
+        insp.add_hook("scale", target="w*", factor=0.5)
+        taken = []
+        for _ in range(4):
+            opt.zero_grad()
+            sum((p * p).sum() for n, p in params.items() if n != "w0").backward()  # w0 unused
+            opt.step()
+            taken.append(sorted(insp.latest()["hist"]))
+    assert taken == [["free", "w1"], ["free", "w2"]] * 2
+
+
+def test_a_closure_evaluated_many_times_takes_the_same_histograms_each_time(monkeypatch):
+    """An optimizer that evaluates its closure several times a step (LBFGS) runs the pre_step work
+    after each: the histograms are chosen once per step, so the copy budget's turns go on in order
+    (the second evaluation once took the turn put off by the first, and w0's was lost)."""
+    import inspector
+
+    params = _edited_model(monkeypatch)
+    opt = torch.optim.LBFGS(params.values(), lr=0.01, max_iter=3)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = sum((p * p).sum() for p in params.values())
+        loss.backward()
+        return loss
+
+    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
+        insp.set_hist_params(list(params))
+        insp.add_hook("scale", target="w*", factor=0.5)
+        taken = []
+        for _ in range(3):
+            opt.step(closure)
+            taken.append(sorted(insp.latest()["hist"]))
+    assert taken == [["free", "w0"], ["free", "w1"], ["free", "w2"]]
+
+
+def test_a_transposed_gradient_is_binned_in_memory_order_without_a_copy():
+    """A gradient that is dense but not contiguous (a transposed weight's, a channels_last one's) is
+    read in memory order: ``reshape(-1)`` copied the whole of it first."""
+    gen = torch.Generator().manual_seed(0)
+    for g in (
+        torch.randn(1024, 1030, generator=gen).t(),
+        torch.randn(8, 3, 200, 200, generator=gen).to(memory_format=torch.channels_last),
+    ):
+        assert not g.is_contiguous()
+        with LargestMade() as made:
+            fast = stats.histograms(g, None, 64)
+        assert fast.tolist() == stats.exact_histograms(g, None, 64).tolist()
+        assert made.largest <= stats.HIST_CHUNK

@@ -481,3 +481,37 @@ def test_close_on_another_thread_drains_under_the_inspectors_lock(mlp):
         closer.join(timeout=30)
     assert not closer.is_alive()
     assert seen["free"] is False  # held by close()'s drain: no second lock to take in another order
+
+
+def test_a_drain_waits_for_a_copy_still_under_way_outside_the_lock_and_keeps_the_order():
+    """A drain that must wait for a device copy (finish, close, a pause, under torch.distributed
+    every boundary) waits with the Inspector's lock released, so its other threads (the server's
+    requests) go on meanwhile; the items are still consumed in order. A stand-in for the CUDA
+    event (no GPU here): ready once waited for."""
+    from inspector.deferred import Deferred
+
+    lock = threading.RLock()
+    q = Deferred(lock)
+
+    class Event:
+        def __init__(self) -> None:
+            self.done = False
+            self.lock_held_while_waiting: bool | None = None
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            self.lock_held_while_waiting = lock._is_owned()  # type: ignore[attr-defined]
+            self.done = True
+
+    got: list[int] = []
+    events = []
+    for k in range(3):
+        q.submit_flat(k, [torch.tensor(float(k))], lambda v: got.append(int(v[0])))
+        ev = Event()
+        q._q[-1].event = ev  # (as a CUDA copy's item has)
+        events.append(ev)
+    q.drain(wait=True)
+    assert got == [0, 1, 2]
+    assert [ev.lock_held_while_waiting for ev in events] == [False, False, False]
