@@ -53,73 +53,72 @@ def test_a_histogram_counts_as_the_exact_one_and_converts_a_chunk_at_a_time(dtyp
     assert made.largest <= stats.HIST_CHUNK
 
 
+def _edited_model(monkeypatch):  # type: ignore[no-untyped-def]
+    """Three 64x64 parameters a hook edits in place, and one it leaves; a copy budget of one of them."""
+    from torch import nn
+
+    from inspector import histsel
+
+    monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)  # (the floor lets a small model copy all)
+    params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}
+    params["free"] = nn.Parameter(torch.randn(64, 64))
+    return params
+
+
+def _taken(params, opt, step, steps: int) -> list[list[str]]:  # type: ignore[no-untyped-def]
+    """Which parameters each step's snapshot has histograms of, every histogram asked for, with
+    ``scale`` editing the w* gradients in place; each edited one's raw and final count it all."""
+    import inspector
+
+    taken = []
+    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
+        insp.set_hist_params(list(params))
+        insp.add_hook("scale", target="w*", factor=0.5)
+        for _ in range(steps):
+            step()
+            h = insp.latest()["hist"]
+            taken.append(sorted(h))
+            for name in h:  # an edited one's histograms: raw before the hook, final after it
+                if name != "free":
+                    assert sum(h[name]["raw"]) == sum(h[name]["final"]) == 64 * 64
+    return taken
+
+
 def test_raw_copies_for_the_histograms_of_edited_gradients_stay_within_the_largest_parameter(monkeypatch):
     """A pre_step hook that edits gradients in place makes each of their raw histograms need a copy
     of the raw gradient until the final one is taken: up to HIST_CAP copies at once (a clip on a
     model's eight largest matrices held eight of them). The copies now stay within the largest
     parameter's bytes; the other edited parameters get their histograms on the next sampled
     steps, in turn, and a parameter no hook edits gets its own every time."""
-    from torch import nn
-
-    import inspector
-    from inspector import histsel
-
-    monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)  # (the floor lets a small model copy all)
-    params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}
-    params["free"] = nn.Parameter(torch.randn(64, 64))
+    params = _edited_model(monkeypatch)
     opt = torch.optim.SGD(params.values(), lr=0.01)
-    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
-        insp.set_hist_params(list(params))
-        insp.add_hook("scale", target="w*", factor=0.5)
-        taken = []
-        for _ in range(6):
-            opt.zero_grad()
-            sum((p * p).sum() for p in params.values()).backward()
-            opt.step()
-            h = insp.latest()["hist"]
-            taken.append(sorted(h))
-            for name in h:  # an edited one's histograms: raw before the hook, final after it
-                if name != "free":
-                    assert sum(h[name]["raw"]) == sum(h[name]["final"]) == 64 * 64
-    assert taken == [["free", "w0"], ["free", "w1"], ["free", "w2"]] * 2
 
+    def step() -> None:
+        opt.zero_grad()
+        sum((p * p).sum() for p in params.values()).backward()
+        opt.step()
 
-def _edited_model(monkeypatch):  # type: ignore[no-untyped-def]
-    from torch import nn
-
-    from inspector import histsel
-
-    monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)
-    params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}
-    params["free"] = nn.Parameter(torch.randn(64, 64))
-    return params
+    assert _taken(params, opt, step, 6) == [["free", "w0"], ["free", "w1"], ["free", "w2"]] * 2
 
 
 def test_a_parameter_without_a_gradient_takes_none_of_the_copy_budget(monkeypatch):
     """Nothing is copied for a parameter the step left without a gradient, so it leaves the budget
     to the others (it once took a turn of its own, and w1 and w2 had histograms every other step)."""
-    import inspector
-
     params = _edited_model(monkeypatch)
     opt = torch.optim.SGD(params.values(), lr=0.01)
-    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
-        insp.set_hist_params(list(params))
-        insp.add_hook("scale", target="w*", factor=0.5)
-        taken = []
-        for _ in range(4):
-            opt.zero_grad()
-            sum((p * p).sum() for n, p in params.items() if n != "w0").backward()  # w0 unused
-            opt.step()
-            taken.append(sorted(insp.latest()["hist"]))
-    assert taken == [["free", "w1"], ["free", "w2"]] * 2
+
+    def step() -> None:
+        opt.zero_grad()
+        sum((p * p).sum() for n, p in params.items() if n != "w0").backward()  # w0 unused
+        opt.step()
+
+    assert _taken(params, opt, step, 4) == [["free", "w1"], ["free", "w2"]] * 2
 
 
 def test_a_closure_evaluated_many_times_takes_the_same_histograms_each_time(monkeypatch):
     """An optimizer that evaluates its closure several times a step (LBFGS) runs the pre_step work
     after each: the histograms are chosen once per step, so the copy budget's turns go on in order
     (the second evaluation once took the turn put off by the first, and w0's was lost)."""
-    import inspector
-
     params = _edited_model(monkeypatch)
     opt = torch.optim.LBFGS(params.values(), lr=0.01, max_iter=3)
 
@@ -129,14 +128,11 @@ def test_a_closure_evaluated_many_times_takes_the_same_histograms_each_time(monk
         loss.backward()
         return loss
 
-    with inspector.attach(params, opt, every=1, hist_every=1) as insp:
-        insp.set_hist_params(list(params))
-        insp.add_hook("scale", target="w*", factor=0.5)
-        taken = []
-        for _ in range(3):
-            opt.step(closure)
-            taken.append(sorted(insp.latest()["hist"]))
-    assert taken == [["free", "w0"], ["free", "w1"], ["free", "w2"]]
+    assert _taken(params, opt, lambda: opt.step(closure), 3) == [
+        ["free", "w0"],
+        ["free", "w1"],
+        ["free", "w2"],
+    ]
 
 
 def test_a_transposed_gradient_is_binned_in_memory_order_without_a_copy():
