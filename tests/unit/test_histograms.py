@@ -148,3 +148,25 @@ def test_a_transposed_gradient_is_binned_in_memory_order_without_a_copy():
             fast = stats.histograms(g, None, 64)
         assert fast.tolist() == stats.exact_histograms(g, None, 64).tolist()
         assert made.largest <= stats.HIST_CHUNK
+
+
+def test_after_a_rewind_the_step_takes_the_histograms_chosen_now(mlp):
+    """The histograms are chosen once per step (for a closure's evaluations); a rewind to the step
+    before the last one runs that step number again, and it takes the parameters chosen now, not
+    those the abandoned step took."""
+    import inspector
+    from tests.unit.conftest import batch, train_step
+
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with inspector.attach(mlp, opt, every=1, hist_every=1) as insp:
+        first, second = insp.params[0], insp.params[2]
+        insp.set_hist_params([first])
+        train_step(mlp, opt, *batch(seed=0))
+        cp = insp.checkpoint()  # at step 1, from the training thread between steps: at once
+        train_step(mlp, opt, *batch(seed=1))
+        assert list(insp.latest()["hist"]) == [first]
+        assert insp.rewind(cp)["done"]
+        insp.set_hist_params([second])
+        train_step(mlp, opt, *batch(seed=2))
+        assert insp.latest()["step"] == 2
+        assert list(insp.latest()["hist"]) == [second]
