@@ -30,7 +30,7 @@ class StepBoundary(DistributedBoundary):
     _under_way: bool
     _step_events: list[dict[str, Any]]
     _records: Any
-    _hist_chosen: tuple[int, list[int]]
+    _hist_chosen: list[int] | None
 
     def _boundary(self) -> None:
         """Step N is complete: report earlier steps' deferred checks, publish its snapshot, apply
@@ -44,7 +44,7 @@ class StepBoundary(DistributedBoundary):
         with self._lock:
             self._step += 1
             self._under_way = False
-            self._hist_chosen = (0, [])  # (the next step chooses its own, even under a rewound number)
+            self._hist_chosen = None  # (the next step chooses its own, even under a rewound number)
             step, sampled = self._step, self._sampled
             events, self._step_events = self._step_events, []
             rec, self._records.current = self._records.current, {}

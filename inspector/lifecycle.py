@@ -84,7 +84,7 @@ class StepLifecycle(StepBoundary):
     _deferred: Deferred  # device values on their way to the host (NaN/Inf checks, records)
     _dist_checks: list[Check]  # under torch.distributed: checks read at this boundary, for the exchange
     _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
-    _hist_chosen: tuple[int, list[int]]  # (step, its histograms): chosen once per step, closures or not
+    _hist_chosen: list[int] | None  # the step under way's histograms, once chosen (closures or not)
     _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
     _telemetry_seen: set[str]  # statistics failures reported so far (each part and error type once)
     # control
@@ -110,7 +110,7 @@ class StepLifecycle(StepBoundary):
         self._skip_known = False
         self._dist_checks = []
         self._hist_next = []
-        self._hist_chosen = (0, [])
+        self._hist_chosen = None
         self._telemetry_seen = set()
         self._paused = False
         self._credit = 0
@@ -388,13 +388,13 @@ class StepLifecycle(StepBoundary):
                 hist = []
             elif self._layout is not None and self._dist is not None and not self._dist.broken:
                 hist = self._hist_next  # every rank takes the same histograms (collectives under FSDP2)
-            elif self._hist_chosen[0] == self._step + 1:  # a closure's second evaluation: the same
-                hist = self._hist_chosen[1]
+            elif self._hist_chosen is not None:  # a closure's second evaluation: the same
+                hist = self._hist_chosen
             else:
                 hist = self._hist.due(self._sampled_count)
                 if hist and touched and self._layout is None:  # (an edited one's raw histogram is of a copy)
                     hist = self._hist.within_budget(hist, touched, self._tensors)
-                self._hist_chosen = (self._step + 1, hist)
+                self._hist_chosen = hist
         try:
             raw = self._stats.raw(self._hooks, sampled, hist, touched)
         except Exception as e:  # never take training down for telemetry: the hooks still run

@@ -173,7 +173,7 @@ def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, Te
     sums: dict[int, Tensor] = {}
     for k in big:
         ns, los, his, ss = [], [], [], []
-        for chunk in tensors[k].reshape(-1).split(SWEEP_CHUNK):
+        for chunk in _chunks(tensors[k], SWEEP_CHUNK):
             ns.append(torch.linalg.vector_norm(chunk))
             lo, hi = torch.aminmax(chunk)
             los.append(lo)
@@ -309,10 +309,11 @@ def _dense_in_memory(x: Tensor) -> bool:
     return True
 
 
-def _chunks(x: Tensor) -> Iterator[Tensor]:
+def _chunks(x: Tensor, size: int = HIST_CHUNK) -> Iterator[Tensor]:
+    """``x``'s values (:func:`_flat_values`) as 1-D views of ``size`` elements (the last shorter)."""
     flat = _flat_values(x)
-    for at in range(0, flat.numel(), HIST_CHUNK):
-        yield flat[at : at + HIST_CHUNK]
+    for at in range(0, flat.numel(), size):
+        yield flat[at : at + size]
 
 
 def _chunk_range(x: Tensor) -> tuple[Tensor, Tensor]:
