@@ -3,7 +3,8 @@
 // state and mark what changed; the charts are drawn once per animation frame.
 
 import { api, errorText, takeTokenFromUrl } from "./api.js";
-import { FlowChart, HeatmapChart, HistChart, LossChart, RatioChart } from "./charts.js";
+import { FlowChart, HeatmapChart, HistChart, RatioChart } from "./charts.js";
+import { LossChart } from "./losschart.js";
 import { EventLog } from "./eventlog.js";
 import { addExport } from "./exporting.js";
 import { HookPanel } from "./hookpanel.js";

@@ -9,7 +9,7 @@
 // keeps following it as training streams. A double click shows the whole run.
 
 import { api } from "./api.js";
-import { PLOT_CONFIG } from "./theme.js";
+import { COLORS, HOOK_ACTIONS, PLOT_CONFIG } from "./theme.js";
 import { niceStep } from "./ticks.js";
 
 const Plotly = window.Plotly;
@@ -198,4 +198,33 @@ export class Timeline {
     this.follow = false;
     this.fetchId++;
   }
+}
+
+/**
+ * Vertical lines at the markers (hook changes, NaN/Inf, resets) as layout shapes, for a time
+ * chart that shows them without hover tips (the heatmap; any chart over steps).
+ */
+export function markerShapes(markers) {
+  return markers.map((m) => ({
+    type: "line",
+    xref: "x",
+    yref: "paper",
+    x0: m.x,
+    x1: m.x,
+    y0: 0,
+    y1: 1,
+    line: {
+      color:
+        m.kind === "hook"
+          ? (HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[1]
+          : m.kind === "reset"
+            ? COLORS.reset
+            : m.kind === "branch"
+              ? COLORS.branch
+              : COLORS.nonfinite,
+      width: 1,
+      dash: "dash",
+    },
+    layer: "above",
+  }));
 }

@@ -111,4 +111,12 @@ export const nextRequestId = () => `r${++requestCounter}`;
 
 // Text for Plotly (trace names, hover text, ticks, annotations): defined in ticks.js,
 // which the HTML report shares.
+/** [q, 1 - q] quantiles of the finite values (robust limits, not the one outlier). */
+export function quantileRange(values, q) {
+  const v = values.filter((x) => x !== null && Number.isFinite(x)).sort((a, b) => a - b);
+  if (!v.length) return null;
+  const at = (p) => v[Math.min(v.length - 1, Math.max(0, Math.round(p * (v.length - 1))))];
+  return [at(q), at(1 - q)];
+}
+
 export { plotlyText } from "./ticks.js";

@@ -1,0 +1,480 @@
+// The loss chart: loss and global gradient norm over steps, with markers at hook changes
+// (a symbol per action), scenario resets and NaN/Inf; non-finite values as markers; an EMA
+// smoothing (raw kept faint); another run of the database overlaid. It draws once with
+// Plotly.newPlot / Plotly.react (reset), then grows with Plotly.extendTraces over a bounded
+// window; it shares its step axis with the other time charts (timeline.js).
+
+import { COLORS, HOOK_ACTIONS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { logTicks, logTicksIn } from "./ticks.js";
+import { num, positive, quantileRange } from "./util.js";
+import { mainLossRange, restyleShadow, shadowTraces } from "./whatif.js";
+
+const Plotly = window.Plotly;
+
+const LOSS = 0;
+const NORM_RAW = 1;
+const NORM_FINAL = 2;
+const LOSS_SMOOTH = 3;
+const RAW_SMOOTH = 4;
+const FINAL_SMOOTH = 5;
+const NONFINITE = 6;
+const CMP_LOSS = 7;
+const CMP_NORM = 8;
+const CMP_MARKS = 9;
+const MARKS = 10; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset line, reset tip
+const MARK_TRACES = [10, 11, 12, 13, 14, 15];
+const LOG_AUTO_DECADES = 3; // a loss spanning more than this many decades is drawn on a log axis
+
+/** Ticks that fit an axis of this many pixels (about 30 px a label). */
+function maxTicks(el, fallback = 300) {
+  return Math.max(3, Math.floor(((el && el.clientHeight) || fallback) / 30));
+}
+
+/**
+ * TensorBoard's smoothing: an exponential moving average with weight `w` in [0, 1), debiased
+ * so the start is not pulled to 0; on a log axis it averages log10 values (a geometric mean,
+ * so one spike of 1e30 does not flatten every later point). Non-finite and missing values
+ * are skipped (null in the output).
+ */
+export function smooth(ys, w, log = false) {
+  const out = new Array(ys.length);
+  let last = 0;
+  let n = 0;
+  for (let i = 0; i < ys.length; i++) {
+    const raw = ys[i];
+    const v = raw === null || raw === undefined ? NaN : log ? (raw > 0 ? Math.log10(raw) : NaN) : raw;
+    if (!Number.isFinite(v)) {
+      out[i] = null;
+      continue;
+    }
+    last = last * w + (1 - w) * v;
+    n += 1;
+    const s = last / (1 - w ** n);
+    out[i] = log ? 10 ** s : s;
+  }
+  return out;
+}
+
+export class LossChart {
+  constructor(el) {
+    this.el = el;
+    this.lossScale = "auto"; // "auto" (log when the loss spans > 3 decades), "linear" or "log"
+    this.smoothing = 0; // EMA weight, 0 (off) to 0.99
+    this.base = { loss: 0, rows: 0 }; // history points ahead of the streamed ones in the traces
+  }
+
+  /** The scale toggle: the user's choice holds from then on. */
+  set lossLog(v) {
+    this.lossScale = v ? "log" : "linear";
+  }
+
+  get lossLog() {
+    return this.isLog(this.lossValues ?? []);
+  }
+
+  isLog(ys) {
+    if (this.lossScale !== "auto") return this.lossScale === "log";
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const v of ys) {
+      if (v === null || !Number.isFinite(v)) continue;
+      if (v <= 0) return false; // not drawable on a log axis: the view is clipped instead
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+    return Number.isFinite(lo) && Math.log10(hi / lo) > LOG_AUTO_DECADES;
+  }
+
+  /** Rows and loss points drawn: the fetched older history, then the streamed window. */
+  data(state) {
+    const rows = [...state.history.rows, ...state.window()];
+    const lossX = [...state.history.loss.x, ...state.loss.x];
+    const lossY = [...state.history.loss.y, ...state.loss.y];
+    return { rows, lossX, lossY };
+  }
+
+  lossAxis(state, ys) {
+    const log = this.isLog(ys);
+    const ax = { title: { text: "loss" }, type: log ? "log" : "linear" };
+    this.clipNote = null;
+    if (log) Object.assign(ax, logTicks(ys, maxTicks(this.el)));
+    else {
+      // A linear loss with a few huge values (which a log axis cannot show: zero or negative
+      // ones too): the view is clipped to the 1st-99th percentile, with a note.
+      const q = quantileRange(ys, 0.01);
+      const all = quantileRange(ys, 0);
+      if (q && all && all[1] - all[0] > 100 * Math.max(q[1] - q[0], 1e-12)) {
+        const pad = (q[1] - q[0]) * 0.1 || Math.abs(q[0]) * 0.1 || 1;
+        ax.range = [q[0] - pad, q[1] + pad];
+        ax.autorange = false;
+        const out = ys.filter((v) => v !== null && (v < ax.range[0] || v > ax.range[1])).length;
+        this.clipNote = `loss axis clipped to the 1st–99th percentile: ${out} value${out === 1 ? "" : "s"} outside`;
+      }
+    }
+    this.el.dataset.lossScale = log ? "log" : "linear";
+    this.showScale(log);
+    return ax;
+  }
+
+  /** In "auto", the scale toggle shows the scale chosen. */
+  showScale(log) {
+    const seg =
+      this.el.closest(".card") && this.el.closest(".card").querySelector('[data-testid="loss-scale"]');
+    if (!seg || this.lossScale !== "auto") return;
+    for (const b of seg.querySelectorAll("button[data-value]"))
+      b.setAttribute("aria-pressed", String((b.dataset.value === "log") === log));
+  }
+
+  normValues(rows) {
+    const v = [];
+    for (const r of rows) v.push(positive(r.total_norm_raw), positive(r.total_norm));
+    return v;
+  }
+
+  layout(state, d) {
+    this.ticks = logTicks(this.normValues(d.rows), maxTicks(this.el));
+    const range = this.timeline ? this.timeline.range(state) : null;
+    const annotations = [];
+    const lossAxis = this.lossAxis(state, d.lossY);
+    mainLossRange(lossAxis, d.lossY, state); // what-if: a diverging shadow leaves the main loss readable
+    if (this.clipNote) {
+      annotations.push({
+        text: this.clipNote,
+        xref: "paper",
+        yref: "paper",
+        x: 0.01,
+        y: 0.99,
+        xanchor: "left",
+        yanchor: "top",
+        showarrow: false,
+        font: { size: 10, color: COLORS.muted },
+      });
+    }
+    return baseLayout({
+      margin: { l: 60, r: 64, t: 8, b: 40 },
+      xaxis: axis({ title: { text: "step" }, ...(range ? { range, autorange: false } : {}) }),
+      yaxis: axis(lossAxis),
+      yaxis2: axis({
+        title: { text: "global grad norm (L2)" },
+        ...this.ticks,
+        type: "log",
+        overlaying: "y",
+        side: "right",
+        showgrid: false,
+      }),
+      yaxis3: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
+      hovermode: "closest",
+      showlegend: false, // the card header has the legend
+      annotations,
+    });
+  }
+
+  traces(state, d) {
+    const { rows, lossX, lossY } = d;
+    const x = rows.map((r) => r.step);
+    const smoothOn = this.smoothing > 0;
+    const faint = smoothOn ? 0.3 : 1;
+    const lossLog = this.isLog(lossY);
+    const raw = rows.map((r) => positive(r.total_norm_raw));
+    const fin = rows.map((r) => positive(r.total_norm));
+    const line = (name, xs, ys, color, width, extra = {}) => ({
+      name,
+      x: xs,
+      y: ys,
+      type: "scatter",
+      mode: "lines",
+      line: { color, width },
+      ...extra,
+    });
+    return [
+      line("loss", lossX, lossY, COLORS.loss, 1.6, {
+        opacity: faint,
+        hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>",
+      }),
+      // Wide and faint under the final line: where a hook changes nothing the two coincide
+      // and read as an orange line with a blue halo.
+      line("grad norm raw", x.slice(), raw, COLORS.raw, 3.5, {
+        yaxis: "y2",
+        opacity: smoothOn ? 0.25 : 0.55,
+        hovertemplate: "step %{x}<br>raw norm %{y:.4g}<extra></extra>",
+      }),
+      line("grad norm final", x, fin, COLORS.final, 1.5, {
+        yaxis: "y2",
+        opacity: faint,
+        hovertemplate: "step %{x}<br>final norm %{y:.4g}<extra></extra>",
+      }),
+      line(
+        "loss smoothed",
+        smoothOn ? lossX.slice() : [],
+        smoothOn ? smooth(lossY, this.smoothing, lossLog) : [],
+        COLORS.loss,
+        2,
+        {
+          hovertemplate: "step %{x}<br>loss (smoothed) %{y:.4g}<extra></extra>",
+        },
+      ),
+      line(
+        "grad norm raw smoothed",
+        smoothOn ? x.slice() : [],
+        smoothOn ? smooth(raw, this.smoothing, true) : [],
+        COLORS.raw,
+        2,
+        {
+          yaxis: "y2",
+          hovertemplate: "step %{x}<br>raw norm (smoothed) %{y:.4g}<extra></extra>",
+        },
+      ),
+      line(
+        "grad norm final smoothed",
+        smoothOn ? x.slice() : [],
+        smoothOn ? smooth(fin, this.smoothing, true) : [],
+        COLORS.final,
+        2,
+        {
+          yaxis: "y2",
+          hovertemplate: "step %{x}<br>final norm (smoothed) %{y:.4g}<extra></extra>",
+        },
+      ),
+      this.nonfiniteTrace(state, rows),
+      ...this.compareTraces(state.compare),
+      ...this.markerTraces(state.markers),
+      ...shadowTraces(state), // what-if (whatif.js): last, so the indices above stay
+    ];
+  }
+
+  /**
+   * Non-finite values (loss, raw or final global norm) as markers along the bottom: a line
+   * cannot draw NaN or Inf, and a silent gap hides the very step that matters.
+   */
+  nonfiniteTrace(state, rows) {
+    const pts = new Map(); // step -> text
+    const add = (step, what, v) => {
+      const t = `${what} ${Number.isNaN(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"}`;
+      pts.set(step, pts.has(step) ? `${pts.get(step)}, ${t}` : t);
+    };
+    for (const r of rows) {
+      for (const [k, what] of [
+        ["total_norm_raw", "raw norm"],
+        ["total_norm", "final norm"],
+      ]) {
+        const v = num(r[k]);
+        if (v !== null && !Number.isFinite(v)) add(r.step, what, v);
+      }
+    }
+    for (const b of [...(state.history.loss.bad || []), ...state.loss.bad]) add(b.x, "loss", b.v);
+    const xs = [...pts.keys()].sort((a, b) => a - b);
+    return {
+      name: "non-finite value",
+      x: xs,
+      y: xs.map(() => 0.03),
+      hovertext: xs.map((s) => `step ${s}: ${pts.get(s)}`),
+      yaxis: "y3",
+      type: "scatter",
+      mode: "markers",
+      marker: { color: COLORS.nonfinite, size: 8, symbol: "circle-x" },
+      hovertemplate: "%{hovertext}<extra></extra>",
+    };
+  }
+
+  compareTraces(cmp) {
+    const c = cmp || { loss: { x: [], y: [] }, norm: { x: [], y: [] }, markers: [], runId: null };
+    const label = `run ${c.runId}`;
+    return [
+      {
+        name: `${label} loss`,
+        x: c.loss.x,
+        y: c.loss.y,
+        type: "scatter",
+        mode: "lines",
+        line: { color: COLORS.compareLoss, width: 1.2, dash: "dot" },
+        hovertemplate: `${label}<br>step %{x}<br>loss %{y:.4g}<extra></extra>`,
+      },
+      {
+        name: `${label} final norm`,
+        x: c.norm.x,
+        y: c.norm.y,
+        yaxis: "y2",
+        type: "scatter",
+        mode: "lines",
+        line: { color: COLORS.compareNorm, width: 1.2, dash: "dot" },
+        hovertemplate: `${label}<br>step %{x}<br>final norm %{y:.4g}<extra></extra>`,
+      },
+      {
+        name: `${label} hook change`,
+        x: c.markers.map((m) => m.x),
+        y: c.markers.map(() => 0.9),
+        hovertext: c.markers.map((m) => `${label}, ${m.text}`),
+        yaxis: "y3",
+        type: "scatter",
+        mode: "markers",
+        marker: {
+          color: c.markers.map((m) =>
+            m.kind === "hook" ? (HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[1] : COLORS.reset,
+          ),
+          size: 8,
+          symbol: c.markers.map((m) =>
+            m.kind === "hook"
+              ? `${(HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[0].replace("-open", "")}-open`
+              : "star-open",
+          ),
+        },
+        hovertemplate: "%{hovertext}<extra></extra>",
+      },
+    ];
+  }
+
+  markerTraces(markers) {
+    const mk = (kind, name, style, lineColor) => {
+      const ms = markers.filter((m) => m.kind === kind);
+      const color = (m) => style(m)[1];
+      const line = {
+        name,
+        showlegend: false,
+        x: ms.flatMap((m) => [m.x, m.x, null]),
+        y: ms.flatMap(() => [0, 0.96, null]),
+        yaxis: "y3",
+        type: "scatter",
+        mode: "lines",
+        line: { color: lineColor, width: 1, dash: "dash" },
+        hoverinfo: "skip",
+      };
+      const tip = {
+        name,
+        x: ms.map((m) => m.x),
+        y: ms.map(() => 0.96),
+        hovertext: ms.map((m) => m.text),
+        customdata: ms.map((m) => m.action || kind),
+        yaxis: "y3",
+        type: "scatter",
+        mode: "markers",
+        marker: { color: ms.map(color), size: 10, symbol: ms.map((m) => style(m)[0]) },
+        hovertemplate: "%{hovertext}<extra></extra>",
+      };
+      return [line, tip];
+    };
+    return [
+      ...mk("hook", "hook change", (m) => HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update, COLORS.hook),
+      ...mk("nonfinite", "NaN/Inf", () => ["x", COLORS.nonfinite], COLORS.nonfinite),
+      ...mk("reset", "scenario reset", () => ["star", COLORS.reset], COLORS.reset),
+    ];
+  }
+
+  reset(state) {
+    const d = this.data(state);
+    this.lossValues = d.lossY;
+    this.base = { loss: state.history.loss.x.length, rows: state.history.rows.length };
+    this.logShown = this.isLog(d.lossY);
+    Plotly.react(this.el, this.traces(state, d), this.layout(state, d), PLOT_CONFIG);
+    this.shownTicks = {};
+    this.retick();
+    if (this.timeline) {
+      this.timeline.bind(this);
+      this.timeline.sync(this, state);
+    }
+  }
+
+  update(state, news) {
+    if (news.shadow || news.markers) restyleShadow(this.el, state);
+    if (this.base.loss || this.base.rows) {
+      // Older history ahead of the streamed points: extendTraces would cut the history's
+      // front as the window moves, so redraw it all (the scheduler spaces costly draws out).
+      if (news.rows.length || news.loss.x.length || news.markers) this.reset(state);
+      return;
+    }
+    const idx = [];
+    const upd = { x: [], y: [] };
+    const maxp = { x: [], y: [] };
+    const nLoss = this.base.loss + state.loss.x.length;
+    const nRows = this.base.rows + state.window().length;
+    if (news.loss.x.length) {
+      idx.push(LOSS);
+      upd.x.push(news.loss.x);
+      upd.y.push(news.loss.y);
+      maxp.x.push(nLoss);
+      maxp.y.push(nLoss);
+    }
+    if (news.rows.length) {
+      const xs = news.rows.map((r) => r.step);
+      for (const [i, key] of [
+        [NORM_RAW, "total_norm_raw"],
+        [NORM_FINAL, "total_norm"],
+      ]) {
+        idx.push(i);
+        upd.x.push(xs);
+        upd.y.push(news.rows.map((r) => positive(r[key])));
+        maxp.x.push(nRows);
+        maxp.y.push(nRows);
+      }
+    }
+    if (idx.length) Plotly.extendTraces(this.el, upd, idx, maxp);
+    const gd = this.el;
+    const lossY = gd.data[LOSS].y;
+    this.lossValues = lossY;
+    if (news.loss.x.length && this.isLog(lossY) !== this.logShown) {
+      this.reset(state); // the loss crossed the automatic log threshold: redraw on the other scale
+      return;
+    }
+    if (news.rows.length || news.loss.x.length) this.retick();
+    if (this.smoothing > 0 && idx.length) {
+      const xs = (i) => Array.from(gd.data[i].x);
+      Plotly.restyle(
+        gd,
+        {
+          x: [xs(LOSS), xs(NORM_RAW), xs(NORM_FINAL)],
+          y: [
+            smooth(Array.from(lossY), this.smoothing, this.logShown),
+            smooth(Array.from(gd.data[NORM_RAW].y), this.smoothing, true),
+            smooth(Array.from(gd.data[NORM_FINAL].y), this.smoothing, true),
+          ],
+        },
+        [LOSS_SMOOTH, RAW_SMOOTH, FINAL_SMOOTH],
+      );
+    }
+    if (news.rows.length || news.loss.x.length) {
+      const t = this.nonfiniteTrace(state, this.data(state).rows);
+      if (t.x.length || (gd.data[NONFINITE].x || []).length) {
+        Plotly.restyle(gd, { x: [t.x], y: [t.y], hovertext: [t.hovertext] }, [NONFINITE]);
+      }
+    }
+    if (news.markers) {
+      const t = this.markerTraces(state.markers);
+      Plotly.restyle(
+        gd,
+        {
+          x: t.map((d) => d.x),
+          y: t.map((d) => d.y),
+          hovertext: t.map((d) => d.hovertext ?? null),
+          customdata: t.map((d) => d.customdata ?? null),
+          "marker.color": t.map((d) => (d.marker ? d.marker.color : null)),
+          "marker.symbol": t.map((d) => (d.marker ? d.marker.symbol : null)),
+        },
+        MARK_TRACES,
+      );
+    }
+    if (this.timeline) this.timeline.sync(this, state);
+  }
+
+  /**
+   * Round ticks for the visible range of each log axis (the norms', and the loss's when on
+   * log): after streaming, a zoom or a pan, as the range Plotly settled on moved. One
+   * relayout, only when the ticks changed.
+   */
+  retick() {
+    const fl = this.el._fullLayout;
+    if (!fl) return;
+    const upd = {};
+    this.shownTicks = this.shownTicks || {};
+    for (const name of ["yaxis", "yaxis2"]) {
+      const ax = fl[name];
+      if (!ax || ax.type !== "log" || !Array.isArray(ax.range)) continue;
+      const t = logTicksIn(ax.range[0], ax.range[1], maxTicks(this.el));
+      const key = JSON.stringify(t.tickvals);
+      if (this.shownTicks[name] === key) continue;
+      this.shownTicks[name] = key;
+      upd[`${name}.tickmode`] = "array";
+      upd[`${name}.tickvals`] = t.tickvals;
+      upd[`${name}.ticktext`] = t.ticktext;
+    }
+    if (Object.keys(upd).length) Plotly.relayout(this.el, upd);
+  }
+}
