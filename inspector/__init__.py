@@ -10,7 +10,16 @@ This package imports torch only: no web framework is imported until ``serve()``.
 
 from ._version import __version__
 from .compare import Comparison, compare
-from .errors import AttachError, CheckpointError, CheckpointNotFound, HookError, HookNotFound, InspectorError
+from .errors import (
+    AttachError,
+    CheckpointBusy,
+    CheckpointError,
+    CheckpointNotFound,
+    HookError,
+    HookNotFound,
+    InspectorError,
+    RewindPending,
+)
 from .handles import HookHandle
 from .inspector import Inspector, attach
 from .kinds import POINTS, hook_kinds
@@ -35,6 +44,8 @@ __all__ = [
     "AttachError",
     "CheckpointError",
     "CheckpointNotFound",
+    "CheckpointBusy",
+    "RewindPending",
     "compare",
     "Comparison",
 ]

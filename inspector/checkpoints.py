@@ -21,7 +21,11 @@ safe point; the Inspector calls it wherever it applies edits with the torch hook
 (``_drain_locked``), and a loop that owns its thread (the demo) may call it between steps.
 
 Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
-turns checkpoints off); ``bytes`` is their host memory. Refused, with the reason, where a
+turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
+``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
+with :class:`~inspector.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
+waiting is the same request), so no client can make the training thread copy the model more
+often than it keeps copies. Refused, with the reason, where a
 restore cannot be right: under ``torch.distributed`` (every rank would have to restore at the
 same boundary), under FSDP2, without a torch optimizer (a ``mark_step()`` loop: the update's
 state is the user's), with an optimizer or a scaler that has no ``state_dict()``.
@@ -33,6 +37,17 @@ to the checkpoint's step, the hook config becomes the checkpoint's (one change, 
 of the abandoned branch leave the ring buffer, and a ``rewind`` event (``step``: the
 checkpoint's step, ``from_step``) tells subscribers (the server keeps the abandoned branch
 as a run of its own). Records made after the abandoned step's boundary are dropped.
+Checkpoints taken on the abandoned branch are dropped too: a rewind to one of them that was
+still waiting is refused (a ``rewind_error`` event naming why), never carried out onto the
+branch just left. A rewind at the checkpoint's own step (nothing to abandon: a double click,
+a script that retries) puts state and hooks back and abandons no step (``from_step`` equals
+``step``; the server records no branch).
+
+While a rewind waits for its boundary, hook changes are refused
+(:class:`~inspector.errors.RewindPending`, see :meth:`Checkpoints.pending_rewind`): the rewind
+would put the checkpoint's hooks back over them unseen. Changes asked for before the rewind
+request apply first, and the rewind then undoes them, as it undoes every change since its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -48,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .errors import CheckpointError, CheckpointNotFound, InspectorError, shown
+from .errors import CheckpointBusy, CheckpointError, CheckpointNotFound, InspectorError, shown
 from .records import HookSpec
 
 if TYPE_CHECKING:
@@ -118,6 +133,7 @@ class Checkpoint:
     seq: int = 0  # the last event's seq when it was taken
     config_version: int = 0
     bytes: int = 0
+    dropped: str | None = None  # why a rewind dropped it (taken on the branch that rewind abandoned)
 
     def info(self) -> dict[str, Any]:
         """``{"id", "label", "auto", "step", "time", "bytes", "taken", "config_version", "hooks"}``."""
@@ -196,6 +212,16 @@ class Checkpoints:
 
     def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
         """Request a checkpoint; returns its id (``c1``, ``c2``, ...). See the module docstring."""
+        return str(self.request(label, auto=auto)["id"])
+
+    def request(self, label: str | None = None, *, auto: bool = False) -> dict[str, Any]:
+        """Request a checkpoint; returns its ``info()`` as of the request (``taken`` true when it
+        was taken at once), so a reply never depends on its still being kept afterwards.
+
+        Raises:
+            CheckpointBusy: ``keep`` checkpoint requests wait for the next boundary already.
+            CheckpointError: checkpoints cannot be right here (the message says why).
+        """
         if label is not None and not isinstance(label, str):
             from .errors import HookError
 
@@ -205,25 +231,44 @@ class Checkpoints:
             if insp._closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
+            self._bound("checkpoint")
             cp = Checkpoint(f"c{self._next}", label[:200] if label else None, auto, time.time())
             self._next += 1
             self._queue.append(("checkpoint", cp))
             self._kick()
-            return cp.id
+            return cp.info()
 
     def rewind(self, cp_id: str) -> dict[str, Any]:
         """Request a rewind to checkpoint ``cp_id``; returns ``{"checkpoint", "step", "done"}``
-        (``done``: carried out already; else at the next boundary)."""
+        (``done``: carried out already; else at the next boundary). A rewind to ``cp_id`` that
+        waits already is this request too (a double click rewinds once)."""
         insp = self._insp
         with insp._cond:
             if insp._closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
             cp = self._find(cp_id)
+            if any(kind == "rewind" and c is cp for kind, c in self._queue):
+                return {"checkpoint": cp.id, "step": cp.step, "done": False}
+            self._bound("rewind")
             self._queue.append(("rewind", cp))
             before = self.rewinds
             self._kick()
             return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+
+    def _bound(self, kind: str) -> None:
+        """Refuse a request of ``kind`` when ``keep`` of them wait already (lock held)."""
+        waiting = sum(1 for k, _ in self._queue if k == kind)
+        if waiting >= self.keep:
+            raise CheckpointBusy(
+                f"{waiting} {kind} requests wait for the next step boundary already (at most "
+                f"{self.keep}, the number of checkpoints kept): ask again after it"
+            )
+
+    def pending_rewind(self) -> Checkpoint | None:
+        """The checkpoint of the first rewind waiting for a boundary, or None."""
+        with self._insp._lock:
+            return next((cp for kind, cp in self._queue if kind == "rewind"), None)
 
     def _find(self, cp_id: Any) -> Checkpoint:
         cp = self._items.get(cp_id) if isinstance(cp_id, str) else None
@@ -357,22 +402,36 @@ class Checkpoints:
     # ------------------------------------------------------------ restoring
     def _restore(self, cp: Checkpoint) -> None:
         insp = self._insp
+        if cp.dropped is not None:
+            raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
         from_step = insp._step
+        abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
         # the abandoned branch's records go out as its own first; later late ones are dropped
+        # (nothing abandoned: the late records of the checkpoint's own step still belong to it)
         insp._flush_late()
         insp._records.flush_pending()
         insp._deferred.drain(wait=True)  # the abandoned steps' deferred checks and records, now
-        insp._records.current = {}
-        insp._records.discard_late = True
+        if abandoned:
+            insp._records.current = {}
+            insp._records.discard_late = True
         insp._edits.drain(from_step + 1, torch_ok=True)  # edits queued before the rewind
-        abandoned_seq = insp._seq  # the abandoned branch's events: cp.seq < seq <= this
+        # the abandoned branch's events: seq_after < seq <= seq_until (none when nothing is abandoned)
+        seq_until = insp._seq
+        seq_after = cp.seq if abandoned else seq_until
         self._load(cp)
         reg = insp._reg
-        insp._feed.drop_after(cp.step, (cp.seq, abandoned_seq))
-        for other in [c for c in self._items.values() if c.seq > cp.seq]:
-            del self._items[other.id]  # taken on the abandoned branch: not on this one's timeline
+        insp._feed.drop_after(cp.step, (seq_after, seq_until))
+        if abandoned:
+            for other in [c for c in self._items.values() if c.seq > cp.seq]:
+                # taken on the abandoned branch: not on this one's timeline; a rewind to it that
+                # still waits in the queue is refused (above), never carried onto the old branch
+                other.dropped = (
+                    f"it was taken at step {other.step}, on the steps {cp.step + 1}-{from_step} that "
+                    f"the rewind to {cp.id} abandoned"
+                )
+                del self._items[other.id]
         self.rewinds += 1
         insp._event(
             "rewind",
@@ -381,12 +440,16 @@ class Checkpoints:
             checkpoint=cp.id,
             label=cp.label,
             rewinds=self.rewinds,
-            seq_after=cp.seq,
-            seq_until=abandoned_seq,
+            seq_after=seq_after,
+            seq_until=seq_until,
             config_version=reg.version,
             message=f"rewound from step {from_step} to step {cp.step} (checkpoint {cp.id}"
             + (f": {cp.label}" if cp.label else "")
-            + f"); steps {cp.step + 1}-{from_step} are kept as a branch of their own",
+            + (
+                f"); steps {cp.step + 1}-{from_step} are kept as a branch of their own"
+                if abandoned
+                else "); no step abandoned: state and hooks are the checkpoint's again"
+            ),
         )
         insp._publish_training()
 

@@ -7,8 +7,11 @@ The hierarchy::
     │                         ``.loc`` names the field, ``.msg`` says what is wrong
     ├── HookNotFound          no hook with that id (a KeyError)
     ├── AttachError           attach() was given something it cannot inspect (a TypeError)
-    └── CheckpointError       a checkpoint or rewind that cannot be right here (the reason says why)
-        └── CheckpointNotFound  no checkpoint with that id (a KeyError): never taken, or no longer kept
+    ├── CheckpointError       a checkpoint or rewind that cannot be right here (the reason says why)
+    │   ├── CheckpointNotFound  no checkpoint with that id (a KeyError): never taken, or no longer kept
+    │   └── CheckpointBusy      as many requests wait for the next step boundary as can be kept
+    └── RewindPending         a hook change refused: a rewind waits for the next step boundary and
+                              would put the checkpoint's hooks back over it
 
 Invalid input never changes anything: the registry validates a whole edit before it
 queues or applies it.
@@ -29,6 +32,8 @@ __all__ = [
     "AttachError",
     "CheckpointError",
     "CheckpointNotFound",
+    "CheckpointBusy",
+    "RewindPending",
     "cut",
     "describe_error",
     "shown",
@@ -121,3 +126,22 @@ class CheckpointNotFound(CheckpointError, KeyError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class CheckpointBusy(CheckpointError):
+    """A checkpoint or rewind request refused because as many requests of its kind already wait
+    for the next step boundary as checkpoints are kept (``keep``): more would only cost the
+    training thread full copies it then drops. Ask again after the boundary."""
+
+
+class RewindPending(InspectorError):
+    """A hook change refused because a rewind was requested and waits for the next step boundary:
+    the rewind puts the checkpoint's hooks back, so the change would be undone unseen. Make it
+    after the rewind (``checkpoint`` names the checkpoint)."""
+
+    def __init__(self, checkpoint: str, step: int | None) -> None:
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"a rewind to checkpoint {checkpoint} (step {step}) waits for the next step boundary and "
+            "will put that checkpoint's hooks back: change the hooks after it"
+        )

@@ -16,11 +16,15 @@ class HookHandle:
     ``remove()`` twice is harmless; so is using the handle after ``Inspector.close()``.
     """
 
-    __slots__ = ("_insp", "id")
+    __slots__ = ("_insp", "id", "accepted")
 
-    def __init__(self, insp: Inspector, hook_id: str) -> None:
+    def __init__(self, insp: Inspector, hook_id: str, accepted: dict[str, Any] | None = None) -> None:
         self._insp = insp
         self.id = hook_id
+        # the spec as the edit that made it was accepted (``add_hook``'s reply; None for a handle
+        # of an existing hook): unlike ``spec`` it never changes, and stays readable after a
+        # rewind or a removal took the hook away
+        self.accepted = accepted
 
     @property
     def spec(self) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from .checkpoints import DEFAULT_KEEP, Checkpoints
 from .dashboard import Dashboard
 from .deferred import Deferred
 from .edits import Edits
-from .errors import AttachError, HookError, InspectorError, shown
+from .errors import AttachError, HookError, InspectorError, RewindPending, shown
 from .feed import Feed
 from .handles import HookHandle
 from .histsel import HIST_BINS, HIST_CAP, HistSelection
@@ -216,6 +216,8 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
 
         Raises:
             HookError: invalid kind, target, point or parameter (or one given both ways); nothing changes.
+            RewindPending: a rewind waits for the next step boundary (it would put its checkpoint's
+                hooks back over this one); the same holds for every other hook change.
         """
         fn = None
         if callable(kind):
@@ -230,9 +232,10 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         params = {**(params or {}), **kwargs}
         with self._lock:
             self._check_open()
+            self._refuse_while_rewinding()
             spec, change = self._reg.add(kind, target, point, params, enabled, fn=fn)
             self._submit(change)
-            return HookHandle(self, spec.id)
+            return HookHandle(self, spec.id, accepted=spec.to_dict())
 
     def update_hook(
         self,
@@ -246,6 +249,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         """Change a hook as one edit: ``params`` are merged (only the given keys change)."""
         with self._lock:
             self._check_open()
+            self._refuse_while_rewinding()
             _, change = self._reg.update(
                 hook_id, params=params, enabled=enabled, target=target, position=position
             )
@@ -257,6 +261,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         with self._lock:
             if self._closed:
                 return
+            self._refuse_while_rewinding()
             try:
                 change = self._reg.remove(hook_id)
             except KeyError:
@@ -264,6 +269,13 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
                     return
                 raise
             self._submit(change)
+
+    def _refuse_while_rewinding(self) -> None:
+        """A hook change while a rewind waits for its boundary would be undone by it, unseen:
+        refused (lock held). See inspector/checkpoints.py."""
+        cp = self._branches.pending_rewind()
+        if cp is not None:
+            raise RewindPending(cp.id, cp.step)
 
     def hook(self, hook_id: str) -> HookHandle:
         """The handle of an existing hook (raises HookNotFound)."""
@@ -294,6 +306,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         """Replace every hook with the preset's, as one change. Validated whole first."""
         with self._lock:
             self._check_open()
+            self._refuse_while_rewinding()
             change = self._reg.import_(preset)
             self._submit(change)
             return self.hooks()

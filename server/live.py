@@ -176,6 +176,15 @@ class LiveSource(Source):
                     store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
             if kind == "event" and payload.get("kind") == "rewind":
                 self._rewound(payload)
+            elif (
+                kind == "event"
+                and payload.get("kind") == "hook_applied"
+                and payload.get("action") == "rewind"
+                and self.whatif is not None
+            ):
+                # a rewind's hooks come next in this stream: the shadow ends, and keeps the label
+                # it had while it ran (compared with the main run it branched from)
+                self.whatif.stop("the main run was rewound")
             elif kind == "hooks" and self.whatif is not None:
                 self.whatif.hooks_changed(payload["hooks"])
             if self._publish is not None:
@@ -193,8 +202,8 @@ class LiveSource(Source):
             for s in [s for s in self._recent_scalars if s > step]:
                 del self._recent_scalars[s]
         store, run = self.store, self.run_id
-        if store is None or run is None:
-            return
+        if store is None or run is None or int(ev.get("from_step") or 0) <= step:
+            return  # at the checkpoint's own step no step was abandoned: no branch to keep
         label = f"abandoned at step {ev.get('from_step')}: rewound to {ev.get('checkpoint')}"
         if ev.get("label"):
             label += f" ({ev['label']})"
@@ -382,6 +391,8 @@ class LiveSource(Source):
             raise ApiError(404, str(e)) from e
         except inspector.HookError as e:
             raise ApiError(422, detail_of(e)) from e
+        except inspector.RewindPending as e:  # a rewind waits: it would undo the change unseen
+            raise ApiError(409, str(e)) from e
 
     def _command(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.read_only:
@@ -414,7 +425,9 @@ class LiveSource(Source):
             params=params,
         )
         self._durable("add", handle.id)
-        return dict(handle.spec)
+        # the spec as accepted: read back now, it may be gone already (a rewind carried out
+        # meanwhile puts its checkpoint's hooks back), and the reply is about this request
+        return dict(handle.accepted)
 
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
         given = {k: v for k, v in change.items() if v is not None}

@@ -149,11 +149,12 @@ class ShadowHost:
         return True
 
     def hooks_changed(self, hooks: list[dict[str, Any]]) -> None:
-        """The main run's hooks changed (a `hooks` message): the label says the new difference."""
+        """The main run's hooks changed (a `hooks` message): the label says the new difference,
+        while the shadow runs; one that is ending (a rewind, a stop) keeps the label it ran with."""
         with self._lock:
             self._main_hooks = list(hooks)
             sh = self._shadow
-            if sh is None:
+            if sh is None or self._stop is not None:
                 return
             label = "shadow: " + describe_difference(self._main_hooks, sh.hooks)
             if label == self._state["label"]:

@@ -10,7 +10,9 @@ checkpoint. In the demo, when no comparison runs, the change starts one from tha
 (shadow.py).
 
 Errors: a refused checkpoint or rewind (CheckpointError) is a 409 with the core's reason, an
-unknown checkpoint a 404.
+unknown checkpoint a 404, a request past the bounded queue (CheckpointBusy: `keep` requests of its
+kind already wait for the next boundary) a 429. A hook change while a rewind waits for its
+boundary is a 409 (RewindPending, live.py): the rewind would put its checkpoint's hooks back.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except inspector.CheckpointNotFound as e:
         raise ApiError(404, str(e)) from e
+    except inspector.CheckpointBusy as e:
+        raise ApiError(429, str(e)) from e
     except inspector.CheckpointError as e:
         raise ApiError(409, str(e)) from e
     except inspector.InspectorError as e:  # closed
@@ -61,8 +65,9 @@ def checkpoints(src: Any) -> dict[str, Any]:
 
 
 def checkpoint(src: Any, label: str | None) -> dict[str, Any]:
-    cp_id = _call(src.insp.checkpoint, label)
-    return src.insp.checkpoints.get(cp_id).info()  # type: ignore[no-any-return]
+    """`POST /api/checkpoints`: the checkpoint as requested (never read back: by the time a
+    reply is made the checkpoint may be taken, and already dropped from the newest `keep`)."""
+    return _call(src.insp.checkpoints.request, label)  # type: ignore[no-any-return]
 
 
 def rewind(src: Any, cp_id: str) -> dict[str, Any]:
