@@ -346,12 +346,15 @@ class Checkpoints:
     def _run_queue(self) -> None:
         """Carry out the queue (the caller holds the lock, at a safe point)."""
         insp = self._insp
+        last: Checkpoint | None = None  # the one taken last in this pass
         while self._queue:
             kind, cp = self._queue.popleft()
             try:
                 if kind == "checkpoint":
-                    self._take(cp)
+                    self._take(cp, last)
+                    last = cp
                 else:
+                    last = None
                     self._restore(cp)
             except Exception as e:  # never take training down: report it
                 from .errors import describe_error
@@ -360,23 +363,31 @@ class Checkpoints:
         insp._cond.notify_all()
 
     # ------------------------------------------------------------ taking
-    def _take(self, cp: Checkpoint) -> None:
+    def _take(self, cp: Checkpoint, last: Checkpoint | None = None) -> None:
+        """Take ``cp`` now. Requests carried out together at one safe point (``last``: the one
+        taken just before, nothing changed since) share one copy of the state: a burst of
+        requests costs the training thread one copy, not one each."""
         insp = self._insp
         cp.step, cp.time = insp._step, time.time()
-        if insp._root is not None:
-            cp.model = host_copy(insp._root.state_dict())
+        if last is not None and last.step == cp.step and last.config_version == insp._reg.version:
+            # the stored states are never changed (a rewind loads fresh() copies of them)
+            cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
+            cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
         else:
-            cp.model = [host_copy(t) for t in insp._tensors]
-        cp.optim = host_copy(insp._optimizer.state_dict())  # type: ignore[union-attr]
-        cp.scaler = host_copy(insp._scaler.state_dict()) if insp._scaler is not None else None
-        cp.hooks = tuple(insp._reg.applied)
-        cp.fns = {s.id: insp._reg.fns[s.id] for s in cp.hooks if s.id in insp._reg.fns}
-        cp.generators = {
-            hid: {key: gen.get_state() for key, gen in st.generators.items()}
-            for hid, st in insp._hooks.states.items()
-            if st.generators
-        }
-        cp.extra = {key: save() for key, (save, _) in self._states.items()}
+            if insp._root is not None:
+                cp.model = host_copy(insp._root.state_dict())
+            else:
+                cp.model = [host_copy(t) for t in insp._tensors]
+            cp.optim = host_copy(insp._optimizer.state_dict())  # type: ignore[union-attr]
+            cp.scaler = host_copy(insp._scaler.state_dict()) if insp._scaler is not None else None
+            cp.hooks = tuple(insp._reg.applied)
+            cp.fns = {s.id: insp._reg.fns[s.id] for s in cp.hooks if s.id in insp._reg.fns}
+            cp.generators = {
+                hid: {key: gen.get_state() for key, gen in st.generators.items()}
+                for hid, st in insp._hooks.states.items()
+                if st.generators
+            }
+            cp.extra = {key: save() for key, (save, _) in self._states.items()}
         cp.config_version = insp._reg.version
         cp.bytes = nbytes(
             [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
@@ -484,8 +495,8 @@ class Checkpoints:
     # ------------------------------------------------------------ reading
     @property
     def bytes(self) -> int:
-        """Host memory of the checkpoints kept."""
-        return sum(c.bytes for c in self._items.values())
+        """Host memory of the checkpoints kept (a copy shared by several counted once)."""
+        return sum({id(c.model): c.bytes for c in self._items.values()}.values())
 
     def get(self, cp_id: str) -> Checkpoint:
         with self._insp._lock:

@@ -134,3 +134,23 @@ def test_a_rewind_at_the_checkpoints_own_step_abandons_nothing():
     loop.run(range(5, 7))
     assert insp.step == 7
     insp.close()
+
+
+def test_requests_carried_out_at_one_boundary_share_one_copy():
+    loop = Loop()
+    insp = loop.insp
+    loop.run(range(3))
+    ids = [elsewhere(insp.checkpoint, f"page {i}") for i in range(3)]
+    loop.step(3)
+    cps = [insp.checkpoints.get(i) for i in ids]
+    assert [c.step for c in cps] == [4, 4, 4]
+    assert cps[0].model is cps[1].model is cps[2].model, "one copy of the state for the three"
+    assert insp.checkpoints.bytes == cps[0].bytes > 0, "counted once"
+    ref = copy.deepcopy(loop.model.state_dict())
+    loop.run(range(4, 8))
+    insp.rewind(ids[1])
+    assert same_tensors(loop.model.state_dict(), ref)
+    loop.run(range(4, 6))
+    insp.rewind(ids[0])  # the rewind to ids[1] loaded a fresh copy: the shared one is as taken
+    assert same_tensors(loop.model.state_dict(), ref)
+    insp.close()
