@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 from .settings import DEFAULT_HOST, DEFAULT_PORT
-from .storage import DEFAULT_DB
+from .storage import DEFAULT_DB, StoreError
 
 
 class _ScenarioNames(Sequence[str]):
@@ -275,7 +276,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from .demo import Trainer
     from .live import LiveSource
     from .settings import Settings
-    from .storage import HistoryStore, StoreError
+    from .storage import HistoryStore
 
     try:
         settings = Settings(
@@ -343,7 +344,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _open_store(path: str) -> Any:
-    from .storage import HistoryStore, StoreError
+    from .storage import HistoryStore
 
     try:
         return HistoryStore(path, read_only=True)
@@ -365,9 +366,11 @@ def run_replay(args: argparse.Namespace) -> int:
     store = _open_store(args.file)
     try:
         source = ReplaySource(store, args.run)
-    except ApiError as e:
+    except (ApiError, sqlite3.DatabaseError) as e:
         store.close()
-        raise _Fail(str(e.detail)) from None
+        raise _Fail(
+            str(e.detail) if isinstance(e, ApiError) else f"{args.file} cannot be read: {e}"
+        ) from None
     try:
         return _serve(
             create_app(source, settings),
@@ -380,35 +383,40 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from .export import write_csv, write_jsonl
-    from .report import ReportError, write_html
-
     store = _open_store(args.file)
     try:
-        run = args.run if args.run is not None else store.latest_run_id()
-        if run is None or store.run(run) is None:
-            raise _Fail(
-                f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run"
-            )
-        write = {"csv": write_csv, "jsonl": write_jsonl, "html": write_html}[args.format]
-        if args.format == "html" and not args.output:
-            args.output = f"run-{run}.html"  # a 5 MB page on a terminal helps nobody
-        if args.output == "-":
-            args.output = None
-        if args.format == "html":
-            from .report import page_source, plotly_source
-
-            try:
-                plotly_source()  # fail before the output file is created
-                page_source()
-            except ReportError as e:
-                raise _Fail(str(e)) from None
-        if args.output:
-            with open(args.output, "w", encoding="utf-8", newline="") as out:
-                n = write(store, run, out)
-            print(f"gradient-inspector: wrote {n} snapshots of run {run} to {args.output}", file=sys.stderr)
-        else:
-            write(store, run, sys.stdout)
+        _export(args, store)
+    except (StoreError, sqlite3.DatabaseError) as e:  # nothing of the run can be read: one line
+        raise _Fail(str(e) if isinstance(e, StoreError) else f"{args.file} cannot be read: {e}") from None
     finally:
         store.close()
     return 0
+
+
+def _export(args: argparse.Namespace, store: Any) -> None:
+    """`export`'s work. A row that cannot be read is skipped with a warning (history.py)."""
+    from .export import write_csv, write_jsonl
+    from .report import ReportError, page_source, plotly_source, write_html
+
+    run = args.run if args.run is not None else store.latest_run_id()
+    if run is None or store.run(run) is None:
+        raise _Fail(
+            f"{args.file}: no run {args.run}" if args.run is not None else f"{args.file} holds no run"
+        )
+    write = {"csv": write_csv, "jsonl": write_jsonl, "html": write_html}[args.format]
+    if args.format == "html" and not args.output:
+        args.output = f"run-{run}.html"  # a 5 MB page on a terminal helps nobody
+    if args.output == "-":
+        args.output = None
+    if args.format == "html":
+        try:
+            plotly_source()  # fail before the output file is created
+            page_source()
+        except ReportError as e:
+            raise _Fail(str(e)) from None
+    if args.output:
+        with open(args.output, "w", encoding="utf-8", newline="") as out:
+            n = write(store, run, out)
+        print(f"gradient-inspector: wrote {n} snapshots of run {run} to {args.output}", file=sys.stderr)
+    else:
+        write(store, run, sys.stdout)

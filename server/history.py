@@ -1,12 +1,24 @@
-"""Read queries over the history database (see storage.py for the schema and the writer)."""
+"""Read queries over the history database (see storage.py for the schema and the writer).
+
+A row whose JSON cannot be read (a crash mid-write, a disk error, a file edited by hand) is
+skipped, with one warning naming it (table, run, step or seq), and everything else is served:
+replay, export and the report go on without it. A run whose own row cannot be read (its
+parameter list) cannot be shown at all: `run()` raises a `StoreError` that says so in one line.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
 from typing import Any
+
+from .schema import StoreError
+
+log = logging.getLogger("gradient_inspector.server")
+MAX_REPORTED = 1000  # bad rows warned about once each, per reader (more are skipped silently)
 
 MAX_ROWS = 10_000  # the most rows one history query returns
 MAX_BUCKETS = 2_000  # a `buckets` query keeps at most 4 rows a bucket (2 values, min and max), and 2 more
@@ -98,10 +110,20 @@ def bucket_extremes(rows: list[tuple[Any, ...]], buckets: int) -> list[int]:
     return sorted(keep)
 
 
-def merge_scalars(snap: dict[str, Any], scalars_json: str | None) -> dict[str, Any]:
+def decode(text: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """`(value, None)` for a stored JSON object, `(None, why)` for anything else."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:
+        return None, f"not valid JSON ({type(e).__name__}: {str(e)[:200]})"
+    if not isinstance(value, dict):
+        return None, f"a JSON {type(value).__name__}, not an object"
+    return value, None
+
+
+def merge_scalars(snap: dict[str, Any], late: dict[str, Any] | None) -> dict[str, Any]:
     """Fill a snapshot's loss and scalars from the late `scalars` message of its step."""
-    if scalars_json:
-        late = json.loads(scalars_json)
+    if late:
         if snap.get("loss") is None:
             snap["loss"] = late.get("loss")
         if late.get("scalars"):
@@ -116,13 +138,39 @@ def _chunks(seq: list[int], n: int = 500) -> list[list[int]]:
 class HistoryReader:
     """Thread-safe reads over one connection (WAL: readers never block the writer)."""
 
+    path: str
+
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._lock = threading.Lock()
+        self._reported: set[tuple[str, int, Any]] = set()
 
     def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._conn.execute(sql, args).fetchall()
+
+    def _decode(self, table: str, run: int, key: str, value: Any, text: Any) -> dict[str, Any] | None:
+        """A row's JSON object, or None (skipped, with one warning naming the row)."""
+        data, why = decode(text)
+        if why is not None:
+            self._warn(table, run, key, value, why)
+        return data
+
+    def _warn(self, table: str, run: int, key: str, value: Any, why: str) -> None:
+        row = (table, run, value)
+        with self._lock:
+            if row in self._reported or len(self._reported) >= MAX_REPORTED:
+                return
+            self._reported.add(row)
+        log.warning(
+            "gradient-inspector: %s: skipped the %s row of run %s at %s %s: %s",
+            getattr(self, "path", "history"),
+            table,
+            run,
+            key,
+            value,
+            why,
+        )
 
     # -- runs ----------------------------------------------------------------------------------------
 
@@ -145,12 +193,16 @@ class HistoryReader:
         out: list[dict[str, Any]] = []
         known = {r[0] for r in rows}
         for i, st, sc, last, p, parent, bstep, kind, label in reversed(rows):  # oldest first
+            try:
+                params = json.loads(p)
+            except (TypeError, ValueError, RecursionError):
+                params = None  # listed, with no count: opening it says why it cannot be read
             item: dict[str, Any] = {
                 "id": i,
                 "started": st,
                 "scenario": sc,
                 "steps": last,
-                "params": len(json.loads(p)),
+                "params": len(params) if isinstance(params, list) else None,
                 "live": i == live_run,
                 "branches": children.setdefault(i, []),
             }
@@ -171,13 +223,23 @@ class HistoryReader:
         if not rows:
             return None
         i, st, sc, params, modules, meta, last, parent, bstep, kind, label = rows[0]
+        try:
+            names, mods = json.loads(params), json.loads(modules)
+        except (TypeError, ValueError, RecursionError) as e:
+            names = mods = e
+        if not (isinstance(names, list) and isinstance(mods, list)):
+            raise StoreError(
+                f"{getattr(self, 'path', 'history')}: run {i} cannot be read: its list of parameters or"
+                " modules is not valid JSON"
+            )
+        info, _ = decode(meta)
         return {
             "id": i,
             "started": st,
             "scenario": sc,
-            "params": json.loads(params),
-            "modules": json.loads(modules),
-            "meta": json.loads(meta),
+            "params": names,
+            "modules": mods,
+            "meta": info or {},
             "last_step": last,
             "parent_run": parent,
             "branch_step": bstep,
@@ -240,9 +302,11 @@ class HistoryReader:
         strings "nan"/"inf" as stored). Uncapped: the history is thinned, so a run's rows grow
         with the logarithm of its length (storage.py)."""
         cols = ", ".join(f"json_extract(data, '$.{k}')" for k in VALUE_KEYS[table])
+        # json_valid: json_extract raises on a row that is not JSON (those are skipped, as by
+        # snapshots_at, which warns about them)
         return self._all(
             f"SELECT step, {cols} FROM {table} WHERE run = ? AND step > ? AND step < ? AND step <= ?"
-            " ORDER BY step",
+            " AND json_valid(data) ORDER BY step",
             (
                 run,
                 -1 if since is None else since,
@@ -257,11 +321,15 @@ class HistoryReader:
         for chunk in _chunks(steps):
             marks = ",".join("?" * len(chunk))
             rows = self._all(
-                "SELECT s.data, c.data FROM snapshots s LEFT JOIN scalars c ON c.run = s.run AND c.step = s.step"
-                f" WHERE s.run = ? AND s.step IN ({marks}) ORDER BY s.step",
+                "SELECT s.step, s.data, c.data FROM snapshots s LEFT JOIN scalars c ON c.run = s.run"
+                f" AND c.step = s.step WHERE s.run = ? AND s.step IN ({marks}) ORDER BY s.step",
                 (run, *chunk),
             )
-            out.extend(merge_scalars(json.loads(d), c) for d, c in rows)
+            for step, d, c in rows:
+                snap = self._decode("snapshots", run, "step", step, d)
+                if snap is not None:
+                    late = self._decode("scalars", run, "step", step, c) if c is not None else None
+                    out.append(merge_scalars(snap, late))
         return out
 
     def scalars_at(self, run: int, steps: list[int]) -> list[dict[str, Any]]:
@@ -272,7 +340,10 @@ class HistoryReader:
                 f"SELECT step, data FROM scalars WHERE run = ? AND step IN ({marks}) ORDER BY step",
                 (run, *chunk),
             )
-            out.extend({"step": s, **json.loads(d)} for s, d in rows)
+            for step, d in rows:
+                data = self._decode("scalars", run, "step", step, d)
+                if data is not None:
+                    out.append({"step": step, **data})
         return out
 
     def snapshots(
@@ -324,10 +395,10 @@ class HistoryReader:
         the first MAX_ROWS (page forward with `since`)."""
         order, cap = ("DESC", min(limit, MAX_ROWS)) if limit else ("ASC", MAX_ROWS)
         rows = self._all(
-            f"SELECT data FROM events WHERE run = ? AND seq > ? ORDER BY seq {order} LIMIT ?",
+            f"SELECT seq, data FROM events WHERE run = ? AND seq > ? ORDER BY seq {order} LIMIT ?",
             (run, -1 if since is None else since, cap),
         )
-        data = [json.loads(r[0]) for r in rows]
+        data = [e for seq, d in rows if (e := self._decode("events", run, "seq", seq, d)) is not None]
         return data[::-1] if order == "DESC" else data
 
     def hooks(self, run: int) -> tuple[int, list[dict[str, Any]]]:
@@ -340,7 +411,7 @@ class HistoryReader:
             "SELECT config_version, hooks FROM hook_changes WHERE run = ? ORDER BY config_version DESC LIMIT 1",
             (run,),
         )
-        version, applied = (rows[0][0], json.loads(rows[0][1])) if rows else (0, [])
+        version, applied = (rows[0][0], self._hooks_of("hook_changes", run, rows[0])) if rows else (0, [])
         try:
             asked = self._all(
                 "SELECT config_version, hooks FROM hook_requests WHERE run = ? ORDER BY seq DESC LIMIT 1",
@@ -356,7 +427,7 @@ class HistoryReader:
 
         in_force = {h.get("id"): h for h in applied}
         requested = []
-        for h in json.loads(asked[0][1]):
+        for h in self._hooks_of("hook_requests", run, asked[0]):
             a = in_force.get(h.get("id"))
             same = a is not None and content(a) == content(h)
             requested.append({**h, "applied_step": a.get("applied_step") if same else None})
@@ -374,7 +445,13 @@ class HistoryReader:
         except sqlite3.OperationalError:
             return []
         keys = ("seq", "time", "action", "hook_id", "config_version")
-        return [{**dict(zip(keys, r[:5], strict=True)), "hooks": json.loads(r[5])} for r in rows]
+        return [
+            {
+                **dict(zip(keys, r[:5], strict=True)),
+                "hooks": self._hooks_of("hook_requests", run, (r[0], r[5])),
+            }
+            for r in rows
+        ]
 
     def hook_changes(self, run: int) -> list[dict[str, Any]]:
         """Every recorded hook configuration, oldest first: `{"config_version", "time", "hooks"}`."""
@@ -382,4 +459,20 @@ class HistoryReader:
             "SELECT config_version, time, hooks FROM hook_changes WHERE run = ? ORDER BY config_version",
             (run,),
         )
-        return [{"config_version": v, "time": t, "hooks": json.loads(h)} for v, t, h in rows]
+        return [
+            {"config_version": v, "time": t, "hooks": self._hooks_of("hook_changes", run, (v, h))}
+            for v, t, h in rows
+        ]
+
+    def _hooks_of(self, table: str, run: int, row: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """A stored hook list (`row`: its key first, its JSON last); [] with one warning when unreadable."""
+        try:
+            hooks = json.loads(row[-1])
+        except (TypeError, ValueError, RecursionError) as e:
+            why = f"not valid JSON ({type(e).__name__}: {str(e)[:200]})"
+        else:
+            if isinstance(hooks, list) and all(isinstance(h, dict) for h in hooks):
+                return hooks
+            why = "not a list of hooks"
+        self._warn(table, run, "config_version" if table == "hook_changes" else "seq", row[0], why)
+        return []

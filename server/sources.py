@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .protocol import error_detail
-from .storage import HistoryStore
+from .storage import HistoryStore, StoreError
 
 log = logging.getLogger("gradient_inspector.server")
 
@@ -207,15 +207,22 @@ class Source:
             if self.run_id is None:
                 raise ApiError(404, "no run")
             return self.run_id
-        if self._store().run(run) is None:
-            raise ApiError(404, f"no run {run}")
+        self._info(run)
         return run
+
+    def _info(self, run: int) -> dict[str, Any]:
+        """The stored run's row: 404 when there is none, 409 when it cannot be read."""
+        try:
+            info = self._store().run(run)
+        except StoreError as e:
+            raise ApiError(409, str(e)) from e
+        if info is None:
+            raise ApiError(404, f"no run {run}")
+        return info
 
     def stored_session(self, run: int, *, read_only: bool, live: bool) -> dict[str, Any]:
         """A session built from the database (a replay, or an earlier run seen from a live server)."""
-        info = self._store().run(run)
-        if info is None:
-            raise ApiError(404, f"no run {run}")
+        info = self._info(run)
         version, hooks = self._store().hooks(run)
         return {
             "run_id": run,
@@ -255,7 +262,11 @@ class ReplaySource(Source):
         run = run_id if run_id is not None else store.latest_run_id()
         if run is None:
             raise ApiError(404, f"{store.path} holds no run")
-        if store.run(run) is None:
+        try:
+            info = store.run(run)
+        except StoreError as e:
+            raise ApiError(409, str(e)) from e
+        if info is None:
             raise ApiError(404, f"{store.path} has no run {run}")
         self.run_id = run
 

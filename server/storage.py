@@ -20,7 +20,10 @@ when `a < W`, or when `s` is a multiple of `2**(k+1)` where
 `W * 2**k <= a < W * 2**(k+1)` (where that multiple was never recorded, because the
 inspector sampled every N-th step, the first recorded step after it stands in for it). Every octave of age keeps about `W / 2` rows, so
 a run of `L` steps keeps about `W * (1 + log2(L / W) / 2)` snapshots. Snapshots
-that carry events (a non-finite gradient, a skipped step) are always kept. The
+that carry an incident (a non-finite gradient, a skipped step, an error: any event not in
+`ROUTINE_EVENTS`) are always kept; routine events (a hook change, a checkpoint, a rewind) keep
+no snapshot, or a page (or a rule) making a change every step would stop the thinning (the
+events themselves are kept in their own table, whatever happens to the snapshots). The
 writer applies the rule each time a run's newest step has moved 256 steps on,
 with `L` the newest step at that pass.
 
@@ -69,7 +72,26 @@ WAL_LIMIT = 2 << 20  # bytes: past this the writer checkpoints and truncates the
 CHECKPOINT_WAIT = 0.2  # seconds the checkpoint waits for readers to move on (then tries later)
 KEEP_FREE_PAGES = 256  # free pages kept after a thinning pass for the next inserts (1 MiB)
 
+# Events that are part of ordinary work: a snapshot that carries only these is thinned like any
+# other (`n_events` counts the others: the incidents a snapshot is always kept for)
+ROUTINE_EVENTS = frozenset(
+    (
+        "hook_applied",
+        "checkpoint",
+        "rewind",
+        "shadow_started",
+        "shadow_ended",
+        "history_paused",
+        "history_resumed",
+    )
+)
 StatusCallback = Callable[[str, str], None]  # (kind: "history_paused"|"history_resumed", reason)
+
+
+def incidents(snap: dict[str, Any]) -> int:
+    """How many of a snapshot's events are incidents (not `ROUTINE_EVENTS`): its `n_events`."""
+    events = snap.get("events") or ()
+    return sum(1 for e in events if not (isinstance(e, dict) and e.get("kind") in ROUTINE_EVENTS))
 
 
 def _size(path: str) -> int:
@@ -278,7 +300,7 @@ class HistoryStore(HistoryReader):
                     snaps[(run, step)] = (
                         text if text is not None else dumps(snap),
                         snap.get("time"),
-                        len(snap.get("events") or ()),
+                        incidents(snap),
                     )
                     oldest = oldest if oldest is not None else time.monotonic()
                 elif kind == "scalars":
