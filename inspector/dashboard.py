@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import notebook
@@ -45,6 +46,8 @@ class Dashboard:
         token: str | None = None,
         read_only: bool = False,
         db: str | os.PathLike[str] | bool | None = None,
+        *,
+        frame_ancestors: Sequence[str] = (),
     ) -> str | None:
         """Serve the dashboard from a background thread of this process; returns its URL.
 
@@ -62,6 +65,9 @@ class Dashboard:
             read_only: serve the dashboard and the stream, refuse every command (403).
             db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
                 file, False for no history on disk.
+            frame_ancestors: origins whose pages may show the dashboard in a frame, e.g.
+                ``["https://hub.example.com"]``; none by default (no other page can frame it).
+                :meth:`show` allows a notebook's own.
         """
         self._check_open()
         if self.rank != 0:
@@ -77,6 +83,7 @@ class Dashboard:
             read_only=read_only,
             db=db,
             port_retries=_PORT_RETRIES if port is None else 0,
+            frame_ancestors=tuple(frame_ancestors),
         )
         if port is None and self._server.port != chosen:
             print(
@@ -97,9 +104,12 @@ class Dashboard:
     def _repr_html_(self) -> str:  # a notebook's display: a link to the dashboard (inspector/notebook.py)
         return notebook.status_html(self)
 
-    def show(self, height: int = 720) -> Any:
-        """The dashboard inline in a notebook (an iframe; served first if need be): inspector/notebook.py."""
-        return notebook.show(self, height)
+    def show(self, height: int = 720, *, frame_ancestors: Sequence[str] = ()) -> Any:
+        """The dashboard inline in a notebook (an iframe; served first if need be), which it lets
+        frame it: loopback pages and VS Code's webviews, and ``frame_ancestors`` (your notebook
+        server's origin when it is not on loopback, e.g. ``["https://hub.example.com"]``).
+        See inspector/notebook.py."""
+        return notebook.show(self, height, frame_ancestors=frame_ancestors)
 
     def wait(self) -> None:
         """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.

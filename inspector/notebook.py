@@ -13,12 +13,29 @@ two one-line methods that come here:
 Standard library only: nothing here imports IPython, so the inspector works without it. The
 iframe loads the page from the server of this process, so the notebook's browser must reach
 that address (on a remote kernel, through the same SSH tunnel as the page itself).
+
+Framing: the dashboard refuses to be shown in another page's frame (clickjacking), except by the
+origins its server names. ``show()`` names the notebook's (`NOTEBOOK_FRAME_ANCESTORS`: a page on
+a loopback port, as Jupyter is locally or through a tunnel, and VS Code's notebook webviews),
+plus any given as ``frame_ancestors`` (a JupyterHub on its own domain); on a server that
+``insp.serve()`` started, from then on. Every other origin stays refused.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
+
+# Where notebooks show their outputs: Jupyter on a loopback port (locally, or through an SSH
+# tunnel), and VS Code's notebook webviews.
+NOTEBOOK_FRAME_ANCESTORS = (
+    "http://localhost:*",
+    "http://127.0.0.1:*",
+    "https://localhost:*",
+    "https://127.0.0.1:*",
+    "vscode-webview:",
+)
 
 
 def served_url(insp: Any) -> str | None:
@@ -66,11 +83,20 @@ class Embed:
         return f"Embed({self.url!r}, height={self.height})"
 
 
-def show(insp: Any, height: int = 720) -> Embed | None:
-    """`Embed` of the dashboard, serving it first when it is not served; None where this rank
-    does not serve (under ``torch.distributed``, ranks other than 0)."""
+def show(insp: Any, height: int = 720, *, frame_ancestors: Sequence[str] = ()) -> Embed | None:
+    """`Embed` of the dashboard, serving it first when it is not served, and letting the
+    notebook's origins (and ``frame_ancestors``) frame it; None where this rank does not serve
+    (under ``torch.distributed``, ranks other than 0)."""
     _check_height(height)  # before anything is served
-    url = served_url(insp) or insp.serve()
+    if isinstance(frame_ancestors, str):
+        frame_ancestors = [frame_ancestors]
+    origins = (*NOTEBOOK_FRAME_ANCESTORS, *frame_ancestors)
+    server = getattr(insp, "_server", None)
+    if server is not None:
+        server.allow_frames(origins)
+        url: str | None = str(server.url)
+    else:
+        url = insp.serve(frame_ancestors=origins)
     return None if url is None else Embed(url, height)
 
 

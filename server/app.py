@@ -110,17 +110,16 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.hub = ClientHub()
     read_only = settings.read_only or source.read_only
-    app.add_middleware(
-        SecurityMiddleware,  # type: ignore[arg-type]
-        guard=Guard(
-            token=settings.token,
-            loopback=settings.loopback,
-            read_only=read_only,
-            max_body=settings.max_body,
-            rate=settings.commands_per_second,
-            burst=2 * settings.commands_per_second,
-        ),
+    app.state.guard = guard = Guard(
+        token=settings.token,
+        loopback=settings.loopback,
+        read_only=read_only,
+        max_body=settings.max_body,
+        rate=settings.commands_per_second,
+        burst=2 * settings.commands_per_second,
+        frame_ancestors=tuple(settings.frame_ancestors),
     )
+    app.add_middleware(SecurityMiddleware, guard=guard)  # type: ignore[arg-type]
     _add_error_handlers(app)
     app.include_router(api.router)
     app.add_api_websocket_route("/ws", ws.websocket_endpoint)

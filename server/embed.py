@@ -35,9 +35,10 @@ class EmbeddedServer:
         error: None, or the exception that stopped the server thread.
     """
 
-    def __init__(self, server: ThreadedServer, source: LiveSource) -> None:
+    def __init__(self, server: ThreadedServer, source: LiveSource, guard: Any = None) -> None:
         self._server = server
         self._source = source
+        self._guard = guard
         self._lock = threading.Lock()
         self._stopped = False
         self.url = server.url
@@ -48,6 +49,12 @@ class EmbeddedServer:
     @property
     def error(self) -> BaseException | None:
         return self._server.error
+
+    def allow_frames(self, origins: tuple[str, ...]) -> None:
+        """Let pages of these origins show the dashboard in a frame from now on (`insp.show()` on a
+        server that `insp.serve()` started); ValueError for one that is not an origin."""
+        if self._guard is not None:
+            self._guard.allow_frames(tuple(origins))
 
     def stop(self) -> None:
         """Stop serving, then stop recording (flushing the history). Idempotent; training is not touched."""
@@ -68,6 +75,7 @@ def start(
     read_only: bool = False,
     db: str | os.PathLike[str] | None | bool = None,
     port_retries: int = 0,
+    frame_ancestors: tuple[str, ...] = (),
 ) -> EmbeddedServer:
     """Serve `insp` in a background thread and return once the server answers.
 
@@ -79,6 +87,7 @@ def start(
         token: the access token.
         read_only: serve reads and the stream, refuse every command (403).
         db: the history file; None means `./gradient-inspector.sqlite`, False means no history.
+        frame_ancestors: origins whose pages may show the dashboard in a frame (none by default).
 
     Raises:
         PortInUse: the port (and every one tried after it) is taken (an OSError).
@@ -88,9 +97,12 @@ def start(
     source = LiveSource(insp, mode="user", store=store, read_only=read_only, history_outlives_server=True)
     try:
         for candidate in range(port, port + port_retries + 1) if port else [port]:
-            settings = Settings(host=host, port=candidate, token=token, read_only=read_only)
+            settings = Settings(
+                host=host, port=candidate, token=token, read_only=read_only, frame_ancestors=frame_ancestors
+            )
             try:
-                server = ThreadedServer(create_app(source, settings), settings, quiet=True)
+                app = create_app(source, settings)
+                server = ThreadedServer(app, settings, quiet=True)
                 break
             except PortInUse:
                 if candidate == port + port_retries or not port:
@@ -111,7 +123,7 @@ def start(
     except BaseException:
         source.close()
         raise
-    handle = EmbeddedServer(server, source)
+    handle = EmbeddedServer(server, source, app.state.guard)
     if store is not None:
         # A script that ends without insp.close() or insp.wait() still gets its last
         # half-second of history written (the writer is a daemon thread).

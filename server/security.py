@@ -25,8 +25,13 @@ Order of checks, for HTTP and for the websocket handshake:
    must be JSON (`application/json` or `+json`, else 415) and parse (else 422,
    `loc: ["body"]`).
 
-No CORS headers are ever sent. Every HTTP response carries `nosniff`,
-`no-referrer` and `X-Frame-Options: DENY`.
+No CORS headers are ever sent. Every HTTP response carries `nosniff` and `no-referrer`, and
+says who may show it in a frame: nobody by default (`X-Frame-Options: DENY` and
+`Content-Security-Policy: frame-ancestors 'none'`: another site cannot overlay the page to
+trick a click). A server that `insp.show()` started or was told to (`Guard.frame_ancestors`)
+lets the origins it names frame it, and nobody else: `frame-ancestors 'self'` and those origins
+(for `show()`, a notebook's: `inspector.notebook.NOTEBOOK_FRAME_ANCESTORS`, loopback pages and VS
+Code's webviews), without `X-Frame-Options`, which cannot name an origin.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -54,8 +59,20 @@ _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 _EXTRA_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
 ]
+_NO_FRAMES = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'")]
+_SOURCE = re.compile(r"[a-z][a-z0-9+.-]*:(//[A-Za-z0-9.*-]+(:(\*|[0-9]{1,5}))?(/[A-Za-z0-9._~/-]*)?)?")
+
+
+def check_frame_ancestor(source: str) -> str:
+    """``source`` if it is an origin a CSP `frame-ancestors` list can name (`https://hub.example.com`,
+    `http://localhost:*`, `vscode-webview:`); else ValueError naming it."""
+    if not isinstance(source, str) or not _SOURCE.fullmatch(source):
+        raise ValueError(
+            f"frame_ancestors: {source!r} is not an origin such as 'https://hub.example.com' or "
+            "'http://localhost:*' (scheme, host, optional port or *)"
+        )
+    return source
 
 
 @dataclass
@@ -69,6 +86,8 @@ class Guard:
         max_body: the largest request body, in bytes.
         rate: mutating requests per second per client address, sustained...
         burst: ...and in a burst.
+        frame_ancestors: origins whose pages may show this server in a frame (none by default:
+            see the module docstring); `allow_frames` adds more while it serves.
     """
 
     token: str | None = None
@@ -77,6 +96,24 @@ class Guard:
     max_body: int = 1 << 20
     rate: float = 50.0
     burst: float = 100.0
+    frame_ancestors: tuple[str, ...] = ()
+    headers: list[tuple[bytes, bytes]] = field(
+        default_factory=list, init=False, repr=False
+    )  # every response's
+
+    def __post_init__(self) -> None:
+        self.allow_frames(self.frame_ancestors)
+
+    def allow_frames(self, sources: tuple[str, ...]) -> None:
+        """Let pages of these origins (and of its own) show this server in a frame, on top of
+        those allowed before; `()` keeps the current rule. Each is checked (ValueError)."""
+        added = tuple(check_frame_ancestor(s) for s in sources)
+        self.frame_ancestors = tuple(dict.fromkeys((*self.frame_ancestors, *added)))
+        if self.frame_ancestors:
+            policy = " ".join(("frame-ancestors", "'self'", *self.frame_ancestors)).encode("ascii")
+            self.headers = [*_EXTRA_HEADERS, (b"content-security-policy", policy)]
+        else:
+            self.headers = [*_EXTRA_HEADERS, *_NO_FRAMES]
 
 
 class TokenBucket:
@@ -230,7 +267,7 @@ class SecurityMiddleware:
             if body is None:
                 return
             receive = _replay(body, receive)
-        await self.app(scope, receive, _with_headers(send))
+        await self.app(scope, receive, _with_headers(send, self.guard.headers))
 
     # -- checks --------------------------------------------------------------------------------------
 
@@ -324,7 +361,7 @@ class SecurityMiddleware:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    *_EXTRA_HEADERS,
+                    *self.guard.headers,
                 ],
             }
         )
@@ -342,7 +379,7 @@ class SecurityMiddleware:
                 {
                     "type": "websocket.http.response.start",
                     "status": status,
-                    "headers": [(b"content-type", b"application/json"), *_EXTRA_HEADERS],
+                    "headers": [(b"content-type", b"application/json"), *self.guard.headers],
                 }
             )
             await send({"type": "websocket.http.response.body", "body": body})
@@ -363,11 +400,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _with_headers(send: Send) -> Send:
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = dict(message)
-            message["headers"] = [*message.get("headers", []), *_EXTRA_HEADERS]
+            message["headers"] = [*message.get("headers", []), *extra]
         await send(message)
 
     return wrapped

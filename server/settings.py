@@ -56,6 +56,8 @@ class Settings:
             those headers are ignored from everyone, so a client cannot pick the address that the
             command budget and the access log see (uvicorn believes 127.0.0.1 by default, and
             every SSH-tunnelled client comes from there).
+        frame_ancestors: origins whose pages may show the dashboard in a frame (a notebook's;
+            `insp.show()` names them); none by default (security.py).
     """
 
     host: str = DEFAULT_HOST
@@ -69,6 +71,7 @@ class Settings:
     request_timeout: float = 5.0
     connections_per_client: int = 64
     trusted_proxy: str | None = None
+    frame_ancestors: tuple[str, ...] = ()
     loopback: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -49,3 +49,23 @@ def test_show_serves_when_not_served_and_checks_height_first(insp):
 def test_embed_escapes_the_url():
     shown = Embed('http://127.0.0.1:1/?a=1&b="<x>"', 300)._repr_html_()
     assert "<x>" not in shown and "&amp;b=&quot;&lt;x&gt;&quot;" in shown
+
+
+def test_only_the_origins_a_server_names_may_frame_it(insp, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = insp.serve(port=0, db=False)
+    headers = httpx.get(url, trust_env=False, timeout=10).headers
+    assert (
+        headers["x-frame-options"] == "DENY"
+        and headers["content-security-policy"] == "frame-ancestors 'none'"
+    )
+    with pytest.raises(ValueError, match="frame_ancestors: 'https://x; script-src \\*' is not an origin"):
+        insp.show(frame_ancestors=["https://x; script-src *"])
+    assert httpx.get(url, trust_env=False, timeout=10).headers["x-frame-options"] == "DENY", "nothing changed"
+    insp.show(frame_ancestors=["https://hub.example.com"])
+    for path in ("/", "/api/session", "/api/nope"):
+        headers = httpx.get(url.rstrip("/") + path, trust_env=False, timeout=10).headers
+        assert "x-frame-options" not in headers
+        policy = headers["content-security-policy"]
+        assert policy.startswith("frame-ancestors 'self' http://localhost:* http://127.0.0.1:*")
+        assert policy.endswith("vscode-webview: https://hub.example.com")
