@@ -251,7 +251,9 @@ export function markerFor(ev) {
     return { x, kind: "nonfinite", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
   }
   if (ev.kind === "rewind") {
-    return { x, kind: "branch", text: plotlyText(`step ${x}: branch · ${describeEvent(ev)}`) };
+    // at the checkpoint's own step a rewind abandons no step: no branch starts there
+    const what = Number(ev.from_step) > Number(ev.step) ? "branch" : "rewind";
+    return { x, kind: "branch", text: plotlyText(`step ${x}: ${what} · ${describeEvent(ev)}`) };
   }
   if (ev.kind === "scenario_reset") {
     return { x, kind: "reset", text: plotlyText(`step ${x}: scenario reset · ${describeEvent(ev)}`) };
