@@ -417,6 +417,7 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
+        check_restorable(insp, cp)  # all or nothing: refused before anything is changed
         from_step = insp._step
         abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
         # the abandoned branch's records go out as its own first; later late ones are dropped
@@ -471,6 +472,8 @@ class Checkpoints:
         with insp._cond:
             if not self._safe_here():
                 raise InspectorError("adopt() is for this Inspector's training thread, between steps")
+            if cp.step is not None:
+                check_restorable(insp, cp)
             self._load(cp)
 
     def _load(self, cp: Checkpoint) -> None:
@@ -520,8 +523,57 @@ class Checkpoints:
             }
 
 
+def check_restorable(insp: Any, cp: Checkpoint) -> None:
+    """Raise CheckpointError, changing nothing, when ``cp``'s state no longer fits the model or the
+    optimizer (a parameter or a parameter group added since, a shape changed): loading it would
+    fail half-way, with the model's weights replaced and the optimizer's not."""
+    if insp._root is not None:
+        now = insp._root.state_dict()
+        missing, extra = sorted(set(now) - set(cp.model)), sorted(set(cp.model) - set(now))
+        if missing or extra:
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the model: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"{len(missing)} entries added since ({', '.join(missing[:3])})" if missing else "",
+                        f"{len(extra)} entries gone ({', '.join(extra[:3])})" if extra else "",
+                    )
+                    if part
+                )
+            )
+        pairs = [(k, now[k], cp.model[k]) for k in now]
+    else:
+        if len(cp.model) != len(insp._tensors):
+            raise CheckpointError(
+                f"checkpoint {cp.id} holds {len(cp.model)} tensors, the run {len(insp._tensors)}"
+            )
+        pairs = [(str(i), t, saved) for i, (t, saved) in enumerate(zip(insp._tensors, cp.model, strict=True))]
+    for key, t, saved in pairs:
+        if isinstance(t, Tensor) and isinstance(saved, Tensor) and t.shape != saved.shape:
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the model: {key} is {tuple(t.shape)}, "
+                f"{tuple(saved.shape)} in the checkpoint"
+            )
+    groups, saved_groups = insp._optimizer.param_groups, cp.optim.get("param_groups", [])
+    if len(groups) != len(saved_groups):
+        raise CheckpointError(
+            f"checkpoint {cp.id} no longer fits the optimizer: it has {len(groups)} parameter groups, "
+            f"the checkpoint {len(saved_groups)} (a group added or removed since)"
+        )
+    for i, (g, saved) in enumerate(zip(groups, saved_groups, strict=True)):
+        if len(g["params"]) != len(saved.get("params", ())):
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the optimizer: its parameter group {i} holds "
+                f"{len(g['params'])} parameters, {len(saved.get('params', ()))} in the checkpoint"
+            )
+
+
 def restore_state(insp: Any, cp: Checkpoint) -> None:
-    """Load ``cp``'s model, optimizer and scaler state into ``insp``'s (in place; gradients None)."""
+    """Load ``cp``'s model, optimizer and scaler state into ``insp``'s (in place; gradients None).
+    The optimizer's first: ``Optimizer.load_state_dict`` checks its input before it changes
+    anything, and the model's was checked (:func:`check_restorable`)."""
+    insp._optimizer.load_state_dict(fresh(cp.optim))
     with torch.no_grad():
         if insp._root is not None:
             insp._root.load_state_dict(fresh(cp.model))
@@ -530,7 +582,6 @@ def restore_state(insp: Any, cp: Checkpoint) -> None:
                 t.copy_(saved)
         for t in insp._tensors:
             t.grad = None
-    insp._optimizer.load_state_dict(fresh(cp.optim))
     if cp.scaler is not None and insp._scaler is not None:
         insp._scaler.load_state_dict(fresh(cp.scaler))
 

@@ -1,0 +1,35 @@
+"""Rewinds that must not break or mislead a run: a rewind that cannot be carried out changes
+nothing, and a rewound run replays as it ran (its NaN events, its sampled steps)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from tests.unit.test_whatif import Loop, same_tensors
+
+
+def test_a_rewind_that_cannot_be_carried_out_changes_nothing():
+    loop = Loop()
+    insp = loop.insp
+    loop.run(range(3))
+    cp = insp.checkpoint()
+    loop.run(range(3, 5))
+    h = insp.add_hook("clip_norm", target="*", max_norm=1.0)
+    loop.run(range(5, 6))
+    extra = nn.Parameter(torch.zeros(3))
+    loop.opt.add_param_group({"params": [extra]})  # the optimizer gained a group since cp
+    model, opt = copy.deepcopy(loop.model.state_dict()), copy.deepcopy(loop.opt.state_dict())
+    hooks, step = insp.hooks(), insp.step
+    assert insp.rewind(cp)["done"] is False
+    (err,) = [e for e in insp.events() if e["kind"] == "rewind_error"]
+    assert "no longer fits the optimizer" in err["message"] and "2 parameter groups" in err["message"]
+    assert same_tensors(loop.model.state_dict(), model), "the model keeps today's weights"
+    assert same_tensors(loop.opt.state_dict(), opt)
+    assert (insp.hooks(), insp.step) == (hooks, step)
+    assert insp.checkpoints.rewinds == 0
+    loop.step(6)  # training goes on, with the hook in force
+    assert insp.step == step + 1 and insp.hook(h.id).spec["applied_step"] is not None
+    insp.close()
