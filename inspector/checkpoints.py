@@ -7,7 +7,9 @@ A :class:`Checkpoint` holds what the next steps of a run depend on:
 - the optimizer's ``state_dict()`` (momentum, Adam's moments, the param groups' lr ...),
   deep-copied to host memory, and the ``GradScaler``'s when one is attached;
 - the inspector's own state: the step counter, the hook config in force (specs with their ids,
-  the Python callables of ``python`` hooks) and every ``noise`` hook's generator states;
+  the Python callables of ``python`` hooks), every ``noise`` hook's generator states, the
+  cadence (which steps are sampled next, and so get statistics and histograms) and the streak of
+  non-finite steps (so a rewound run samples, and reports NaN/Inf, as it did the first time);
 - what a caller registered with :meth:`Checkpoints.add_state` (the demo: its data stream).
 
 The global RNG and the user's data loader are not saved: after a rewind in your own loop the
@@ -134,6 +136,8 @@ class Checkpoint:
     config_version: int = 0
     bytes: int = 0
     dropped: str | None = None  # why a rewind dropped it (taken on the branch that rewind abandoned)
+    cadence: dict[str, Any] = field(default_factory=dict)  # which steps are sampled next, and counted
+    nonfinite: dict[str, Any] = field(default_factory=dict)  # the non-finite streak's state
 
     def info(self) -> dict[str, Any]:
         """``{"id", "label", "auto", "step", "time", "bytes", "taken", "config_version", "hooks"}``."""
@@ -373,6 +377,7 @@ class Checkpoints:
             # the stored states are never changed (a rewind loads fresh() copies of them)
             cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
             cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
+            cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
         else:
             if insp._root is not None:
                 cp.model = host_copy(insp._root.state_dict())
@@ -388,6 +393,13 @@ class Checkpoints:
                 if st.generators
             }
             cp.extra = {key: save() for key, (save, _) in self._states.items()}
+            cp.cadence = {
+                "next_sampled": insp._cadence.next_sampled,
+                "k": insp._cadence.k,
+                "sampled": insp._sampled,  # whether the step after cp.step is sampled
+                "sampled_count": insp._sampled_count,
+            }
+            cp.nonfinite = insp._nonfinite.state_dict()
         cp.config_version = insp._reg.version
         cp.bytes = nbytes(
             [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
@@ -474,11 +486,13 @@ class Checkpoints:
                 raise InspectorError("adopt() is for this Inspector's training thread, between steps")
             if cp.step is not None:
                 check_restorable(insp, cp)
-            self._load(cp)
+            self._load(cp, exact=False)
 
-    def _load(self, cp: Checkpoint) -> None:
+    def _load(self, cp: Checkpoint, *, exact: bool = True) -> None:
         """Model, optimizer and scaler state, step counter, hook config (one ``rewind`` change),
-        noise streams, cadence and registered states of ``cp`` (lock held, at a safe point)."""
+        noise streams, cadence, non-finite streak and registered states of ``cp`` (lock held, at a
+        safe point). ``exact``: the cadence as it was (a rewind: the same steps are sampled, and
+        get histograms, as the first time); else the next step is sampled (a shadow's start)."""
         insp = self._insp
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
@@ -488,8 +502,13 @@ class Checkpoints:
         reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
         insp._edits.drain(cp.step + 1, torch_ok=True)
         set_generators(insp._hooks.states, cp.generators)
-        insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
-        insp._sampled = True
+        if exact and cp.cadence:
+            insp._cadence.next_sampled, insp._cadence.k = cp.cadence["next_sampled"], cp.cadence["k"]
+            insp._sampled, insp._sampled_count = cp.cadence["sampled"], cp.cadence["sampled_count"]
+        else:
+            insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
+            insp._sampled = True
+        insp._nonfinite.load_state_dict(cp.nonfinite or {"last": None, "streak": 0})
         insp._last_boundary = None
         for key, (_, load) in self._states.items():
             if key in cp.extra:

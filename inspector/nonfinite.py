@@ -49,6 +49,13 @@ class NonfiniteReport:
         self._last: str | None = None
         self._streak = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The streak so far (a checkpoint keeps it: a rewound run reports as it did the first time)."""
+        return {"last": self._last, "streak": self._streak}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last, self._streak = state["last"], int(state["streak"])
+
     def step(
         self, found: Findings, step: int, *, rank: int | None = 0, all_ranks: list[int] | None = None
     ) -> None:

@@ -32,7 +32,7 @@ class Loop:
         self.sc = make("mlp", seed=0)
         self.model = self.sc.model
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
-        self.insp = inspector.attach(self.model, self.opt, every=1, **attach)
+        self.insp = inspector.attach(self.model, self.opt, **{"every": 1, **attach})
         gen = torch.Generator().manual_seed(1)
         self.batches = [self.sc.next_batch(gen) for _ in range(60)]
         self.losses: dict[int, float] = {}

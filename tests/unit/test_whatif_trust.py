@@ -33,3 +33,39 @@ def test_a_rewind_that_cannot_be_carried_out_changes_nothing():
     loop.step(6)  # training goes on, with the hook in force
     assert insp.step == step + 1 and insp.hook(h.id).spec["applied_step"] is not None
     insp.close()
+
+
+def test_a_nan_replayed_after_a_rewind_is_reported_again():
+    loop = Loop()
+    insp = loop.insp
+    x, y = loop.batches[7]
+    loop.batches[7] = (x * float("nan"), y)  # step 8's batch: NaN gradients from there on (Adam)
+    loop.run(range(7))
+    cp = insp.checkpoint()  # step 7: the next step is the first NaN one
+    loop.run(range(7, 10))
+    insp.rewind(cp)  # the abandoned branch was in a NaN streak when it was left
+    loop.run(range(7, 10))
+    insp.finish()
+    found = [e for e in insp.events() if e["kind"] == "nonfinite"]
+    assert [e["step"] for e in found] == [8], "the replay's first NaN step is reported, as the first time"
+    assert found[0]["streak"] == 1
+    insp.close()
+
+
+def test_a_rewind_restores_the_cadence_sampled_and_histogram_steps_alike():
+    loop = Loop(every=3, hist_every=2)
+    insp = loop.insp
+    insp.set_hist_subscription("test", [insp.params[0]])
+
+    def sampled() -> list[tuple[int, bool]]:
+        return [(s["step"], bool(s.get("hist"))) for s in insp.snapshots() if s["step"] > 5]
+
+    loop.run(range(5))
+    cp = insp.checkpoint()
+    loop.run(range(5, 16))
+    first = sampled()
+    assert [s for s, _ in first] == [7, 10, 13, 16]
+    insp.rewind(cp)
+    loop.run(range(5, 16))
+    assert sampled() == first, "the same sampled steps, the same histogram steps"
+    insp.close()
