@@ -265,7 +265,10 @@ class StepLifecycle(StepBoundary):
         t0 = time.perf_counter()
         self._claim_training_thread()
         self._check_scaler_skip()
-        if not self._under_way:
+        # a forward with gradients off (validation under no_grad or inference_mode) is no step:
+        # between two steps it leaves training between steps (a checkpoint is taken at once, a
+        # record() still belongs to the step just completed)
+        if not self._under_way and torch.is_grad_enabled():
             self._mark_under_way()
         if self._dist is not None and not self._dist.broken:
             if self._hooks.dirty:  # pending edits wait for the boundary exchange

@@ -69,3 +69,22 @@ def test_a_rewind_restores_the_cadence_sampled_and_histogram_steps_alike():
     loop.run(range(5, 16))
     assert sampled() == first, "the same sampled steps, the same histogram steps"
     insp.close()
+
+
+def test_an_evaluation_forward_between_steps_is_no_step():
+    loop = Loop()
+    insp = loop.insp
+    loop.run(range(3))
+    ref = copy.deepcopy(loop.model.state_dict())
+    x, y = loop.batches[40]
+    with torch.no_grad():  # validation between two steps
+        val = nn.functional.mse_loss(loop.model(x), y)
+    insp.record(val_loss=val)
+    cp = insp.checkpoint("after validation")  # "taken now between steps", as the README says
+    assert insp.checkpoints.list()[-1]["taken"] and insp.checkpoints.list()[-1]["step"] == 3
+    with torch.inference_mode():
+        loop.model(x)
+    loop.run(range(3, 6))
+    insp.rewind(cp)
+    assert insp.step == 3 and same_tensors(loop.model.state_dict(), ref), "the rewind restores step 3"
+    insp.close()
