@@ -70,7 +70,7 @@ class StepLifecycle(StepBoundary):
     _layout: Any  # sharded.Layout under FSDP2, else None
     # step state
     _step: int  # completed optimizer steps
-    _under_way: bool  # between the first root forward of a step and its boundary
+    _under_way: bool  # between the first root forward with gradients on of a step and its boundary
     _sampled: bool  # the step under way takes the full statistics
     _sampled_count: int  # sampled steps so far, the one under way included
     _train_tid: int  # the training thread: the one that runs optimizer.step()
