@@ -12,8 +12,10 @@ A :class:`Checkpoint` holds what the next steps of a run depend on:
   non-finite steps (so a rewound run samples, and reports NaN/Inf, as it did the first time);
 - what a caller registered with :meth:`Checkpoints.add_state` (the demo: its data stream).
 
-The global RNG and the user's data loader are not saved: after a rewind in your own loop the
-loader goes on, so the next batches differ from those of the abandoned branch.
+The global RNG, the user's data loader and LR schedulers are not saved: after a rewind in your own
+loop the loader goes on, so the next batches differ from those of the abandoned branch, and a
+scheduler goes on counting unless it was registered with :meth:`Checkpoints.add_state` (the
+learning rate itself comes back with the optimizer's state).
 
 When things happen: a request (a checkpoint, a rewind) is carried out by the training thread at
 a **step boundary**, never while a step is under way: at the next boundary, or at once when the
@@ -210,7 +212,9 @@ class Checkpoints:
     # ------------------------------------------------------------ requests (any thread)
     def add_state(self, key: str, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
         """Save ``save()`` with every checkpoint (under ``key``) and call ``load(value)`` on a rewind
-        (the training thread, at a boundary). ``save`` returns a value nothing else changes later."""
+        (the training thread, at a boundary). What ``save`` returns is copied (tensors to host
+        memory, the rest deep-copied), so a live ``state_dict()`` will do: for an LR scheduler,
+        ``add_state("scheduler", sched.state_dict, sched.load_state_dict)``."""
         with self._insp._lock:
             self._states[key] = (save, load)
 
@@ -325,6 +329,14 @@ class Checkpoints:
         with self._insp._cond:
             self._items.pop(cp_id, None)
 
+    def release(self) -> None:
+        """Forget every checkpoint and request (``close()``): their host memory goes with them,
+        even while the Inspector object lives on."""
+        with self._insp._cond:
+            self._items.clear()
+            self._queue.clear()
+            self._insp._cond.notify_all()  # a wait() for a request gives up on it
+
     @property
     def queued(self) -> bool:
         return bool(self._queue)
@@ -392,7 +404,7 @@ class Checkpoints:
                 for hid, st in insp._hooks.states.items()
                 if st.generators
             }
-            cp.extra = {key: save() for key, (save, _) in self._states.items()}
+            cp.extra = {key: host_copy(save()) for key, (save, _) in self._states.items()}
             cp.cadence = {
                 "next_sampled": insp._cadence.next_sampled,
                 "k": insp._cadence.k,

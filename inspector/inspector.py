@@ -438,6 +438,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         self._feed.close()
         self._reg.fns.clear()
         self._stats.close()
+        self._branches.release()  # the checkpoints' host memory (a full copy of the state each)
         with self._cond:
             self._closer = None  # closed: whoever waits for it may go on
             self._cond.notify_all()

@@ -88,3 +88,42 @@ def test_an_evaluation_forward_between_steps_is_no_step():
     insp.rewind(cp)
     assert insp.step == 3 and same_tensors(loop.model.state_dict(), ref), "the rewind restores step 3"
     insp.close()
+
+
+def test_close_releases_the_checkpoints_host_memory():
+    import gc
+    import weakref
+
+    loop = Loop()
+    insp = loop.insp
+    loop.run(range(3))
+    cp = insp.checkpoints.get(insp.checkpoint())
+    held = weakref.ref(next(iter(cp.model.values())))
+    del cp
+    insp.close()
+    gc.collect()
+    assert held() is None, "a closed Inspector holds no checkpoint"
+    assert insp.checkpoints.bytes == 0 and insp.checkpoints.list() == []
+
+
+def test_an_lr_scheduler_registered_with_add_state_is_rewound_with_the_run():
+    loop = Loop()
+    insp = loop.insp
+    sched = torch.optim.lr_scheduler.StepLR(loop.opt, step_size=4, gamma=0.5)
+    insp.checkpoints.add_state("scheduler", sched.state_dict, sched.load_state_dict)
+
+    def run(batches) -> list[float]:
+        lrs = []
+        for i in batches:
+            loop.step(i)
+            sched.step()
+            lrs.append(loop.opt.param_groups[0]["lr"])
+        return lrs
+
+    run(range(6))
+    cp = insp.checkpoint()
+    first = run(range(6, 14))
+    insp.rewind(cp)
+    assert sched.last_epoch == 6 and loop.opt.param_groups[0]["lr"] == 5e-3
+    assert run(range(6, 14)) == first, "the schedule goes on from where it was at the checkpoint"
+    insp.close()
