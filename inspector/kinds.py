@@ -139,7 +139,8 @@ KINDS: dict[str, KindDef] = {
             "nan_guard",
             ("pre_step", "post_accumulate", "module"),
             "Find non-finite gradients and name them; 'report' only, 'zero' the whole gradient of each "
-            "affected parameter, or 'skip' the optimizer step (every gradient set to None).",
+            "affected parameter, or 'skip' the optimizer step (every gradient of the optimizer set to "
+            "None, its parameters the inspector does not watch included).",
             (
                 ParamDef(
                     "action",

@@ -165,13 +165,18 @@ class StepLifecycle(StepBoundary):
         while the page shows them applied. ``update_ratio`` is null in such a loop: the update
         happens after the boundary, where we cannot see it.
 
+        Your update must skip a parameter whose gradient is None, as torch's optimizers do:
+        ``freeze`` sets its targets' gradients to None, and ``nan_guard`` ``skip`` every gradient
+        of the step.
+
             for x, y in data:
                 loss = loss_fn(model(x), y)
                 loss.backward()
-                insp.mark_step()            # hooks, statistics, snapshot
+                insp.mark_step()                # hooks, statistics, snapshot
                 with torch.no_grad():
                     for p in params:
-                        p -= lr * p.grad    # your update sees the hooks' edits
+                        if p.grad is not None:  # None: frozen, or the step skipped
+                            p -= lr * p.grad    # your update sees the hooks' edits
                         p.grad = None
         """
         if self._optimizer is not None:
@@ -417,8 +422,14 @@ class StepLifecycle(StepBoundary):
                     skip = True
                     break
         if skip:
+            # the whole step: the optimizer's parameters that are not watched here too (a scalar
+            # outside the model, the rest of a model of which a part was attached)
             for p in self._tensors:
                 p.grad = None
+            if self._optimizer is not None:
+                for group in self._optimizer.param_groups:
+                    for p in group["params"]:
+                        p.grad = None
             self._event("step_skipped", step=self._step + 1, reason="nan_guard")
         self._submit_check(raw, guards, skip)
         if sampled:

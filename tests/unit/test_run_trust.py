@@ -1,0 +1,59 @@
+"""Training must not break or be misled: the guards act on the whole step, a loop without an
+optimizer is told what it lacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import inspector
+
+
+def test_nan_guard_skip_skips_the_optimizers_unwatched_parameters_too():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    scale = nn.Parameter(torch.ones(()))  # learnable, outside the attached module
+    opt = torch.optim.SGD([*model.parameters(), scale], lr=0.1)
+    insp = inspector.attach(model[0], opt, every=1)  # a part of the model, as attach(model.encoder, opt)
+    insp.add_hook("nan_guard", target="*", action="skip")
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    for bad in (False, True, False):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(scale * model(x * (float("nan") if bad else 1.0)), y)
+        loss.backward()
+        before = [p.detach().clone() for p in (scale, *model.parameters())]
+        opt.step()
+        after = [p.detach() for p in (scale, *model.parameters())]
+        if bad:
+            assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True)), (
+                "the whole step skipped"
+            )
+    assert all(torch.isfinite(p).all() for p in (scale, *model.parameters()))
+    assert [e["kind"] for e in insp.events()].count("step_skipped") == 1
+    insp.close()
+
+
+@pytest.mark.parametrize("hook", [("freeze", {}), ("nan_guard", {"action": "skip"})])
+def test_the_mark_step_loop_its_docstring_shows_runs_with_freeze_and_skip(hook):
+    import textwrap
+
+    doc = inspector.Inspector.mark_step.__doc__
+    loop = textwrap.dedent(doc[doc.index("for x, y in data:") :]).strip()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    params = list(model.parameters())
+    insp = inspector.attach(model, every=1)
+    kind, params_ = hook
+    insp.add_hook(kind, target="0.*", **params_)
+    x = torch.randn(8, 3)
+    data = [(x, torch.randn(8, 1)), (x * float("nan"), torch.randn(8, 1)), (x, torch.randn(8, 1))]
+    first = model[0].weight.detach().clone()
+    exec(loop, {"torch": torch, "data": data, "model": model, "params": params, "insp": insp,
+                "loss_fn": nn.functional.mse_loss, "lr": 0.1})  # fmt: skip
+    assert insp.step == 3
+    if kind == "freeze":
+        assert torch.equal(model[0].weight, first), "the frozen layer is not updated"
+    else:
+        assert all(torch.isfinite(p).all() for p in params), "the NaN step was skipped"
+    insp.close()
