@@ -78,8 +78,11 @@ class StepBoundary(DistributedBoundary):
                 self._records.flush_pending()
                 self._drain_deferred(wait=True)
             with self._cond:
-                self._drain_locked(torch_ok=True)
+                # the next step's sampling is decided before edits and requests are carried out:
+                # a checkpoint taken here holds it, as one taken between steps does, and a rewind
+                # here restores it, nothing deciding again after it
                 self._decide_next(step)
+                self._drain_locked(torch_ok=True)
                 while self._paused and self._credit == 0 and not self._closed:
                     if not self._waiting:
                         self._waiting = True

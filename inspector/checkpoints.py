@@ -171,6 +171,13 @@ class Checkpoints:
         self._next = 1
         self.rewinds = 0  # rewinds carried out so far
         self._states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        # The scaler at a boundary inside scaler.step(): its update() for this iteration is still
+        # to come, so what a checkpoint keeps of it is read, and what a rewind gives it is loaded,
+        # after that update (settle_scaler(), at the next forward): a checkpoint holds the scaler
+        # as between two steps, wherever it was taken or restored
+        self._scaler_later: list[Checkpoint] = []  # taken, their scaler state still to read
+        self._scaler_restore: Any = None  # a rewind's scaler state still to load
+        self.scaler_pending = False
         self.on_request: list[Callable[[], None]] = []  # called after a request is queued (any thread)
 
     # ------------------------------------------------------------ refusals
@@ -335,6 +342,7 @@ class Checkpoints:
         with self._insp._cond:
             self._items.clear()
             self._queue.clear()
+            self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
             self._insp._cond.notify_all()  # a wait() for a request gives up on it
 
     @property
@@ -379,6 +387,38 @@ class Checkpoints:
         insp._cond.notify_all()
 
     # ------------------------------------------------------------ taking
+    def _update_to_come(self) -> bool:
+        """Whether the attached scaler's ``update()`` for this iteration is still to come: inside
+        ``scaler.step()`` (our boundary), its per-optimizer record holds the iteration's inf checks;
+        ``update()`` clears it (no device read)."""
+        insp = self._insp
+        states = getattr(insp._scaler, "_per_optimizer_states", None)
+        if insp._scaler is None or insp._optimizer is None or not isinstance(states, dict):
+            return False
+        st = states.get(id(insp._optimizer))
+        return bool(st and st.get("found_inf_per_device"))
+
+    def settle_scaler(self) -> bool:
+        """After the scaler's ``update()`` (the next forward, ``finish()``, ``close()``): read the
+        scaler state of checkpoints taken inside ``scaler.step()``, and load a rewind's. True when
+        the scaler was written."""
+        if not self.scaler_pending:
+            return False
+        insp = self._insp
+        with insp._cond:
+            sc, later, restore = insp._scaler, self._scaler_later, self._scaler_restore
+            self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
+            if sc is None:
+                return False
+            if later:
+                state = host_copy(sc.state_dict())
+                for cp in later:
+                    cp.scaler = state
+                    cp.bytes += nbytes(state)
+            if restore is not None:
+                sc.load_state_dict(fresh(restore))
+            return restore is not None
+
     def _take(self, cp: Checkpoint, last: Checkpoint | None = None) -> None:
         """Take ``cp`` now. Requests carried out together at one safe point (``last``: the one
         taken just before, nothing changed since) share one copy of the state: a burst of
@@ -413,6 +453,10 @@ class Checkpoints:
             }
             cp.nonfinite = insp._nonfinite.state_dict()
         cp.config_version = insp._reg.version
+        if insp._scaler is not None and self._update_to_come():
+            cp.scaler = None  # read after this iteration's update() (settle_scaler)
+            self._scaler_later.append(cp)
+            self.scaler_pending = True
         cp.bytes = nbytes(
             [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
         )
@@ -508,7 +552,15 @@ class Checkpoints:
         insp = self._insp
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
-        restore_state(insp, cp)
+        if insp._scaler is not None and self._update_to_come():
+            # this iteration's update() would run on the restored scaler: load it after that
+            restore_state(insp, cp, scaler=False)
+            if any(c is cp for c in self._scaler_later):
+                self._scaler_restore = None  # taken at this boundary: the update makes its state
+            elif cp.scaler is not None:
+                self._scaler_restore, self.scaler_pending = cp.scaler, True
+        else:
+            restore_state(insp, cp)
         insp._step = cp.step
         reg = insp._reg
         reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
@@ -600,7 +652,7 @@ def check_restorable(insp: Any, cp: Checkpoint) -> None:
             )
 
 
-def restore_state(insp: Any, cp: Checkpoint) -> None:
+def restore_state(insp: Any, cp: Checkpoint, *, scaler: bool = True) -> None:
     """Load ``cp``'s model, optimizer and scaler state into ``insp``'s (in place; gradients None).
     The optimizer's first: ``Optimizer.load_state_dict`` checks its input before it changes
     anything, and the model's was checked (:func:`check_restorable`)."""
@@ -613,7 +665,7 @@ def restore_state(insp: Any, cp: Checkpoint) -> None:
                 t.copy_(saved)
         for t in insp._tensors:
             t.grad = None
-    if cp.scaler is not None and insp._scaler is not None:
+    if scaler and cp.scaler is not None and insp._scaler is not None:
         insp._scaler.load_state_dict(fresh(cp.scaler))
 
 

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from . import amp, distributed
 from .boundary import StepBoundary
+from .checkpoints import Checkpoints
 from .deferred import Check, Deferred, build_check
 from .edits import Edits
 from .errors import HookError, InspectorError, describe_error, shown
@@ -79,6 +80,7 @@ class StepLifecycle(StepBoundary):
     _seq: int  # the last event's seq
     _step_events: list[dict[str, Any]]  # events of the step under way
     _scale_mark: tuple[int, int] | None  # which write of the scaler's scale the last check saw
+    _branches: Checkpoints  # the Inspector's checkpoints (scaler state they read or load late)
     _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
     _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
     _deferred: Deferred  # device values on their way to the host (NaN/Inf checks, records)
@@ -346,6 +348,10 @@ class StepLifecycle(StepBoundary):
                 self._records.current = {}  # what was recorded after that boundary belongs to the skipped iteration
         elif written:
             self._skip_iteration()
+        if self._branches.scaler_pending and self._branches.settle_scaler():
+            # a rewind's scaler state, loaded now that the abandoned iteration's update() ran: a
+            # write of the scale that is no skipped step
+            self._scale_mark = amp.scale_mark(self._scaler)
 
     def _skip_iteration(self) -> None:
         """The iteration under way made no update (the scaler found inf/NaN): it is no step. Report it,

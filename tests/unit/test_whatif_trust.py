@@ -8,6 +8,7 @@ import copy
 import torch
 from torch import nn
 
+import inspector
 from tests.unit.test_whatif import Loop, same_tensors
 
 
@@ -126,4 +127,73 @@ def test_an_lr_scheduler_registered_with_add_state_is_rewound_with_the_run():
     insp.rewind(cp)
     assert sched.last_epoch == 6 and loop.opt.param_groups[0]["lr"] == 5e-3
     assert run(range(6, 14)) == first, "the schedule goes on from where it was at the checkpoint"
+    insp.close()
+
+
+def scaled_loop(**attach):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    insp = inspector.attach(model, opt, scaler=scaler, every=1, **attach)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 4, generator=gen), torch.randn(16, 1, generator=gen)) for _ in range(30)]
+
+    def step(i: int) -> tuple[float, int]:
+        x, y = batches[i]
+        opt.zero_grad()
+        scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        return scaler.get_scale(), int(scaler.state_dict()["_growth_tracker"])
+
+    return insp, step
+
+
+def test_a_rewind_at_a_boundary_under_a_grad_scaler_restores_the_scaler_exactly():
+    from tests.unit.test_whatif_queue import elsewhere
+
+    insp, step = scaled_loop()
+    for i in range(3):
+        step(i)
+    cp = insp.checkpoint()  # between steps: after step 3's update()
+    first = [step(i) for i in range(3, 9)]
+    elsewhere(insp.rewind, cp)  # as from the dashboard: carried out at the next boundary
+    step(9)  # its boundary (inside scaler.step()) rewinds; its update() then runs
+    assert insp.step == 3
+    replay = [step(i) for i in range(3, 9)]
+    assert replay == first, "scale and growth tracker as the first time (no early doubling)"
+    assert not [e for e in insp.events() if e["kind"] == "step_skipped"], "loading the scaler is no skip"
+    insp.close()
+
+
+def test_a_checkpoint_taken_at_a_boundary_under_a_grad_scaler_holds_the_scaler_as_between_steps():
+    from tests.unit.test_whatif_queue import elsewhere
+
+    insp, step = scaled_loop()
+    for i in range(3):
+        step(i)
+    cp = elsewhere(insp.checkpoint)
+    step(3)  # taken at step 4's boundary, inside scaler.step(), before its update()
+    first = [step(i) for i in range(4, 9)]
+    insp.rewind(cp)  # between steps: at once
+    assert insp.step == 4
+    assert [step(i) for i in range(4, 9)] == first
+    insp.close()
+
+
+def test_a_rewind_from_another_thread_restores_the_cadence_too():
+    from tests.unit.test_whatif_queue import elsewhere
+
+    loop = Loop(every=3)
+    insp = loop.insp
+    loop.run(range(6))
+    cp = elsewhere(insp.checkpoint)  # taken at step 7's boundary (step 7 sampled, 8 and 9 not)
+    loop.run(range(6, 16))
+    first = [s["step"] for s in insp.snapshots() if s["step"] > 7]
+    assert first == [10, 13, 16]
+    elsewhere(insp.rewind, cp)
+    loop.step(16)  # step 17's boundary rewinds to step 7
+    loop.run(range(7, 16))
+    assert [s["step"] for s in insp.snapshots() if s["step"] > 7] == first
     insp.close()
