@@ -47,7 +47,7 @@ from .handles import HookHandle
 from .histsel import HIST_BINS, HIST_CAP, HistSelection
 from .lifecycle import StepLifecycle
 from .nonfinite import NonfiniteReport
-from .owned import OwnedHook, claim, release
+from .owned import OwnedHook, claim, hide_from_copies, release, unhide
 from .registry import PRESET_FORMAT, Registry
 from .rewinding import Rewinding
 from .scalars import Recorder, check_scalars
@@ -145,6 +145,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
+            hide_from_copies(self._root)  # torch.save(model) and deepcopy carry none of our hooks
 
     # ================================================================= public API
     def _check_open(self) -> None:
@@ -431,6 +432,9 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             h.remove()
         self._handles.clear()
         self._hooks.remove_all()
+        if self._root is not None:
+            for m in self._root.modules():
+                unhide(m)
         self._feed.flush()  # deliver the last records to the server (and its history) before it stops
         server, self._server = self._server, None
         if server is not None:

@@ -4,13 +4,18 @@ which parameters an open Inspector watches (one at a time: :func:`claim`).
 torch keeps a module's forward (pre-)hooks in dicts on the module, so ``torch.save(model)``,
 ``copy.deepcopy(model)`` and ``torch.optim.swa_utils.AveragedModel(model)`` copy them along with
 the weights: a bound method of the Inspector would drag the Inspector (locks, threads) into
-the copy and fail (``cannot pickle '_thread.RLock' object``). Every module hook we register is
-therefore an :class:`OwnedHook`, which pickles and deep-copies as an **inert stand-in**: the
-``debug`` method of the logger ``gradient_inspector.detached_hook``, which takes any arguments
-and returns None without formatting them while that logger is below DEBUG (it is silenced in
-this process). A pickle cannot drop an entry of the dict it is in, so the copy has that inert
-entry where our hook was; it needs nothing of ours to load (the logger is found by name), it
-never changes the copy's forward, and it does nothing to the original, which stays inspected.
+the copy and fail (``cannot pickle '_thread.RLock' object``). So a copy gets **nothing of ours**:
+every module that holds a hook of ours gets, for as long as it does, a ``__getstate__`` of its
+own (:func:`hide_from_copies`, an instance attribute, which pickle and ``copy`` use before the
+class's) that returns the module's state without our hooks and without itself. The copy is then
+exactly what it would be unattached: ``torch.load(..., weights_only=True)`` loads it with the
+user's own ``safe_globals``, and its forward runs none of our code. ``close()`` takes the
+``__getstate__`` away again (:func:`unhide`).
+
+Every module hook we register is an :class:`OwnedHook`. Pickled on its own (a hook table copied
+by hand), it becomes an **inert stand-in**: the ``debug`` method of the logger
+``gradient_inspector.detached_hook``, which takes any arguments and returns None without
+formatting them while that logger is below DEBUG (it is silenced in this process).
 (Tensor hooks, such as post-accumulate ones, are not copied with a tensor at all.)
 """
 
@@ -20,12 +25,13 @@ import logging
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from .errors import AttachError, describe_error
 
-__all__ = ["DETACHED_LOGGER", "OwnedHook", "attached", "claim", "release"]
+__all__ = ["DETACHED_LOGGER", "OwnedHook", "attached", "claim", "hide_from_copies", "release", "unhide"]
 
 DETACHED_LOGGER = "gradient_inspector.detached_hook"
 _detached = logging.getLogger(DETACHED_LOGGER)
@@ -63,6 +69,53 @@ class OwnedHook:
 
     def __repr__(self) -> str:
         return f"<gradient-inspector hook {self.fn!r}>"
+
+
+# ---------------------------------------------------------------- copies of a module carry none of ours
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+class _StateWithoutOurs:
+    """A module's ``__getstate__`` while it holds hooks of ours: its class's state, less them."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: Any) -> None:
+        self._module = weakref.ref(module)  # the module's own __dict__ holds this: no cycle kept alive
+
+    def __call__(self) -> dict[str, Any]:
+        module = self._module()
+        state = dict(type(module).__getstate__(module))
+        state.pop("__getstate__", None)
+        ours: set[Any] = set()
+        for name in _HOOK_TABLES:
+            table = state.get(name)
+            if isinstance(table, dict) and any(isinstance(v, OwnedHook) for v in table.values()):
+                ours.update(k for k, v in table.items() if isinstance(v, OwnedHook))
+                state[name] = OrderedDict((k, v) for k, v in table.items() if not isinstance(v, OwnedHook))
+        for name in _HOOK_FLAGS:
+            flags = state.get(name)
+            if isinstance(flags, dict) and ours & flags.keys():
+                state[name] = OrderedDict((k, v) for k, v in flags.items() if k not in ours)
+        return state
+
+
+def hide_from_copies(module: Any) -> None:
+    """Give ``module`` the ``__getstate__`` that leaves our hooks out of its copies (idempotent)."""
+    if not isinstance(module.__dict__.get("__getstate__"), _StateWithoutOurs):
+        object.__setattr__(module, "__getstate__", _StateWithoutOurs(module))
+
+
+def unhide(module: Any) -> None:
+    """Take that ``__getstate__`` away again once ``module`` holds no hook of ours."""
+    if not isinstance(module.__dict__.get("__getstate__"), _StateWithoutOurs):
+        return
+    for name in _HOOK_TABLES:
+        table = module.__dict__.get(name)
+        if isinstance(table, dict) and any(isinstance(v, OwnedHook) for v in table.values()):
+            return
+    del module.__dict__["__getstate__"]
 
 
 # ---------------------------------------------------------------- one open Inspector per parameter

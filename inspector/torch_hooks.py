@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .ops import HookState, ParamTarget, apply_post_accumulate
-from .owned import OwnedHook
+from .owned import OwnedHook, hide_from_copies
 from .records import HookSpec
 from .sharded import Layout, is_dtensor
 from .stats import dense, sq_norm
@@ -181,6 +181,7 @@ class TorchHooks:
             self._module_handles.pop(n).remove()
         for n in set(plan.module) - set(self._module_handles):
             self._module_handles[n] = self.modules[n].register_forward_hook(OwnedHook(self._module_hook(n)))
+            hide_from_copies(self.modules[n])
         want_in = {n for n, sts in plan.module.items() if _wants_input(sts)}
         for n in set(self._module_in_handles) - want_in:
             self._module_in_handles.pop(n).remove()

@@ -57,3 +57,34 @@ def test_the_mark_step_loop_its_docstring_shows_runs_with_freeze_and_skip(hook):
     else:
         assert all(torch.isfinite(p).all() for p in params), "the NaN step was skipped"
     insp.close()
+
+
+def test_a_model_saved_whole_while_attached_loads_with_weights_only(tmp_path):
+    import copy
+    import pickle
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = inspector.attach(model, opt, every=1)
+    insp.add_hook("module_log", target="0", point="module", grad_input=True)
+    x = torch.randn(8, 3)
+    model(x).sum().backward()
+    opt.step()
+    path = tmp_path / "model.pt"
+    torch.save(model, path)  # as pytorch/examples' word_language_model does every epoch
+    with torch.serialization.safe_globals([nn.Sequential, nn.Linear, nn.ReLU]):
+        loaded = torch.load(path, weights_only=True)  # the default since torch 2.6
+    assert torch.equal(loaded(x), model(x))
+    for copied in (loaded, copy.deepcopy(model), torch.optim.swa_utils.AveragedModel(model).module):
+        for m in copied.modules():
+            assert not m._forward_pre_hooks and not m._forward_hooks, "nothing of ours in a copy"
+            assert "__getstate__" not in m.__dict__
+    assert b"inspector" not in pickle.dumps(model) and b"gradient_inspector" not in pickle.dumps(model)
+    before = len(insp.snapshots())
+    model(x).sum().backward()
+    opt.step()
+    assert len(insp.snapshots()) == before + 1, "the original stays inspected"
+    torch.save(opt, tmp_path / "opt.pt")
+    insp.close()
+    assert all("__getstate__" not in m.__dict__ for m in model.modules()), "close() leaves nothing"
