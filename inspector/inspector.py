@@ -137,11 +137,13 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
-        if self._root is None:  # a dict of tensors: its first backward of a step marks the step under way
+        if self._root is None or optimizer is None:
+            # a dict of tensors: its first backward of a step marks the step under way; without an
+            # optimizer, backward passes with no mark_step() are counted (to say what is missing)
             first = next((t for t in self._tensors if t.requires_grad), None)
             if first is not None:
                 self._handles.append(first.register_post_accumulate_grad_hook(OwnedHook(self._on_backward)))
-        elif getattr(self._root, "_compiled_call_impl", None) is None:
+        if self._root is not None and getattr(self._root, "_compiled_call_impl", None) is None:
             # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))

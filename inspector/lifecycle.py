@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -45,7 +46,9 @@ from .step_stats import RawRead, StepStats
 from .telemetry import Cadence
 from .torch_hooks import TorchHooks
 
-__all__ = ["StepLifecycle"]
+__all__ = ["StepLifecycle", "NO_BOUNDARY_AFTER"]
+
+NO_BOUNDARY_AFTER = 50  # backward passes with no step boundary at all before a loop is told it lacks one
 
 
 class StepLifecycle(StepBoundary):
@@ -108,6 +111,7 @@ class StepLifecycle(StepBoundary):
         self._seq = 0
         self._step_events = []
         self._scale_mark = None
+        self._unmarked = 0  # backward passes before the first boundary, without an optimizer
         self._fused_skip = False
         self._skip_known = False
         self._dist_checks = []
@@ -248,9 +252,21 @@ class StepLifecycle(StepBoundary):
         self._flush_late()
 
     def _on_backward(self, param: Tensor) -> None:
-        """A dict of tensors has no forward of ours: its first backward of a step marks it under way."""
-        if not self._under_way:
+        """A backward pass (a hook on one parameter). A dict of tensors has no forward of ours: its
+        first backward of a step marks it under way. Without an optimizer, backward passes that no
+        step boundary ever follows are a loop that does not call ``mark_step()``: said once."""
+        if not self._under_way and self._root is None:
             self._mark_under_way()
+        if self._optimizer is None and self._step == 0 and not self._closed:
+            self._unmarked += 1
+            if self._unmarked == NO_BOUNDARY_AFTER:
+                message = (
+                    f"{NO_BOUNDARY_AFTER} backward passes and no step boundary: without a torch optimizer, "
+                    "call insp.mark_step() after backward() and before your own update (help(insp.mark_step) "
+                    "shows the loop); until then no statistics are taken and no pre_step hook runs"
+                )
+                self._event("no_step_boundary", message=message, step=0)
+                warnings.warn(f"gradient-inspector: {message}", RuntimeWarning, stacklevel=2)
 
     def _claim_training_thread(self) -> None:
         """This thread trains. Set under the lock: an edit from another thread holds the lock while it

@@ -88,3 +88,36 @@ def test_a_model_saved_whole_while_attached_loads_with_weights_only(tmp_path):
     torch.save(opt, tmp_path / "opt.pt")
     insp.close()
     assert all("__getstate__" not in m.__dict__ for m in model.modules()), "close() leaves nothing"
+
+
+def test_a_loop_without_an_optimizer_or_mark_step_is_told_what_it_lacks():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+
+    def by_hand(model, insp, n: int, mark: bool) -> None:
+        for _ in range(n):
+            nn.functional.mse_loss(model(x), y).backward()
+            if mark:
+                insp.mark_step()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    insp = inspector.attach(model)  # the README's two lines, around a loop that updates by hand
+    by_hand(model, insp, inspector.lifecycle.NO_BOUNDARY_AFTER - 1, mark=False)
+    assert not [e for e in insp.events() if e["kind"] == "no_step_boundary"]
+    with pytest.warns(RuntimeWarning, match=r"no step boundary.*insp\.mark_step\(\)"):
+        by_hand(model, insp, 1, mark=False)
+    by_hand(model, insp, 100, mark=False)  # said once
+    (ev,) = [e for e in insp.events() if e["kind"] == "no_step_boundary"]
+    assert "mark_step()" in ev["message"] and insp.step == 0
+    insp.close()
+
+    model = nn.Sequential(nn.Linear(3, 1))
+    insp = inspector.attach(model)
+    by_hand(model, insp, 3 * inspector.lifecycle.NO_BOUNDARY_AFTER, mark=True)  # as documented: silent
+    assert insp.step == 3 * inspector.lifecycle.NO_BOUNDARY_AFTER
+    assert not [e for e in insp.events() if e["kind"] == "no_step_boundary"]
+    insp.close()
