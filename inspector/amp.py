@@ -15,8 +15,8 @@ calls its ``step()``, having set two attributes on it for the fused kernel: ``gr
 scale to divide by, None when ``unscale_`` already ran) and ``found_inf`` (nonzero when the
 kernel must skip the update). Our step pre-hook reads them (:func:`fused_scaling`): on
 ``found_inf`` the iteration is a skipped one (no hooks, no statistics, no step counted); else
-:func:`unscale_` divides the gradients by ``grad_scale`` in place, with the kernel
-``GradScaler.unscale_`` uses, and clears ``grad_scale``, so that our statistics and ``pre_step``
+:func:`unscale_` divides the gradients by ``grad_scale`` in place, as the fused kernel itself
+would, and clears ``grad_scale``, so that our statistics and ``pre_step``
 hooks see unscaled values and the kernel does not divide again. An optimizer on the older
 contract, ``step(grad_scaler=...)``, unscales inside its own step, out of our reach: attaching
 it with a scaler is refused (:func:`check_optimizer`).
@@ -85,21 +85,23 @@ def unscale_(optimizer: Any, grad_scale: Tensor) -> None:
     """Divide every gradient the optimizer will step by ``grad_scale``, in place, and clear its
     ``grad_scale`` so its fused kernel does not divide again (the gradients are finite).
 
-    The same arithmetic as ``GradScaler.unscale_``: a float32 reciprocal taken in float64, applied
-    by ``torch._amp_foreach_non_finite_check_and_unscale_`` per device and dtype.
+    The fused kernel's own arithmetic, a division by the scale (``grad / grad_scale``), not
+    ``GradScaler.unscale_``'s multiplication by a float32 reciprocal: for a scale that is not a
+    power of two (``GradScaler(init_scale=1000)``) the two differ in the last bit, and a run
+    attached with no hooks must update the weights bit for bit as it would unattached (float32
+    and float64 gradients; a bf16 or fp16 one is rounded to its dtype here, where the kernel
+    keeps the quotient in float32).
     """
-    inv = grad_scale.double().reciprocal().float()
-    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    groups: dict[torch.device, list[Tensor]] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             g = p.grad
             if g is None:
                 continue
             if g.is_sparse:  # fused optimizers refuse sparse gradients; unscaled all the same
-                p.grad = g * inv.to(g.device)
+                p.grad = g / grad_scale.to(g.device)
                 continue
-            groups.setdefault((g.device, g.dtype), []).append(g)
-    for (device, _), grads in groups.items():
-        found = torch.zeros((), dtype=torch.float32, device=device)  # unused: already known finite
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv.to(device))
+            groups.setdefault(g.device, []).append(g)
+    for device, grads in groups.items():
+        torch._foreach_div_(grads, grad_scale.to(device))
     optimizer.grad_scale = None  # GradScaler.step deletes the attribute after the step

@@ -237,3 +237,24 @@ def test_records_after_a_fused_skip_are_forgotten_with_the_skipped_iteration():
     assert skipped_steps(insp) == [2]
     assert [s["step"] for s in snaps] == [1, 2]
     assert set(snaps[-1]["scalars"]) == {"after_2"}, snaps[-1]["scalars"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_optimizer_under_a_scale_that_is_no_power_of_two_is_bitwise_plain(name, dtype):
+    """Attached with no hooks, a fused optimizer under GradScaler(init_scale=1000) updates the
+    weights bit for bit as unattached: the gradients are divided by the scale, as its kernel does."""
+    data = batches(6, bad=(2,))
+    result = []
+    for attached in (False, True):
+        model = seed_mlp().to(dtype)
+        opt = FUSED[name](model.parameters(), True)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1000.0, growth_interval=2)
+        insp = inspector.attach(model, opt, scaler=scaler, every=1) if attached else None
+        for x, y in data:
+            amp_iteration(model, opt, scaler, x.to(dtype), y.to(dtype))
+        result.append([p.detach().clone() for p in model.parameters()])
+        if insp is not None:
+            insp.close()
+    for a, b in zip(*result, strict=True):
+        assert torch.equal(a, b)
