@@ -156,10 +156,16 @@ def _clip_norm_coefs(
     layout: Layout | None = None,
     sharded: list[bool] | None = None,
 ) -> list[Tensor]:
-    """The factor for each gradient, exactly as ``torch.nn.utils.clip_grad_norm_`` computes it.
+    """The factor for each gradient, exactly as ``torch.nn.utils.clip_grad_norm_`` computes it:
+    the norms in the gradients' own dtype (``torch._foreach_norm`` per device and dtype), their
+    norm, and the factor in that dtype, so a float64 (or fp16, bf16) model is clipped as
+    ``clip_grad_norm_`` clips it, bit for bit.
 
     Under FSDP2 (``layout``, ``sharded`` per gradient) ``grads`` are the local shards: each full
-    tensor's norm comes from the shards' ``p``-th power sums (a max for ``inf``), one collective."""
+    tensor's norm comes from the shards' ``p``-th power sums (a max for ``inf``), one collective,
+    in float32."""
+    if layout is None or sharded is None or not any(sharded):
+        return _native_clip_coefs(grads, max_norm, norm_type, mode)
     norms = foreach_norm(grads, norm_type)
     if layout is not None and sharded is not None and any(sharded):
         dev = grads[0].device
@@ -179,6 +185,25 @@ def _clip_norm_coefs(
         torch.clamp(max_norm / (n + 1e-6), max=1.0).to(real_dtype(g))
         for n, g in zip(norms, grads, strict=True)
     ]
+
+
+def _native_clip_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mode: str) -> list[Tensor]:
+    """``clip_grad_norm_``'s own arithmetic (``_get_total_norm``, ``_clip_grads_with_norm_``)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, g in enumerate(grads):
+        groups.setdefault((g.device, g.dtype), []).append(i)
+    norms: list[Tensor] = [torch.empty(0)] * len(grads)
+    order: list[int] = []  # clip_grad_norm_ stacks the norms group after group
+    for idx in groups.values():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], norm_type), strict=True):
+            norms[i] = n
+        order.extend(idx)
+    if mode == "global":
+        first = grads[0].device
+        total = torch.linalg.vector_norm(torch.stack([norms[i].to(first) for i in order]), norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return [coef.to(g.device) for g in grads]
+    return [torch.clamp(max_norm / (n + 1e-6), max=1.0) for n in norms]
 
 
 def _strided(g: Tensor | None) -> bool:

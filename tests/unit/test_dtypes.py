@@ -260,3 +260,24 @@ def test_a_frozen_parameters_histogram_has_no_final_series():
     assert sum(frozen["raw"]) == 16 * 6 and len(frozen["edges"]) == 65
     assert sum(live["raw"]) == sum(live["final"]) == 16
     assert snap["grad_norm"][0] is None and snap["grad_norm_raw"][0] > 0
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_clip_norm_is_bitwise_clip_grad_norm_in_the_gradients_own_dtype(dtype, norm_type):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5)).to(dtype)
+    (model(torch.randn(16, 20, dtype=dtype) * 10).pow(2).sum()).backward()
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for r, p in zip(ref, model.parameters(), strict=True):
+        r.grad = p.grad.clone()
+    torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen = {}
+    with inspector.attach(model, opt, every=1) as insp:
+        insp.add_hook("clip_norm", target="*", max_norm=0.5, norm_type=norm_type)
+        insp.add_hook(lambda name, p: seen.__setitem__(name, p.grad.clone()), target="*")
+        opt.step()
+        names = insp.params
+    for name, r in zip(names, ref, strict=True):
+        assert seen[name].dtype == dtype and torch.equal(seen[name], r.grad), name
