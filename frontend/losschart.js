@@ -61,6 +61,22 @@ export class LossChart {
     this.lossScale = "auto"; // "auto" (log when the loss spans > 3 decades), "linear" or "log"
     this.smoothing = 0; // EMA weight, 0 (off) to 0.99
     this.base = { loss: 0, rows: 0 }; // history points ahead of the streamed ones in the traces
+    // A run that records no loss: the chart says how to record one (shown once steps arrive
+    // without a loss, gone with the first loss).
+    this.hint = document.createElement("div");
+    this.hint.className = "small muted loss-hint";
+    this.hint.dataset.testid = "loss-hint";
+    this.hint.hidden = true;
+    this.hint.textContent =
+      "No loss recorded: call insp.record(loss=loss) after optimizer.step() in your loop " +
+      "(the Lightning and Hugging Face callbacks record it for you).";
+    el.before(this.hint);
+  }
+
+  /** The hint shows while steps arrive and no loss has. */
+  showHint(hasRows, hasLoss) {
+    const hidden = !hasRows || hasLoss;
+    if (this.hint.hidden !== hidden) this.hint.hidden = hidden;
   }
 
   /** The scale toggle: the user's choice holds from then on. */
@@ -364,6 +380,10 @@ export class LossChart {
     this.lossValues = d.lossY;
     this.base = { loss: state.history.loss.x.length, rows: state.history.rows.length };
     this.logShown = this.isLog(d.lossY);
+    this.showHint(
+      d.rows.length > 0,
+      d.lossY.some((v) => v !== null && v !== undefined),
+    );
     Plotly.react(this.el, this.traces(state, d), this.layout(state, d), PLOT_CONFIG);
     this.shownTicks = {};
     this.retick();
@@ -375,6 +395,9 @@ export class LossChart {
 
   update(state, news) {
     if (news.shadow || news.markers) restyleShadow(this.el, state);
+    if (news.loss.x.length) this.showHint(true, true);
+    else if (news.rows.length && this.hint.hidden && !this.lossValues?.length && !state.loss.x.length)
+      this.showHint(true, false);
     if (this.base.loss || this.base.rows) {
       // Older history ahead of the streamed points: extendTraces would cut the history's
       // front as the window moves, so redraw it all (the scheduler spaces costly draws out).

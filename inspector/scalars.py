@@ -4,11 +4,14 @@ A record made while a step is under way belongs to that step (it travels in the 
 snapshot); one made after a boundary and before the next forward belongs to the step just
 completed (a "late" record, sent as its own ``scalars`` message). Tensors stay on their device
 until the step's one transfer (a sampled step) or a deferred copy read at a later boundary (see
-:class:`Recorder`); several records of one key in one step are averaged.
+:class:`Recorder`); several records of one key in one step are averaged, late ones with the
+others (gradient accumulation with a record per micro-batch, the last after ``step()``: the
+step's value is the mean of all of them, sampled or not).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -98,6 +101,9 @@ class Recorder:
         self.late: Records = {}  # made after the last boundary, before the next step got under way
         self.pending: list[tuple[int, Records]] = []  # unsampled steps', oldest first
         self.last_published = 0  # the last step whose snapshot went out
+        # recent sampled steps: how many records of each key their snapshots' means are of (late
+        # ones, read at a later boundary, are averaged in with that weight)
+        self._counts: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.discard_late = False  # a rewind: the late records still to come belong to the abandoned step
 
     def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
@@ -141,6 +147,9 @@ class Recorder:
     def published(self, snap: Any, rec: Records) -> None:
         """A sampled step's snapshot went out: earlier steps' records first, then its own."""
         self.last_published = snap.step
+        self._counts[snap.step] = {k: acc[1] for k, acc in rec.items()}
+        while len(self._counts) > 2 * self.MAX_PENDING:
+            self._counts.popitem(last=False)
         self.flush_pending(snap.step)
         if rec:
             self._deferred.submit(None, None, lambda _: self._send(snap.step, snap.loss, snap.scalars))
@@ -179,15 +188,29 @@ class Recorder:
                 self.flush_pending(step + 1)
             return
         self.flush_pending(step + 1)  # earlier steps first
-        self._later([(step, late)], self._send_late, step + 1)
+        counts = {k: acc[1] for k, acc in late.items()}
+        self._later([(step, late)], lambda s, means: self._send_late(s, means, counts), step + 1)
 
-    def _send_late(self, step: int, vals: dict[str, float]) -> None:
-        vals = dict(vals)
-        loss = vals.pop("loss", None)
+    def _send_late(self, step: int, means: dict[str, float], counts: dict[str, int]) -> None:
+        """A sampled step's late records: averaged with the records its snapshot already holds
+        (``published`` kept how many of each), so a step's value is the mean of all its records
+        whichever side of ``step()`` they were made on, as for an unsampled step."""
         with self._feed._lock:
             snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
-        if snap is not None:
-            loss = loss if loss is not None else snap.loss
-            vals = {**snap.scalars, **vals}
-            self._feed.replace_snapshot(replace(snap, loss=loss, scalars=vals))
-        self._send(step, loss, vals)
+        if snap is None:
+            vals = dict(means)
+            self._send(step, vals.pop("loss", None), vals)
+            return
+        held = self._counts.get(step, {})
+        merged: dict[str, Any] = {"loss": snap.loss, **snap.scalars}
+        for k, mean in means.items():
+            old, n_old, n = merged.get(k), held.get(k, 0), counts.get(k, 1)
+            if isinstance(old, float | int) and not isinstance(old, bool) and n_old > 0:
+                merged[k] = (old * n_old + mean * n) / (n_old + n)
+            else:
+                merged[k] = mean
+            held[k] = n_old + n
+        self._counts[step] = held
+        loss = merged.pop("loss")
+        self._feed.replace_snapshot(replace(snap, loss=loss, scalars=merged))
+        self._send(step, loss, merged)

@@ -122,10 +122,12 @@ def decode(text: Any) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def merge_scalars(snap: dict[str, Any], late: dict[str, Any] | None) -> dict[str, Any]:
-    """Fill a snapshot's loss and scalars from the late `scalars` message of its step."""
+    """A snapshot's loss and scalars as its step's `scalars` row has them: that row is the step's
+    last word (records made after `step()` are averaged in there, after the snapshot was
+    stored), so replay and exports show what the live page showed."""
     if late:
-        if snap.get("loss") is None:
-            snap["loss"] = late.get("loss")
+        if late.get("loss") is not None:
+            snap["loss"] = late["loss"]
         if late.get("scalars"):
             snap["scalars"] = {**(snap.get("scalars") or {}), **late["scalars"]}
     return snap

@@ -155,3 +155,34 @@ def test_routine_events_do_not_stop_the_thinning_but_incidents_keep_their_snapsh
     reader.close()
     assert len(steps) < 100, f"thinned like a run without events: {len(steps)} of 600 kept"
     assert 101 in steps, "a snapshot that carries an incident is always kept"
+
+
+def test_replay_shows_the_losses_the_live_page_showed(tmp_path):
+    import torch
+    from torch import nn
+
+    import inspector
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    insp = inspector.attach(model, opt, every=1)
+    insp.serve(port=0, db=str(tmp_path / "h.sqlite"))
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    for step in range(1, 6):
+        opt.zero_grad()
+        for micro in range(2):
+            nn.functional.mse_loss(model(x), y).backward()
+            if micro == 0:
+                insp.record(loss=float(step))
+        opt.step()
+        insp.record(loss=step + 3.0)  # after step(): the step's loss is the mean, step + 1.5
+    insp.finish()
+    live = [(s["step"], s["loss"]) for s in insp.snapshots()]
+    insp.close()
+    assert live == [(s, s + 1.5) for s in range(1, 6)]
+    source = ReplaySource(HistoryStore(tmp_path / "h.sqlite", read_only=True))
+    with TestClient(create_app(source, Settings(read_only=True)), base_url="http://127.0.0.1") as c:
+        stored = [(s["step"], s["loss"]) for s in c.get("/api/snapshots").json()["snapshots"]]
+        scalars = [(s["step"], s["loss"]) for s in c.get("/api/scalars").json()["scalars"]]
+    assert stored == scalars == live

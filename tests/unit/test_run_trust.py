@@ -121,3 +121,27 @@ def test_a_loop_without_an_optimizer_or_mark_step_is_told_what_it_lacks():
     assert insp.step == 3 * inspector.lifecycle.NO_BOUNDARY_AFTER
     assert not [e for e in insp.events() if e["kind"] == "no_step_boundary"]
     insp.close()
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_records_made_per_micro_batch_give_the_steps_mean_on_both_sides_of_step(every):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    insp = inspector.attach(model, opt, every=every)
+    sent: dict[int, object] = {}
+    insp.subscribe(lambda kind, p: sent.__setitem__(p["step"], p["loss"]) if kind == "scalars" else None)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    for step in range(1, 6):
+        opt.zero_grad()
+        for micro in range(2):  # two micro-batches; the last one's record comes after step()
+            nn.functional.mse_loss(model(x), y).backward()
+            if micro == 0:
+                insp.record(loss=0.0 + step, acc=torch.tensor(0.0))
+        opt.step()
+        insp.record(loss=3.0 + step, acc=torch.tensor(1.0))
+    insp.finish()
+    insp.close()  # every message delivered
+    assert {s: sent[s] for s in range(1, 6)} == {s: 1.5 + s for s in range(1, 6)}, "the mean of both"
+    for snap in insp.snapshots():
+        assert snap["loss"] == 1.5 + snap["step"] and snap["scalars"]["acc"] == 0.5
