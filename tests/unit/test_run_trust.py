@@ -145,3 +145,26 @@ def test_records_made_per_micro_batch_give_the_steps_mean_on_both_sides_of_step(
     assert {s: sent[s] for s in range(1, 6)} == {s: 1.5 + s for s in range(1, 6)}, "the mean of both"
     for snap in insp.snapshots():
         assert snap["loss"] == 1.5 + snap["step"] and snap["scalars"]["acc"] == 0.5
+
+
+def test_the_snapshot_ring_is_bounded_in_bytes_whatever_the_models_size():
+    from dataclasses import replace
+
+    from inspector.feed import MAX_RING_BYTES, Feed, approx_bytes
+
+    model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(150)])  # 300 parameter tensors
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with inspector.attach(model, opt, every=1, checkpoints=0) as insp:
+        model(torch.randn(2, 1)).sum().backward()
+        opt.step()
+        (snap,) = insp._feed.snapshots
+        assert insp._feed.max_bytes == MAX_RING_BYTES
+    per = approx_bytes(snap)
+    assert 100_000 < per < 130_000, "about 110 KB a snapshot at 300 tensors (tracemalloc: 107 KB)"
+    feed = Feed(max_bytes=10 * per + per // 2)
+    for step in range(1, 51):
+        feed.publish("snapshot", replace(snap, step=step))
+    assert [s.step for s in feed.snapshots] == list(range(41, 51)), "the newest that fit"
+    assert feed.ring_bytes == 10 * per <= feed.max_bytes
+    feed.drop_after(45, (0, 0))
+    assert feed.ring_bytes == 5 * per
