@@ -20,13 +20,17 @@ here the user hands over one training step::
 
 Each branch starts from the state the model and optimizer had when ``compare`` was called, with
 the global RNG (CPU, and CUDA when available) as it was then, so dropout draws the same numbers
-in both; the batches are taken into a list first and replayed. Afterwards the model, optimizer
-and RNG are put back as they were. On the same device with deterministic ops the two branches
-differ only by their hooks.
+in both; the batches are taken into a list first and replayed. An LR scheduler and a
+``GradScaler`` that ``step_fn`` steps are passed as ``schedulers=`` and ``scaler=``: they too
+start each branch as they were (else branch B would start where A's warm-up left the schedule,
+and the scaler's scale). Afterwards the model, optimizer, schedulers, scaler and RNG are put back
+as they were. On the same device with deterministic ops the two branches differ only by their
+hooks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -113,6 +117,8 @@ def compare(
     hooks_b: Any = None,
     *,
     every: int = 1,
+    schedulers: Any = None,
+    scaler: Any = None,
 ) -> Comparison:
     """Train ``model`` twice from its current state on the same ``batches``: with ``hooks_a``, then
     with ``hooks_b`` (presets, as ``insp.import_hooks`` takes them; None for no hooks).
@@ -123,16 +129,24 @@ def compare(
             backward, ``optimizer.step()``) on ``model`` and ``optimizer``.
         batches: what ``step_fn`` is given, one item per step (taken into a list first).
         every: the snapshot cadence (1: every step).
+        schedulers: an LR scheduler (or a list of them) that ``step_fn`` steps: each branch starts
+            with the schedule as it was, and it is put back afterwards.
+        scaler: the ``GradScaler`` ``step_fn`` uses: likewise (its scale and growth tracker),
+            and given to each branch's Inspector, as ``attach(..., scaler=)`` takes it.
 
     Returns:
         A :class:`Comparison`: ``.a`` and ``.b`` hold each branch's snapshots and losses;
         ``.serve()`` shows both in the dashboard.
 
+    On a model that is attached, that Inspector stands aside while the branches train (none of
+    its hooks run, its step does not move) and is back afterwards as it was.
+
     Raises:
-        HookError: an invalid preset (nothing is trained). InspectorError: under torch.distributed.
+        HookError: an invalid preset, or a scheduler or scaler without ``state_dict()`` (nothing
+            is trained). InspectorError: under torch.distributed, or while a step of the attached
+            model is under way.
     """
     from . import distributed
-    from .inspector import attach
 
     if distributed.active():
         raise InspectorError("compare() runs two branches in one process: not under torch.distributed")
@@ -144,6 +158,21 @@ def compare(
     tensors = None if is_module else list(model.values())  # type: ignore[union-attr]
     start_model = host_copy(model.state_dict() if is_module else tensors)  # type: ignore[union-attr]
     start_optim = host_copy(optimizer.state_dict())
+    scheds = (
+        []
+        if schedulers is None
+        else list(schedulers)
+        if isinstance(schedulers, list | tuple)
+        else [schedulers]
+    )
+    for i, sch in enumerate([*scheds, *([scaler] if scaler is not None else [])]):
+        if not (
+            callable(getattr(sch, "state_dict", None)) and callable(getattr(sch, "load_state_dict", None))
+        ):
+            what = "scaler" if sch is scaler else f"schedulers[{i}]"
+            raise HookError((what,), f"must have state_dict() and load_state_dict() (got {shown(sch)})")
+    start_scheds = [host_copy(sch.state_dict()) for sch in scheds]
+    start_scaler = host_copy(scaler.state_dict()) if scaler is not None else None
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
 
@@ -157,9 +186,35 @@ def compare(
             for p in model.parameters() if is_module else tensors:  # type: ignore[union-attr]
                 p.grad = None
         optimizer.load_state_dict(fresh(start_optim))
+        for sch, state in zip(scheds, start_scheds, strict=True):
+            sch.load_state_dict(fresh(state))
+        if scaler is not None:
+            scaler.load_state_dict(fresh(start_scaler))
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+    from .owned import attached
+
+    # attached already (the README's own sequence): that Inspector stands aside while the
+    # branches train, its state untouched, and is back afterwards
+    outer = attached(model)
+    aside = outer._stood_aside() if outer is not None else contextlib.nullcontext()
+    with aside:
+        return _branches(model, optimizer, step_fn, data, presets, every, scaler, reset)
+
+
+def _branches(
+    model: Any,
+    optimizer: Any,
+    step_fn: Callable[[Any], Any],
+    data: list[Any],
+    presets: tuple[Any, Any],
+    every: int,
+    scaler: Any,
+    reset: Callable[[], None],
+) -> Comparison:
+    from .inspector import attach
 
     branches = []
     info: list[dict[str, Any]] = []
@@ -167,7 +222,7 @@ def compare(
     try:
         for name, preset in zip(("a", "b"), presets, strict=True):
             reset()
-            insp = attach(model, optimizer, every=every, checkpoints=0)
+            insp = attach(model, optimizer, scaler=scaler, every=every, checkpoints=0)
             try:
                 insp.import_hooks(preset)
                 branch = Branch(name, insp.export_hooks()["hooks"])

@@ -28,9 +28,10 @@ and applied by the training thread at the next safe point (DESIGN.md "Steps").
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -134,6 +135,11 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         self._closer: int | None = None  # the thread inside close(), until it has finished
 
         claim(self, self._tensors, optimizer)  # refuses a second attach to the same parameters
+        self._register_step_hooks()
+
+    def _register_step_hooks(self) -> None:
+        """The step hooks (optimizer pre/post, root forward pre, a backward hook where needed)."""
+        optimizer = self._optimizer
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
             self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
@@ -148,6 +154,32 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
             hide_from_copies(self._root)  # torch.save(model) and deepcopy carry none of our hooks
+
+    @contextlib.contextmanager
+    def _stood_aside(self) -> Iterator[None]:
+        """Every hook of ours off the model and optimizer, and their claim released, for as long as
+        the block runs (``inspector.compare`` trains the attached model with Inspectors of its own);
+        then all back, this Inspector's state (step, hooks, noise streams, cadence) untouched.
+        Between steps only."""
+        with self._cond:
+            self._check_open()
+            if self._under_way:
+                raise InspectorError(
+                    "compare() on an attached model runs between steps: a step is under way here"
+                )
+            for h in self._handles:
+                h.remove()
+            self._handles.clear()
+            self._hooks.detach()
+            release(self)
+        try:
+            yield
+        finally:
+            with self._cond:
+                claim(self, self._tensors, self._optimizer)
+                self._register_step_hooks()
+                self._hooks.sync()
+                self._last_boundary = None  # the comparison's time is no step of this run
 
     # ================================================================= public API
     def _check_open(self) -> None:

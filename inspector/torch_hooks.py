@@ -191,6 +191,20 @@ class TorchHooks:
             )
         self.dirty = False
 
+    def detach(self) -> None:
+        """Remove the post-accumulate and module hooks registered here, keeping the plan and the
+        hooks' states (their noise streams, their effects): ``sync()`` registers them again."""
+        for h in [
+            *self._post_handles.values(),
+            *self._module_handles.values(),
+            *self._module_in_handles.values(),
+        ]:
+            h.remove()
+        self._post_handles.clear()
+        self._module_handles.clear()
+        self._module_in_handles.clear()
+        self.dirty = True
+
     def remove_all(self) -> None:
         """Remove every torch hook registered here and forget the plan (``close()``)."""
         handles = [*self._post_handles.values(), *self._module_handles.values()]

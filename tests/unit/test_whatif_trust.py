@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -196,4 +197,58 @@ def test_a_rewind_from_another_thread_restores_the_cadence_too():
     loop.step(16)  # step 17's boundary rewinds to step 7
     loop.run(range(7, 16))
     assert [s["step"] for s in insp.snapshots() if s["step"] > 7] == first
+    insp.close()
+
+
+def compare_setup():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: min(1.0, (e + 1) / 5))  # a warm-up
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(16, 4, generator=gen), torch.randn(16, 1, generator=gen)) for _ in range(10)]
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        return loss
+
+    return model, opt, sched, scaler, batches, step
+
+
+def test_compare_with_a_scheduler_and_a_scaler_in_step_fn_starts_each_branch_alike():
+    model, opt, sched, scaler, batches, step = compare_setup()
+    for b in batches[:2]:
+        step(b)
+    before = (sched.state_dict(), opt.param_groups[0]["lr"], scaler.state_dict())
+    cmp = inspector.compare(
+        model, opt, step, batches, hooks_a=[], hooks_b=[], schedulers=sched, scaler=scaler
+    )
+    assert cmp.a.losses == cmp.b.losses, "the same hooks on both branches: the same losses"
+    assert (sched.state_dict(), opt.param_groups[0]["lr"], scaler.state_dict()) == before, "put back"
+    with pytest.raises(inspector.HookError, match="schedulers"):
+        inspector.compare(model, opt, step, batches, schedulers=[object()])
+
+
+def test_compare_on_an_attached_model_works_and_puts_the_inspector_back():
+    model, opt, sched, scaler, batches, step = compare_setup()
+    insp = inspector.attach(model, opt, scaler=scaler, every=1)
+    h = insp.add_hook("clip_norm", target="*", max_norm=0.05)
+    for b in batches[:3]:
+        step(b)
+    state = (insp.step, insp.hooks(), len(insp.snapshots()))
+    weights = copy.deepcopy(model.state_dict())
+    cmp = inspector.compare(model, opt, step, batches, hooks_b=[], schedulers=sched, scaler=scaler)
+    assert len(cmp.a.losses) == len(cmp.b.losses) == 10
+    assert (insp.step, insp.hooks(), len(insp.snapshots())) == state, "the comparison is no step of this run"
+    assert same_tensors(model.state_dict(), weights)
+    step(batches[3])  # the inspector is back: its step, its hook, its snapshot
+    assert insp.step == 4 and insp.snapshots()[-1]["total_norm"] <= 0.05 * (1 + 1e-5)
+    assert insp.hook(h.id).spec["enabled"]
     insp.close()
