@@ -293,6 +293,9 @@ class StepLifecycle(StepBoundary):
         # record() still belongs to the step just completed)
         if not self._under_way and torch.is_grad_enabled():
             self._mark_under_way()
+            if self._hooks.watches_frozen:  # a parameter unfrozen since (gradual unfreezing)
+                with self._lock:
+                    self._hooks.unfrozen(self._reg.applied, self._reg.fns)
         if self._dist is not None and not self._dist.broken:
             if self._hooks.dirty:  # pending edits wait for the boundary exchange
                 with self._lock:

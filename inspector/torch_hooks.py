@@ -122,10 +122,18 @@ class TorchHooks:
         # param index -> [nan, inf] of the last backward in which a post_accumulate nan_guard found
         # any (device, unread), and "zero" if a zeroing guard watches it (else "report"), until taken
         self.post_found: dict[int, tuple[Tensor, str]] = {}
+        # parameters frozen (requires_grad False) where a hook of ours would be registered on them:
+        # watched at each step, so one unfrozen later (gradual unfreezing) gets its hooks then
+        self._frozen: list[int] = []
+        self._local_frozen: list[int] = []
         if per_rank:
             for i, t in enumerate(tensors):
-                if t.requires_grad and not is_dtensor(t):
+                if is_dtensor(t):
+                    continue
+                if t.requires_grad:
                     self._local_handles.append(t.register_post_accumulate_grad_hook(self._local_hook(i)))
+                else:
+                    self._local_frozen.append(i)
 
     @property
     def per_rank(self) -> bool:
@@ -138,6 +146,7 @@ class TorchHooks:
         pre: list[tuple[HookState, tuple[ParamTarget, ...]]] = []
         post: dict[int, list[tuple[HookState, ParamTarget]]] = {}
         module: dict[str, list[HookState]] = {}
+        frozen: set[int] = set()
         index = {n: i for i, n in enumerate(self.params)}
         for s in applied:
             st = self.states.get(s.id)
@@ -164,6 +173,9 @@ class TorchHooks:
                 for t in targets:
                     if t.param.requires_grad:
                         post.setdefault(t.index, []).append((st, t))
+                    else:
+                        frozen.add(t.index)
+        self._frozen = sorted(frozen)
         self.states = states
         self.plan = Plan(
             tuple(pre), {i: tuple(v) for i, v in post.items()}, {n: tuple(v) for n, v in module.items()}
@@ -190,6 +202,26 @@ class TorchHooks:
                 OwnedHook(self._module_input_hook(n)), with_kwargs=True
             )
         self.dirty = False
+
+    @property
+    def watches_frozen(self) -> bool:
+        """Some parameter a hook of ours would be registered on is frozen now."""
+        return bool(self._frozen or self._local_frozen)
+
+    def unfrozen(self, applied: list[HookSpec], fns: Mapping[str, Callable[[str, Tensor], Any]]) -> bool:
+        """Called at each step's start: when a frozen parameter that a ``post_accumulate`` hook
+        targets (or, under DDP, that the per-rank norms watch) requires grad now, its hooks are
+        planned and registered (``sync()`` follows; the training thread). True when one was."""
+        t = self.tensors
+        if not any(t[i].requires_grad for i in self._frozen) and not any(
+            t[i].requires_grad for i in self._local_frozen
+        ):
+            return False
+        for i in [i for i in self._local_frozen if t[i].requires_grad]:
+            self._local_handles.append(t[i].register_post_accumulate_grad_hook(self._local_hook(i)))
+            self._local_frozen.remove(i)
+        self.rebuild(applied, fns)
+        return True
 
     def detach(self) -> None:
         """Remove the post-accumulate and module hooks registered here, keeping the plan and the

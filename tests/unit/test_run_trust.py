@@ -168,3 +168,33 @@ def test_the_snapshot_ring_is_bounded_in_bytes_whatever_the_models_size():
     assert feed.ring_bytes == 10 * per <= feed.max_bytes
     feed.drop_after(45, (0, 0))
     assert feed.ring_bytes == 5 * per
+
+
+def test_a_hook_on_every_parameter_reaches_those_unfrozen_later():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for p in model[0].parameters():
+        p.requires_grad_(False)  # gradual unfreezing: the first layer joins later
+    insp = inspector.attach(model, opt, every=1)
+    insp.add_hook("clip_value", target="*", point="post_accumulate", threshold=1e-3)
+    x, y = torch.randn(8, 3) * 100, torch.randn(8, 1) * 100
+    seen = {}
+    insp.add_hook(lambda name, p: seen.__setitem__(name, float(p.grad.abs().max())), target="*")
+
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    step()
+    step()
+    thr = float(torch.tensor(1e-3))  # the threshold as the float32 gradient holds it
+    assert "0.weight" not in seen and seen["2.weight"] <= thr
+    for p in model[0].parameters():
+        p.requires_grad_(True)
+    step()
+    assert seen["0.weight"] <= thr and seen["0.bias"] <= thr, "clipped once unfrozen"
+    snap = insp.snapshots()[-1]
+    assert snap["grad_norm"][insp.params.index("0.weight")] is not None
+    insp.close()
