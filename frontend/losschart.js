@@ -6,7 +6,7 @@
 
 import { COLORS, HOOK_ACTIONS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
 import { logTicks, logTicksIn } from "./ticks.js";
-import { num, positive, quantileRange } from "./util.js";
+import { fmt, num, positive, quantileRange } from "./util.js";
 import { mainLossRange, restyleShadow, shadowTraces } from "./whatif.js";
 
 const Plotly = window.Plotly;
@@ -18,11 +18,12 @@ const LOSS_SMOOTH = 3;
 const RAW_SMOOTH = 4;
 const FINAL_SMOOTH = 5;
 const NONFINITE = 6;
-const CMP_LOSS = 7;
-const CMP_NORM = 8;
-const CMP_MARKS = 9;
-const MARKS = 10; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset line, reset tip
-const MARK_TRACES = [10, 11, 12, 13, 14, 15];
+const NORM_BACKWARD = 7; // as backward left the gradients, where the user's loop then changed them
+const CMP_LOSS = 8;
+const CMP_NORM = 9;
+const CMP_MARKS = 10;
+const MARKS = 11; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset line, reset tip
+const MARK_TRACES = [11, 12, 13, 14, 15, 16];
 const LOG_AUTO_DECADES = 3; // a loss spanning more than this many decades is drawn on a log axis
 
 /** Ticks that fit an axis of this many pixels (about 30 px a label). */
@@ -55,6 +56,14 @@ export function smooth(ys, w, log = false) {
   return out;
 }
 
+/** A row's norm as backward left the gradients, where it differs from the step's (else null). */
+function backwardNorm(r) {
+  const bw = num(r.total_norm_backward);
+  const raw = num(r.total_norm_raw);
+  if (bw === null || raw === null || !(bw > 0)) return null;
+  return Math.abs(bw - raw) > 1e-3 * Math.max(Math.abs(bw), Math.abs(raw)) ? bw : null;
+}
+
 export class LossChart {
   constructor(el) {
     this.el = el;
@@ -71,6 +80,28 @@ export class LossChart {
       "No loss recorded: call insp.record(loss=loss) after optimizer.step() in your loop " +
       "(the Lightning and Hugging Face callbacks record it for you).";
     el.before(this.hint);
+    // The user's loop changed the gradients between backward() and step() (a clip of its own):
+    // both norms, what backward produced and what the step saw (the charts show the latter).
+    this.changed = document.createElement("div");
+    this.changed.className = "small loss-hint changed-note";
+    this.changed.dataset.testid = "changed-note";
+    this.changed.hidden = true;
+    el.before(this.changed);
+  }
+
+  /** Say so when the newest snapshot's backward norm and the step's differ (more than 0.1 %). */
+  showChanged(rows) {
+    const last = rows.length ? rows[rows.length - 1] : null;
+    const bw = last ? num(last.total_norm_backward) : null;
+    const raw = last ? num(last.total_norm_raw) : null;
+    const differ = last !== null && backwardNorm(last) !== null;
+    if (differ) {
+      this.changed.textContent =
+        `Your loop changed the gradients between backward() and optimizer.step() at step ${last.step} ` +
+        `(your own clip_grad_norm_?): global norm ${fmt(bw)} as backward left it, ${fmt(raw)} at the step. ` +
+        "The charts show what the step saw; the dotted blue line, what backward produced.";
+    }
+    if (this.changed.hidden !== !differ) this.changed.hidden = !differ;
   }
 
   /** The hint shows while steps arrive and no loss has. */
@@ -143,7 +174,7 @@ export class LossChart {
 
   normValues(rows) {
     const v = [];
-    for (const r of rows) v.push(positive(r.total_norm_raw), positive(r.total_norm));
+    for (const r of rows) v.push(positive(r.total_norm_raw), positive(r.total_norm), backwardNorm(r));
     return v;
   }
 
@@ -252,6 +283,13 @@ export class LossChart {
         },
       ),
       this.nonfiniteTrace(state, rows),
+      // dotted, on the norm axis: only the steps where it differs from what the step saw
+      line("grad norm as backward left it", x.slice(), rows.map(backwardNorm), COLORS.raw, 1.4, {
+        yaxis: "y2",
+        line: { color: COLORS.raw, width: 1.4, dash: "dot" },
+        connectgaps: false,
+        hovertemplate: "step %{x}<br>norm as backward left it %{y:.4g} (your loop changed it)<extra></extra>",
+      }),
       ...this.compareTraces(state.compare),
       ...this.markerTraces(state.markers),
       ...shadowTraces(state), // what-if (whatif.js): last, so the indices above stay
@@ -384,6 +422,7 @@ export class LossChart {
       d.rows.length > 0,
       d.lossY.some((v) => v !== null && v !== undefined),
     );
+    this.showChanged(d.rows);
     Plotly.react(this.el, this.traces(state, d), this.layout(state, d), PLOT_CONFIG);
     this.shownTicks = {};
     this.retick();
@@ -396,6 +435,7 @@ export class LossChart {
   update(state, news) {
     if (news.shadow || news.markers) restyleShadow(this.el, state);
     if (news.loss.x.length) this.showHint(true, true);
+    if (news.rows.length) this.showChanged(news.rows);
     else if (news.rows.length && this.hint.hidden && !this.lossValues?.length && !state.loss.x.length)
       this.showHint(true, false);
     if (this.base.loss || this.base.rows) {
@@ -418,13 +458,14 @@ export class LossChart {
     }
     if (news.rows.length) {
       const xs = news.rows.map((r) => r.step);
-      for (const [i, key] of [
-        [NORM_RAW, "total_norm_raw"],
-        [NORM_FINAL, "total_norm"],
+      for (const [i, value] of [
+        [NORM_RAW, (r) => positive(r.total_norm_raw)],
+        [NORM_FINAL, (r) => positive(r.total_norm)],
+        [NORM_BACKWARD, backwardNorm],
       ]) {
         idx.push(i);
         upd.x.push(xs);
-        upd.y.push(news.rows.map((r) => positive(r[key])));
+        upd.y.push(news.rows.map(value));
         maxp.x.push(nRows);
         maxp.y.push(nRows);
       }

@@ -108,6 +108,7 @@ export class DashboardState {
     for (const k of PER_PARAM) row[k] = s[k] || [];
     row.total_norm_raw = s.total_norm_raw;
     row.total_norm = s.total_norm;
+    row.total_norm_backward = s.total_norm_backward;
     row.overhead = s.overhead;
     row.sampled_every = s.sampled_every;
     row.hook_effects = s.hook_effects || {};
@@ -192,7 +193,13 @@ export class DashboardState {
     for (const s of snapshots) {
       const step = num(s.step);
       if (!(step < start)) continue;
-      const row = { step, loss: num(s.loss), total_norm_raw: s.total_norm_raw, total_norm: s.total_norm };
+      const row = {
+        step,
+        loss: num(s.loss),
+        total_norm_raw: s.total_norm_raw,
+        total_norm: s.total_norm,
+        total_norm_backward: s.total_norm_backward,
+      };
       for (const k of PER_PARAM) row[k] = s[k] || [];
       rows.push(row);
     }

@@ -153,6 +153,9 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
             self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
+            # on sampled steps, a hook on the output's gradient (the backward's start) has the
+            # gradients' norm taken at the backward's end: no hook is kept on any parameter
+            self._handles.append(self._root.register_forward_hook(OwnedHook(self._on_forward_out)))
             hide_from_copies(self._root)  # torch.save(model) and deepcopy carry none of our hooks
 
     @contextlib.contextmanager

@@ -42,11 +42,24 @@ from .ops import GuardResult, apply_pre_step
 from .records import HookSpec, event_fields
 from .registry import Change, Registry
 from .scalars import Recorder
+from .stats import foreach_norm
 from .step_stats import RawRead, StepStats
 from .telemetry import Cadence
 from .torch_hooks import TorchHooks
 
 __all__ = ["StepLifecycle", "NO_BOUNDARY_AFTER"]
+
+
+def _output_tensors(out: Any) -> list[Tensor]:
+    """The tensors in a forward's output (a tensor, or a tuple, list or dict of them, one level)."""
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, list | tuple):
+        return [t for t in out if isinstance(t, Tensor)]
+    return [v for v in vars(out).values() if isinstance(v, Tensor)] if hasattr(out, "__dict__") else []
+
 
 NO_BOUNDARY_AFTER = 50  # backward passes with no step boundary at all before a loop is told it lacks one
 
@@ -112,6 +125,8 @@ class StepLifecycle(StepBoundary):
         self._step_events = []
         self._scale_mark = None
         self._unmarked = 0  # backward passes before the first boundary, without an optimizer
+        self._bw_queued = False  # a callback at the end of the backward under way is queued
+        self._bw_norm: Tensor | None = None  # the global norm the last backward left (sampled steps)
         self._fused_skip = False
         self._skip_known = False
         self._dist_checks = []
@@ -253,10 +268,13 @@ class StepLifecycle(StepBoundary):
 
     def _on_backward(self, param: Tensor) -> None:
         """A backward pass (a hook on one parameter). A dict of tensors has no forward of ours: its
-        first backward of a step marks it under way. Without an optimizer, backward passes that no
-        step boundary ever follows are a loop that does not call ``mark_step()``: said once."""
+        first backward of a step marks it under way. On a sampled step, the gradients' norm as the
+        backward leaves them is taken at its end (``_at_backward_end``). Without an optimizer,
+        backward passes that no step boundary ever follows are a loop that does not call
+        ``mark_step()``: said once."""
         if not self._under_way and self._root is None:
             self._mark_under_way()
+        self._backward_started()
         if self._optimizer is None and self._step == 0 and not self._closed:
             self._unmarked += 1
             if self._unmarked == NO_BOUNDARY_AFTER:
@@ -267,6 +285,52 @@ class StepLifecycle(StepBoundary):
                 )
                 self._event("no_step_boundary", message=message, step=0)
                 warnings.warn(f"gradient-inspector: {message}", RuntimeWarning, stacklevel=2)
+
+    def _on_forward_out(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The root's forward returned: on a sampled step, its output's gradient hook tells when
+        the backward starts (``_backward_started``). Nothing on other steps."""
+        if not (self._sampled and self._dist is None and self._layout is None and torch.is_grad_enabled()):
+            return
+        for t in _output_tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._output_grad)
+                return  # one is enough: the backward through it starts the callback
+
+    def _output_grad(self, grad: Tensor) -> None:
+        self._backward_started()
+
+    def _backward_started(self) -> None:
+        """A backward is running (the engine is): on a sampled step, queue ``_at_backward_end``
+        once, to run when this backward has accumulated every gradient."""
+        if self._sampled and not self._bw_queued and self._dist is None and self._layout is None:
+            self._bw_queued = True
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
+            except Exception as e:
+                self._bw_queued = False
+                self._telemetry_failed("the gradient norm at the end of backward", e)
+
+    def _at_backward_end(self) -> None:
+        """The global norm of the gradients as this backward left them, on the device (nothing read):
+        the last backward of a step (micro-batches accumulated) is the one the snapshot shows, beside
+        what ``step()`` saw, so a clip of the user's own between the two is seen. Unscaled: divided by
+        an attached scaler's scale here, or, with no scaler attached, by a fused optimizer's
+        ``grad_scale`` at the step."""
+        self._bw_queued = False
+        try:
+            grads = [
+                g for g in (t.grad for t in self._tensors) if g is not None and g.layout == torch.strided
+            ]
+            if not grads:
+                return
+            dev = grads[0].device
+            total = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in foreach_norm(grads)]))
+            scale = getattr(self._scaler, "_scale", None)  # the scale this backward's loss was scaled by
+            if isinstance(scale, Tensor):
+                total = total / scale.to(dev, torch.float32)
+            self._bw_norm = total
+        except Exception as e:  # never take training down for telemetry
+            self._telemetry_failed("the gradient norm at the end of backward", e)
 
     def _claim_training_thread(self) -> None:
         """This thread trains. Set under the lock: an edit from another thread holds the lock while it
@@ -317,6 +381,8 @@ class StepLifecycle(StepBoundary):
                 return None  # (GradScaler refuses closures)
             if grad_scale is not None:
                 amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
+                if self._bw_norm is not None and self._scaler is None:  # (an attached one: divided already)
+                    self._bw_norm = self._bw_norm / grad_scale.to(self._bw_norm.device, torch.float32)
         if not self._under_way:
             # nothing marked this step (a loop that calls a submodule, Lightning's training_step, a
             # root compiled in place): records made since the last boundary were late ones
@@ -433,6 +499,7 @@ class StepLifecycle(StepBoundary):
         except Exception as e:  # never take training down for telemetry: the hooks still run
             self._telemetry_failed("the raw gradient statistics", e)
             raw, sampled = RawRead([], [], False), False
+        raw.backward_norm, self._bw_norm = (self._bw_norm if sampled else None), None
         skip = False
         guards: list[GuardResult] = []
         for state, targets in plan.pre:

@@ -115,6 +115,9 @@ class Snapshot:
     ranks: dict[str, list[Any]] | None
     sampled_every: int
     overhead: float | None
+    # the global norm of the gradients as the step's last backward left them (unscaled), before
+    # the user's own code between backward() and step() (a clip_grad_norm_ of its own) changed them
+    total_norm_backward: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     _wire: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 

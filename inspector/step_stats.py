@@ -72,6 +72,7 @@ class RawRead:
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
     sums: dict[int, Tensor] = field(default_factory=dict)  # position in index -> sum (stats.raw_stats)
+    backward_norm: Tensor | None = None  # the global norm as the last backward left it (0-dim, unscaled)
 
 
 class StepStats(ShardedStats):
@@ -206,6 +207,8 @@ class StepStats(ShardedStats):
                 shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
                 pack.add("shard_norm", [raw.norm_tensors[k] for k in shard_idx])
         pack.add("local_norm", raw.local_norms)
+        if raw.backward_norm is not None:
+            pack.add("backward_norm", [raw.backward_norm])
         hist_in = []
         for i, g_raw in raw.hist_raw.items():
             g = self.tensors[i].grad
@@ -487,5 +490,6 @@ class StepStats(ShardedStats):
             ranks=spread,
             sampled_every=sampled_every,
             overhead=overhead,
+            total_norm_backward=(data.get("backward_norm") or [None])[0],
             events=events,
         )

@@ -34,3 +34,30 @@ def test_an_empty_loss_chart_says_how_to_fill_it(new_page: Any) -> None:
         assert log.errors == [], log.errors
     finally:
         insp.close()
+
+
+def test_the_page_says_when_the_users_loop_changed_the_gradients(new_page: Any) -> None:
+    loop = Loop()
+    insp = loop.insp
+    try:
+        url = insp.serve(port=0, db=False)
+        loop.run(range(3))  # no clip of its own: no note
+        page, log = new_page()
+        page.goto(url)
+        page.get_by_test_id("step-counter").filter(has_text="3").wait_for()
+        note = page.get_by_test_id("changed-note")
+        expect(note).to_be_hidden()
+        for i in range(3, 6):  # nanoGPT's own clip between backward() and step()
+            x, y = loop.batches[i]
+            loop.opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(loop.model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1e-3)
+            loop.opt.step()
+            insp.record(loss=loss)
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("changed the gradients between backward() and optimizer.step()")
+        expect(note).to_contain_text("1.00e-3 at the step")
+        assert log.errors == [], log.errors
+    finally:
+        insp.close()

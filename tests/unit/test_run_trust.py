@@ -198,3 +198,40 @@ def test_a_hook_on_every_parameter_reaches_those_unfrozen_later():
     snap = insp.snapshots()[-1]
     assert snap["grad_norm"][insp.params.index("0.weight")] is not None
     insp.close()
+
+
+@pytest.mark.parametrize("amp", [None, "unfused", "fused"])
+def test_the_users_own_clipping_does_not_hide_what_backward_produced(amp):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=amp == "fused")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if amp else None
+    insp = inspector.attach(model, opt, scaler=scaler, every=1)
+    x, y = torch.randn(8, 3) * 10, torch.randn(8, 1) * 100
+    for clip in (False, True):
+        opt.zero_grad()
+        for _ in range(2):  # two micro-batches
+            loss = nn.functional.mse_loss(model(x), y) / 2
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler is not None and amp == "unfused":
+            scaler.unscale_(opt)
+        grads = [
+            p.grad.detach().clone() / (scaler.get_scale() if amp == "fused" else 1.0)
+            for p in model.parameters()
+        ]
+        truth = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        if clip:  # nanoGPT's own clip between backward() and step()
+            if amp == "fused":
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        snap = insp.latest()
+        assert snap["total_norm_backward"] == pytest.approx(truth, rel=1e-5), "as backward left them"
+        assert snap["total_norm_raw"] == pytest.approx(1.0 if clip else truth, rel=1e-5), (
+            "as the step saw them"
+        )
+    insp.close()
