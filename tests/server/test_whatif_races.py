@@ -79,12 +79,18 @@ def test_a_hook_change_asked_for_while_a_rewind_waits_is_refused_with_409(served
     assert c.get("/api/hooks").json()[0]["applied_step"] == 5, "after the rewind a change applies"
 
 
-def test_post_hooks_racing_a_rewind_answers_from_the_accepted_spec(live):
+def held_demo(live):
+    """The mlp demo after 3 steps, its training held at a boundary (paused), and a client."""
     srv = live("mlp", rate=None)
     c = srv.http()
     srv.wait_step(3)
     srv.insp.pause()
     wait_until(lambda: srv.insp.state["held"], what="the pause to take hold")
+    return srv, c
+
+
+def test_post_hooks_racing_a_rewind_answers_from_the_accepted_spec(live):
+    srv, c = held_demo(live)
     cp = c.post("/api/checkpoints", json={"label": "before"}).json()["id"]
     wait_until(lambda: srv.insp.checkpoints.list()[-1]["taken"], what="the checkpoint")
     store = srv.source.store
@@ -111,11 +117,7 @@ def test_post_hooks_racing_a_rewind_answers_from_the_accepted_spec(live):
 
 
 def test_concurrent_checkpoint_requests_answer_202_from_the_request(live):
-    srv = live("mlp", rate=None)
-    c = srv.http()
-    srv.wait_step(3)
-    srv.insp.pause()
-    wait_until(lambda: srv.insp.state["held"], what="the pause to take hold")
+    srv, c = held_demo(live)
     mgr = srv.insp.checkpoints
     original = getattr(mgr, "request", None)  # (the code before had no request(): checkpoint() then)
 
