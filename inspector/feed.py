@@ -61,6 +61,7 @@ class Feed:
         # the newest snapshots: at most max_snapshots, and at most max_bytes of them (approx_bytes;
         # a model with thousands of tensors keeps fewer), the newest one always
         self.snapshots: deque[Snapshot] = deque(maxlen=max_snapshots)
+        self._sizes: deque[int] = deque()  # approx_bytes of each snapshot in the ring, in step
         self.max_bytes = max_bytes
         self.ring_bytes = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
@@ -80,11 +81,14 @@ class Feed:
         with self._cond:
             if kind == "snapshot":
                 if len(self.snapshots) == self.snapshots.maxlen:
-                    self.ring_bytes -= approx_bytes(self.snapshots[0])
+                    self.ring_bytes -= self._sizes.popleft()
+                size = approx_bytes(payload)
                 self.snapshots.append(payload)
-                self.ring_bytes += approx_bytes(payload)
+                self._sizes.append(size)
+                self.ring_bytes += size
                 while self.ring_bytes > self.max_bytes and len(self.snapshots) > 1:
-                    self.ring_bytes -= approx_bytes(self.snapshots.popleft())
+                    self.snapshots.popleft()
+                    self.ring_bytes -= self._sizes.popleft()
             elif kind == "event":
                 self.events.append(payload)
             if not self._subscribers or self._closed:
@@ -106,7 +110,7 @@ class Feed:
         with self._lock:
             for i in range(len(self.snapshots) - 1, -1, -1):
                 if self.snapshots[i].step == snap.step:
-                    self.ring_bytes += approx_bytes(snap) - approx_bytes(self.snapshots[i])
+                    # (late scalars merged in: the per-parameter lists, the size, stay the same)
                     self.snapshots[i] = snap
                     return
 
@@ -114,10 +118,11 @@ class Feed:
         """Forget the ring's snapshots past ``step`` and its events with ``seqs[0] < seq <= seqs[1]``
         (a rewind: they belong to the abandoned branch)."""
         with self._lock:
-            kept = [s for s in self.snapshots if s.step <= step]
+            kept = [(s, n) for s, n in zip(self.snapshots, self._sizes, strict=True) if s.step <= step]
             self.snapshots.clear()
-            self.snapshots.extend(kept)
-            self.ring_bytes = sum(approx_bytes(s) for s in kept)
+            self.snapshots.extend(s for s, _ in kept)
+            self._sizes = deque(n for _, n in kept)
+            self.ring_bytes = sum(self._sizes)
             events = [e for e in self.events if not seqs[0] < e["seq"] <= seqs[1]]
             self.events.clear()
             self.events.extend(events)

@@ -126,7 +126,8 @@ class StepLifecycle(StepBoundary):
         self._scale_mark = None
         self._unmarked = 0  # backward passes before the first boundary, without an optimizer
         self._bw_queued = False  # a callback at the end of the backward under way is queued
-        self._bw_norm: Tensor | None = None  # the global norm the last backward left (sampled steps)
+        # the norms the last backward left, and the scale they are scaled by (sampled steps)
+        self._bw: tuple[list[Tensor], Tensor | None] | None = None
         self._fused_skip = False
         self._skip_known = False
         self._dist_checks = []
@@ -311,24 +312,18 @@ class StepLifecycle(StepBoundary):
                 self._telemetry_failed("the gradient norm at the end of backward", e)
 
     def _at_backward_end(self) -> None:
-        """The global norm of the gradients as this backward left them, on the device (nothing read):
-        the last backward of a step (micro-batches accumulated) is the one the snapshot shows, beside
-        what ``step()`` saw, so a clip of the user's own between the two is seen. Unscaled: divided by
-        an attached scaler's scale here, or, with no scaler attached, by a fused optimizer's
-        ``grad_scale`` at the step."""
+        """The gradients' norms as this backward left them, on the device (one fused norm, nothing
+        read): the last backward of a step (micro-batches accumulated) is the one the snapshot shows,
+        beside what ``step()`` saw, so a clip of the user's own between the two is seen. Unscaled on
+        the host, by an attached scaler's scale taken here or, with no scaler attached, a fused
+        optimizer's ``grad_scale`` taken at the step."""
         self._bw_queued = False
         try:
             grads = [
                 g for g in (t.grad for t in self._tensors) if g is not None and g.layout == torch.strided
             ]
-            if not grads:
-                return
-            dev = grads[0].device
-            total = torch.linalg.vector_norm(torch.stack([n.to(dev) for n in foreach_norm(grads)]))
             scale = getattr(self._scaler, "_scale", None)  # the scale this backward's loss was scaled by
-            if isinstance(scale, Tensor):
-                total = total / scale.to(dev, torch.float32)
-            self._bw_norm = total
+            self._bw = (foreach_norm(grads), scale if isinstance(scale, Tensor) else None) if grads else None
         except Exception as e:  # never take training down for telemetry
             self._telemetry_failed("the gradient norm at the end of backward", e)
 
@@ -381,8 +376,8 @@ class StepLifecycle(StepBoundary):
                 return None  # (GradScaler refuses closures)
             if grad_scale is not None:
                 amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
-                if self._bw_norm is not None and self._scaler is None:  # (an attached one: divided already)
-                    self._bw_norm = self._bw_norm / grad_scale.to(self._bw_norm.device, torch.float32)
+                if self._bw is not None and self._scaler is None:  # (an attached one's is taken already)
+                    self._bw = (self._bw[0], grad_scale)
         if not self._under_way:
             # nothing marked this step (a loop that calls a submodule, Lightning's training_step, a
             # root compiled in place): records made since the last boundary were late ones
@@ -499,7 +494,7 @@ class StepLifecycle(StepBoundary):
         except Exception as e:  # never take training down for telemetry: the hooks still run
             self._telemetry_failed("the raw gradient statistics", e)
             raw, sampled = RawRead([], [], False), False
-        raw.backward_norm, self._bw_norm = (self._bw_norm if sampled else None), None
+        raw.backward, self._bw = (self._bw if sampled else None), None
         skip = False
         guards: list[GuardResult] = []
         for state, targets in plan.pre:

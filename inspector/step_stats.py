@@ -72,7 +72,18 @@ class RawRead:
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
     sums: dict[int, Tensor] = field(default_factory=dict)  # position in index -> sum (stats.raw_stats)
-    backward_norm: Tensor | None = None  # the global norm as the last backward left it (0-dim, unscaled)
+    # the gradients' norms as the last backward left them, and the scale they are scaled by
+    backward: tuple[list[Tensor], Tensor | None] | None = None
+
+
+def _backward_total(data: dict[str, list[float]]) -> float | None:
+    """The global norm as the last backward left the gradients, unscaled, from the transfer."""
+    norms = data.get("backward_norm")
+    if not norms:
+        return None
+    total = math.sqrt(sum(v * v for v in norms))
+    scale = (data.get("backward_scale") or [1.0])[0]
+    return total / scale if scale else total
 
 
 class StepStats(ShardedStats):
@@ -207,8 +218,10 @@ class StepStats(ShardedStats):
                 shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
                 pack.add("shard_norm", [raw.norm_tensors[k] for k in shard_idx])
         pack.add("local_norm", raw.local_norms)
-        if raw.backward_norm is not None:
-            pack.add("backward_norm", [raw.backward_norm])
+        if raw.backward is not None:
+            pack.add("backward_norm", raw.backward[0])
+            if raw.backward[1] is not None:
+                pack.add("backward_scale", raw.backward[1].reshape(1).float())
         hist_in = []
         for i, g_raw in raw.hist_raw.items():
             g = self.tensors[i].grad
@@ -490,6 +503,6 @@ class StepStats(ShardedStats):
             ranks=spread,
             sampled_every=sampled_every,
             overhead=overhead,
-            total_norm_backward=(data.get("backward_norm") or [None])[0],
+            total_norm_backward=_backward_total(data),
             events=events,
         )
