@@ -473,6 +473,13 @@ class StepStats(ShardedStats):
             modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = (
                 math.sqrt(v)
             )
+        for name, which in sorted(hooks.mod_expected - set(mod_keys)):  # hooked, never seen: say why
+            entry: dict[str, Any] = modules.setdefault(name, {})
+            entry["grad_output_norm" if which == "out" else "grad_input_norm"] = None
+            entry["note"] = (
+                "a gradient asked for was not seen: the tensor is a view of part of another one, "
+                "modified in place later (its autograd history was rebuilt), or it took no part in the backward"
+            )
 
         def total(vals: list[float | None]) -> float | None:
             xs = [v for v in vals if v is not None]

@@ -117,6 +117,7 @@ class TorchHooks:
         self._local_handles: list[Any] = []
         # collected during the step's backward, cleared by end_step()
         self.mod_sq: dict[tuple[str, str], Tensor] = {}  # (module, "out" | "in") -> squared norm
+        self.mod_expected: set[tuple[str, str]] = set()  # the gradients hooked this step (module, which)
         self.mod_bad: dict[str, Tensor] = {}  # module -> its grad_output was not finite (bool tensor)
         self.local_sq: list[Tensor | None] = [None] * len(tensors)  # this rank's pre-all-reduce squared norms
         # param index -> [nan, inf] of the last backward in which a post_accumulate nan_guard found
@@ -255,6 +256,8 @@ class TorchHooks:
         after the snapshot took them: a hook's effect is that of one step)."""
         if self.mod_sq:
             self.mod_sq.clear()
+        if self.mod_expected:
+            self.mod_expected.clear()
         if self.mod_bad:
             self.mod_bad.clear()
         if self._per_rank:
@@ -317,7 +320,7 @@ class TorchHooks:
                 if torch.is_grad_enabled() and (guard or log):
                     for t in _tensors_in(output):
                         if t.requires_grad:
-                            t.register_hook(self._module_grad_hook(name, "out"))
+                            self._hook_gradient(t, name, "out")
             except Exception as e:
                 for st in self.plan.module.get(name, ()):
                     self._on_failure(st.spec, name, e)
@@ -338,7 +341,7 @@ class TorchHooks:
                 if torch.is_grad_enabled() and self._is_sampled() and _wants_input(sts):
                     for t in _tensors_in((args, kwargs)):
                         if t.requires_grad:
-                            t.register_hook(self._module_grad_hook(name, "in"))
+                            self._hook_gradient(t, name, "in")
             except Exception as e:
                 for st in self.plan.module.get(name, ()):
                     self._on_failure(st.spec, name, e)
@@ -346,8 +349,33 @@ class TorchHooks:
 
         return hook
 
-    def _module_grad_hook(self, name: str, which: str) -> Callable[[Tensor], None]:
+    def _hook_gradient(self, t: Tensor, name: str, which: str) -> None:
+        """Hook ``t``'s gradient for module ``name`` (its output, or ``which == "in"`` its input).
+
+        A view (``Flatten``, ``.view()``) modified in place by a later module (``ReLU(inplace=True)``)
+        loses the hooks registered on it: autograd rebuilds its history. When the view covers its
+        whole base (same number of elements: the gradient's norm is the same), the base is hooked
+        too, as a fallback that counts only when the view's own hook did not fire in that backward
+        (the base's gradient also holds what other uses of it received). A view of part of its base
+        has no such fallback: lost, its norm reads null (the step's ``mod_expected`` says it was
+        asked for)."""
+        self.mod_expected.add((name, which))
+        seen = [False]  # this forward's view hook fired (per backward through it)
+        t.register_hook(self._module_grad_hook(name, which, seen, primary=True))
+        base = t._base
+        if base is not None and base.requires_grad and base.numel() == t.numel():
+            base.register_hook(self._module_grad_hook(name, which, seen, primary=False))
+
+    def _module_grad_hook(
+        self, name: str, which: str, seen: list[bool] | None = None, *, primary: bool = True
+    ) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
+            if seen is not None:
+                if primary:
+                    seen[0] = True
+                elif seen[0]:  # the view's own hook fired: the base's gradient is not the module's
+                    seen[0] = False  # (ready for the next backward through this forward's graph)
+                    return
             t0 = time.perf_counter()
             try:
                 with torch.no_grad():

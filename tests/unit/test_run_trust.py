@@ -235,3 +235,40 @@ def test_the_users_own_clipping_does_not_hide_what_backward_produced(amp):
             "as the step saw them"
         )
     insp.close()
+
+
+class _Half(nn.Module):
+    """Its output is a view of part of its input (the first half of the features)."""
+
+    def forward(self, x):  # noqa: ANN001, ANN201
+        return x[:, :4]
+
+
+def test_module_log_sees_a_view_that_a_later_module_modifies_in_place():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Flatten(0), nn.ReLU(inplace=True), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(4, 4)
+    # the truth: the gradient of Flatten's output (= of ReLU's input, as ReLU read it)
+    h = model[0](x).flatten().detach().requires_grad_(True)
+    model[3](torch.relu(h)).sum().backward()
+    truth = float(h.grad.norm())
+    model.zero_grad()
+    insp = inspector.attach(model, opt, every=1)
+    insp.add_hook("module_log", target="*", point="module", grad_input=True)
+    model(x).sum().backward()
+    opt.step()
+    mods = insp.latest()["modules"]
+    assert mods["1"]["grad_output_norm"] == pytest.approx(truth, rel=1e-6), "Flatten's output: a view"
+    assert mods["2"]["grad_input_norm"] == pytest.approx(truth, rel=1e-6), "ReLU(inplace=True)'s input"
+    insp.close()
+
+    half = nn.Sequential(nn.Linear(4, 8), _Half(), nn.ReLU(inplace=True), nn.Linear(4, 1))
+    opt = torch.optim.SGD(half.parameters(), lr=0.0)
+    insp = inspector.attach(half, opt, every=1)
+    insp.add_hook("module_log", target="1", point="module")
+    half(x).sum().backward()
+    opt.step()
+    entry = insp.latest()["modules"]["1"]
+    assert entry["grad_output_norm"] is None and "modified in place" in entry["note"], "null, with why"
+    insp.close()
