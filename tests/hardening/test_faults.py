@@ -76,6 +76,9 @@ def run_through_a_write_fault(srv, observer, break_writes, mend_writes, reason: 
     wait_until(lambda: c.get("/api/session").json()["history"]["paused"] is None, 10, "session: not paused")
     wait_until(lambda: "history_resumed" in kinds(obs.events), 10, "the resume event on the socket")
     last = srv.wait_step(srv.insp.step + 5)
+    # what the core published so far reaches the store's writer first (the feed's dispatcher hands
+    # it over on a thread of its own: store.flush() alone covers only what the writer already has)
+    assert srv.insp._feed.flush()
     assert store.flush()
     run = srv.source.run_id
     contiguous(store.steps("snapshots", run), 1, last - 1)
