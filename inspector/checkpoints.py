@@ -446,14 +446,13 @@ class Checkpoints:
             }
             cp.extra = {key: host_copy(save()) for key, (save, _) in self._states.items()}
             cp.cadence = {
-                "next_sampled": insp._cadence.next_sampled,
-                "k": insp._cadence.k,
+                **insp._cadence.state_dict(),
                 "sampled": insp._sampled,  # whether the step after cp.step is sampled
                 "sampled_count": insp._sampled_count,
             }
             cp.nonfinite = insp._nonfinite.state_dict()
         cp.config_version = insp._reg.version
-        if insp._scaler is not None and self._update_to_come():
+        if self._update_to_come():
             cp.scaler = None  # read after this iteration's update() (settle_scaler)
             self._scaler_later.append(cp)
             self.scaler_pending = True
@@ -552,7 +551,7 @@ class Checkpoints:
         insp = self._insp
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
-        if insp._scaler is not None and self._update_to_come():
+        if self._update_to_come():
             # this iteration's update() would run on the restored scaler: load it after that
             restore_state(insp, cp, scaler=False)
             if any(c is cp for c in self._scaler_later):
@@ -567,7 +566,7 @@ class Checkpoints:
         insp._edits.drain(cp.step + 1, torch_ok=True)
         set_generators(insp._hooks.states, cp.generators)
         if exact and cp.cadence:
-            insp._cadence.next_sampled, insp._cadence.k = cp.cadence["next_sampled"], cp.cadence["k"]
+            insp._cadence.load_state_dict(cp.cadence)
             insp._sampled, insp._sampled_count = cp.cadence["sampled"], cp.cadence["sampled_count"]
         else:
             insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled

@@ -76,6 +76,11 @@ _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
+def _ours(table: Any) -> list[Any]:
+    """The keys of a module's hook table whose hooks are ours."""
+    return [k for k, v in table.items() if isinstance(v, OwnedHook)] if isinstance(table, dict) else []
+
+
 class _StateWithoutOurs:
     """A module's ``__getstate__`` while it holds hooks of ours: its class's state, less them."""
 
@@ -90,10 +95,10 @@ class _StateWithoutOurs:
         state.pop("__getstate__", None)
         ours: set[Any] = set()
         for name in _HOOK_TABLES:
-            table = state.get(name)
-            if isinstance(table, dict) and any(isinstance(v, OwnedHook) for v in table.values()):
-                ours.update(k for k, v in table.items() if isinstance(v, OwnedHook))
-                state[name] = OrderedDict((k, v) for k, v in table.items() if not isinstance(v, OwnedHook))
+            keys = _ours(state.get(name))
+            if keys:
+                ours.update(keys)
+                state[name] = OrderedDict((k, v) for k, v in state[name].items() if k not in ours)
         for name in _HOOK_FLAGS:
             flags = state.get(name)
             if isinstance(flags, dict) and ours & flags.keys():
@@ -111,11 +116,8 @@ def unhide(module: Any) -> None:
     """Take that ``__getstate__`` away again once ``module`` holds no hook of ours."""
     if not isinstance(module.__dict__.get("__getstate__"), _StateWithoutOurs):
         return
-    for name in _HOOK_TABLES:
-        table = module.__dict__.get(name)
-        if isinstance(table, dict) and any(isinstance(v, OwnedHook) for v in table.values()):
-            return
-    del module.__dict__["__getstate__"]
+    if not any(_ours(module.__dict__.get(name)) for name in _HOOK_TABLES):
+        del module.__dict__["__getstate__"]
 
 
 # ---------------------------------------------------------------- one open Inspector per parameter

@@ -100,6 +100,14 @@ class Cadence:
     def _wall(self) -> float | None:
         return self._walls.value
 
+    def state_dict(self) -> dict[str, int]:
+        """Which step is sampled next and the interval (a checkpoint keeps them: a rewound run is
+        sampled on the same steps as the first time)."""
+        return {"next_sampled": self.next_sampled, "k": self.k}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_sampled, self.k = state["next_sampled"], state["k"]
+
     def is_sampled(self, step: int) -> bool:
         return step >= self.next_sampled or step == self.last_step
 

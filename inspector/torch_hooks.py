@@ -367,15 +367,14 @@ class TorchHooks:
             base.register_hook(self._module_grad_hook(name, which, seen, primary=False))
 
     def _module_grad_hook(
-        self, name: str, which: str, seen: list[bool] | None = None, *, primary: bool = True
+        self, name: str, which: str, seen: list[bool], *, primary: bool
     ) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
-            if seen is not None:
-                if primary:
-                    seen[0] = True
-                elif seen[0]:  # the view's own hook fired: the base's gradient is not the module's
-                    seen[0] = False  # (ready for the next backward through this forward's graph)
-                    return
+            if primary:
+                seen[0] = True
+            elif seen[0]:  # the view's own hook fired: the base's gradient is not the module's
+                seen[0] = False  # (ready for the next backward through this forward's graph)
+                return
             t0 = time.perf_counter()
             try:
                 with torch.no_grad():
