@@ -42,7 +42,9 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import inspector  # noqa: E402
-from inspector import lifecycle, telemetry, torch_hooks  # noqa: E402
+from inspector.hooks import torch_hooks  # noqa: E402
+from inspector.stats import telemetry  # noqa: E402
+from inspector.step import lifecycle  # noqa: E402
 
 
 class Block(nn.Module):

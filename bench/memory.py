@@ -6,7 +6,7 @@ For each CPU workload of bench/overhead.py (the seed MLP, the wide MLP, the tiny
 GPT-2-small-sized model built on the meta device's shapes (no training: its update-ratio sample is
 sized from the shapes, which is all the bound depends on), prints what the inspector keeps from one
 step to the next (``StepStats.resident_bytes``: the update-ratio sample of
-:mod:`inspector.update_ratio`) as bytes and as a share of the parameters' bytes, after training a
+:mod:`inspector.stats.update_ratio`) as bytes and as a share of the parameters' bytes, after training a
 few steps with ``every=1`` (every step sampled). The bound is ``max(10 % of the parameters'
 bytes, 1 MiB)``. bench/gpu_check.py measures the peak extra device memory on a GPU.
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import inspector  # noqa: E402
 from inspector.scenarios import make  # noqa: E402
-from inspector.update_ratio import BUDGET, FLOOR, sample_numel, strides  # noqa: E402
+from inspector.stats.update_ratio import BUDGET, FLOOR, sample_numel, strides  # noqa: E402
 
 
 class OursLive(TorchDispatchMode):

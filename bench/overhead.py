@@ -22,7 +22,7 @@ Variants, each on its own copy of the workload (same seed, so the same model and
              is importable; otherwise skipped with a message
 
 Method: after a warm-up long enough for the default cadence to leave the dense sampling of a
-run's first steps (it samples at most every step/10-th step early on, see inspector.telemetry;
+run's first steps (it samples at most every step/10-th step early on, see inspector.stats.telemetry;
 ``--short`` keeps the short warm-ups, to measure those first steps), the variants run in rounds of one block of N steps each; the order
 within a round rotates, so that slow drifts and bursts of noise hit every variant alike. Per
 variant: the median step time over blocks; the median (and quartiles) of the paired ratios
@@ -123,7 +123,7 @@ def wide_mlp() -> tuple[nn.Module, torch.optim.Optimizer, StepFn]:
 
 WORKLOADS = [
     # warm-ups long enough for the default cadence to leave its dense start (k <= step / 10, see
-    # inspector.telemetry): the rounds then measure what a long run costs (--short: the old ones)
+    # inspector.stats.telemetry): the rounds then measure what a long run costs (--short: the old ones)
     Workload("mlp", scenario_workload("mlp"), warmup=1000, blocks=16, steps=100, quick=(10, 3, 20)),
     Workload("wide", wide_mlp, warmup=300, blocks=12, steps=10, quick=(1, 2, 2)),
     Workload("tiny_gpt", scenario_workload("tiny_gpt"), warmup=30, blocks=12, steps=4, quick=(0, 2, 1)),

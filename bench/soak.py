@@ -4,14 +4,14 @@
     .venv/bin/python bench/soak.py --steps 10000        # a shorter run
     .venv/bin/python bench/soak.py --every 2 --json soak.json
 
-What runs: the demo's own pieces in this process (the scenario stepped by `server.demo.Trainer`
+What runs: the demo's own pieces in this process (the scenario stepped by `server.live.demo.Trainer`
 without a rate cap, `inspector.attach(..., every=1)` as `gradient-inspector demo` does, the
 `LiveSource` recording to a fresh SQLite file, the app on uvicorn on a free loopback port), and
 in another process four websocket clients: a reader, a slow reader, one that never reads (not
 even at the TCP level) and one that reconnects every 2 s (tests/hardening/swarm.py).
 
 What it checks (tests/hardening/tools.py, `check_soak`; a shorter form runs in CI as
-tests/hardening/test_soak.py): rows within the store's thinning bound (server/storage.py: the
+tests/hardening/test_soak.py): rows within the store's thinning bound (server/history/storage.py: the
 newest 1024 steps in full, then about 512 per doubling of age; scalars with a 16,384-step
 window), the file growing with the log of the run's length and holding at most about twice what
 it stores, the WAL checkpointed and truncated (never past twice its 2 MiB limit), no write

@@ -4,7 +4,7 @@
 // latest histograms and the event log; for a zoomed-out view the older history
 // fetched downsampled (at most 4 rows a bucket, replaced by each fetch), and a
 // run compared with. Memory is capped: nothing here grows with the length of
-// the run. (The server's database is server/storage.py.)
+// the run. (The server's database is server/history/storage.py.)
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
 import { num, plotlyText } from "./util.js";

@@ -1,5 +1,5 @@
 // Axis ticks and tick labels, shared by the dashboard (charts.js, theme.js) and the
-// HTML report (report/report.js, which server/report_assets.py inlines with this
+// HTML report (report/report.js, which server/history/report_assets.py inlines with this
 // module into the report's one-file page). So this module imports nothing and
 // declares its exports as `export function` / `export const` statements, the
 // forms the inlining turns back into plain declarations.

@@ -9,8 +9,12 @@ This package imports torch only: no web framework is imported until ``serve()``.
 """
 
 from ._version import __version__
-from .compare import Comparison, compare
-from .errors import (
+from .hooks.handles import HookHandle
+from .hooks.owned import attached
+from .hooks.targets import match as match_targets
+from .inspector import Inspector, attach
+from .whatif.compare import Comparison, compare
+from .wire.errors import (
     AttachError,
     CheckpointBusy,
     CheckpointError,
@@ -20,12 +24,8 @@ from .errors import (
     InspectorError,
     RewindPending,
 )
-from .handles import HookHandle
-from .inspector import Inspector, attach
-from .kinds import POINTS, hook_kinds
-from .owned import attached
-from .records import HookSpec, Snapshot
-from .targets import match as match_targets
+from .wire.kinds import POINTS, hook_kinds
+from .wire.records import HookSpec, Snapshot
 
 __all__ = [
     "__version__",

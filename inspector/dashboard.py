@@ -75,7 +75,7 @@ class Dashboard:
         if self._server is not None:
             return str(self._server.url)
         chosen = _DEFAULT_PORT if port is None else port
-        self._server = load_server_module("embed").start(
+        self._server = load_server_module("live.embed").start(
             self,
             host=host,
             port=chosen,

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from .errors import describe_error, shown
-from .records import Snapshot
+from .wire.errors import describe_error, shown
+from .wire.records import Snapshot
 
 __all__ = ["Feed", "Callback", "approx_bytes", "MAX_RING_BYTES"]
 

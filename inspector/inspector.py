@@ -13,12 +13,12 @@ Torch hooks registered (and nothing else; ``close()`` removes every one):
   torch hooks are applied here, before the backward).
 - ``param.register_post_accumulate_grad_hook`` and ``module.register_forward_hook``: only
   where an enabled ``post_accumulate`` or ``module`` hook needs them (and, under DDP, on every
-  parameter for the per-rank spread); see :mod:`inspector.torch_hooks`, which owns them.
+  parameter for the per-rank spread); see :mod:`inspector.hooks.torch_hooks`, which owns them.
 
-What lives where: the statistics and the snapshot in :mod:`inspector.step_stats`, NaN/Inf
-findings and their events in :mod:`inspector.nonfinite`, the applying of edits in
-:mod:`inspector.edits`, the rows exchanged under ``torch.distributed`` in
-:mod:`inspector.distributed`, recorded scalars in :mod:`inspector.scalars`, and the records'
+What lives where: the statistics and the snapshot in :mod:`inspector.stats.step_stats`, NaN/Inf
+findings and their events in :mod:`inspector.stats.nonfinite`, the applying of edits in
+:mod:`inspector.hooks.edits`, the rows exchanged under ``torch.distributed`` in
+:mod:`inspector.distributed`, recorded scalars in :mod:`inspector.step.scalars`, and the records'
 way to subscribers in :mod:`inspector.feed`.
 
 Threads: only the training thread (the one that runs ``optimizer.step()``, or the root
@@ -37,26 +37,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import amp, distributed
-from .checkpoints import DEFAULT_KEEP, Checkpoints
+from . import distributed
 from .dashboard import Dashboard
-from .deferred import Deferred
-from .edits import Edits
-from .errors import AttachError, HookError, InspectorError, RewindPending, shown
 from .feed import Feed
-from .handles import HookHandle
-from .histsel import HIST_BINS, HIST_CAP, HistSelection
-from .lifecycle import StepLifecycle
-from .nonfinite import NonfiniteReport
-from .owned import OwnedHook, claim, hide_from_copies, release, unhide
-from .registry import PRESET_FORMAT, Registry
-from .rewinding import Rewinding
-from .scalars import Recorder, check_scalars
-from .sharded import layout_of
-from .step_stats import StepStats
-from .targets import match
-from .telemetry import Cadence, check_cadence
-from .torch_hooks import TorchHooks
+from .hooks import amp
+from .hooks.edits import Edits
+from .hooks.handles import HookHandle
+from .hooks.owned import OwnedHook, claim, hide_from_copies, release, unhide
+from .hooks.registry import PRESET_FORMAT, Registry
+from .hooks.targets import match
+from .hooks.torch_hooks import TorchHooks
+from .stats.deferred import Deferred
+from .stats.histsel import HIST_BINS, HIST_CAP, HistSelection
+from .stats.nonfinite import NonfiniteReport
+from .stats.sharded import layout_of
+from .stats.step_stats import StepStats
+from .stats.telemetry import Cadence, check_cadence
+from .step.lifecycle import StepLifecycle
+from .step.scalars import Recorder, check_scalars
+from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints
+from .whatif.rewinding import Rewinding
+from .wire.errors import AttachError, HookError, InspectorError, RewindPending, shown
 from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
 __all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
@@ -130,7 +131,9 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
 
         self._init_step_state()
-        self._branches = Checkpoints(self, checkpoints)  # checkpoint() and rewind(): inspector.checkpoints
+        self._branches = Checkpoints(
+            self, checkpoints
+        )  # checkpoint() and rewind(): inspector.whatif.checkpoints
         self._server: Any = None
         self._closer: int | None = None  # the thread inside close(), until it has finished
 
@@ -310,7 +313,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
 
     def _refuse_while_rewinding(self) -> None:
         """A hook change while a rewind waits for its boundary would be undone by it, unseen:
-        refused (lock held). See inspector/checkpoints.py."""
+        refused (lock held). See inspector/whatif/checkpoints.py."""
         cp = self._branches.pending_rewind()
         if cp is not None:
             raise RewindPending(cp.id, cp.step)

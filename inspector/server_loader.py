@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .errors import InspectorError
+from .wire.errors import InspectorError
 
 __all__ = ["load_server_module"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import AttachError, shown
+from .wire.errors import AttachError, shown
 
 __all__ = [
     "enabled_scaler",

@@ -7,11 +7,11 @@ directory has a `server.py` of its own.
 """
 
 from .app import create_app
-from .embed import EmbeddedServer, start
-from .live import LiveSource
+from .history.storage import HistoryStore
+from .live.embed import EmbeddedServer, start
+from .live.source import LiveSource
 from .settings import Settings
 from .sources import ApiError, ReplaySource, Source
-from .storage import HistoryStore
 
 __all__ = [
     "ApiError",

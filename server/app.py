@@ -22,9 +22,9 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import api, ws
 from .hub import ClientHub
 from .protocol import StrictJSONResponse, pydantic_detail
+from .routes import api, ws
 from .security import Guard, SecurityMiddleware, bounded_detail
 from .settings import Settings
 from .sources import ApiError, Source

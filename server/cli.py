@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
+from .history.storage import DEFAULT_DB, StoreError
 from .settings import DEFAULT_HOST, DEFAULT_PORT
-from .storage import DEFAULT_DB, StoreError
 
 
 class _ScenarioNames(Sequence[str]):
@@ -273,10 +273,10 @@ def run_demo(args: argparse.Namespace) -> int:
     from inspector import scenarios
 
     from .app import create_app
-    from .demo import Trainer
-    from .live import LiveSource
+    from .history.storage import HistoryStore
+    from .live.demo import Trainer
+    from .live.source import LiveSource
     from .settings import Settings
-    from .storage import HistoryStore
 
     try:
         settings = Settings(
@@ -344,7 +344,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _open_store(path: str) -> Any:
-    from .storage import HistoryStore
+    from .history.storage import HistoryStore
 
     try:
         return HistoryStore(path, read_only=True)
@@ -395,8 +395,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace, store: Any) -> None:
     """`export`'s work. A row that cannot be read is skipped with a warning (history.py)."""
-    from .export import write_csv, write_jsonl
-    from .report import ReportError, page_source, plotly_source, write_html
+    from .history.export import write_csv, write_jsonl
+    from .history.report import ReportError, page_source, plotly_source, write_html
 
     run = args.run if args.run is not None else store.latest_run_id()
     if run is None or store.run(run) is None:

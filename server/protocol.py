@@ -6,7 +6,7 @@ validated by the core (`inspector.HookError`), never re-implemented here.
 
 Strict JSON: no `NaN`/`Infinity` literals go out. A non-finite float becomes the
 string "nan", "inf" or "-inf" (DESIGN.md "Wire format"), by the core's rule
-(`inspector.records.jsonsafe`). `dumps` tries the fast path first and converts only
+(`inspector.wire.records.jsonsafe`). `dumps` tries the fast path first and converts only
 when the payload really holds a non-finite float.
 """
 
@@ -22,10 +22,10 @@ from starlette.responses import JSONResponse
 
 
 def jsonsafe(obj: Any) -> Any:
-    """`inspector.records.jsonsafe(obj)`: a copy with every non-finite float replaced by "nan",
+    """`inspector.wire.records.jsonsafe(obj)`: a copy with every non-finite float replaced by "nan",
     "inf" or "-inf". Imported on first use: the core imports torch, and importing the server
     (for `gradient-inspector --help`, say) does without it."""
-    from inspector.records import jsonsafe as core_jsonsafe
+    from inspector.wire.records import jsonsafe as core_jsonsafe
 
     return core_jsonsafe(obj)
 

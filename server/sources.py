@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .history.storage import HistoryStore, StoreError
 from .protocol import error_detail
-from .storage import HistoryStore, StoreError
 
 log = logging.getLogger("gradient_inspector.server")
 
@@ -118,10 +118,10 @@ class Source:
         point, parameter names and values) as an import would, and one that fails is left out
         (logged), so the preset, and the Python written from it, hold only what the core accepts.
         """
-        from inspector.errors import HookError
-        from inspector.kinds import check_kind, check_point, validate_params
-        from inspector.records import SPEC_FIELDS, HookSpec
-        from inspector.registry import PRESET_FORMAT
+        from inspector.hooks.registry import PRESET_FORMAT
+        from inspector.wire.errors import HookError
+        from inspector.wire.kinds import check_kind, check_point, validate_params
+        from inspector.wire.records import SPEC_FIELDS, HookSpec
 
         hooks = []
         for h in self.hooks():

@@ -20,11 +20,11 @@ from websockets.sync.client import ClientConnection, connect
 import inspector
 from inspector import scenarios
 from server.app import create_app
-from server.demo import Trainer
-from server.live import LiveSource
+from server.history.storage import HistoryStore
+from server.live.demo import Trainer
+from server.live.source import LiveSource
 from server.serving import ThreadedServer
 from server.settings import Settings
-from server.storage import HistoryStore
 from tests.support import wait_until
 
 

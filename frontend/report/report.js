@@ -1,6 +1,6 @@
 // The HTML report's page script: draws the four charts of a recorded run from the
 // JSON in #report-data (numbers, or "nan" / "inf" / "-inf" for non-finite values).
-// The report is one offline file, so server/report_assets.py inlines this module
+// The report is one offline file, so server/history/report_assets.py inlines this module
 // with ticks.js as one classic script: the import below becomes a destructuring of
 // what ticks.js exports (it accepts only this one form of import). Every user string
 // (parameter names, marker labels and hover lines: the data holds them as they are)

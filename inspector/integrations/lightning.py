@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..errors import AttachError
 from ..inspector import Inspector
+from ..wire.errors import AttachError
 from ..wrappers import enabled_scaler
 from ._common import Session, begin_step
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from server import cli
-from server.storage import HistoryStore
+from server.history.storage import HistoryStore
 from tests import support
 
 pytestmark = pytest.mark.e2e

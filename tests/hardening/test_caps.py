@@ -8,8 +8,8 @@ import socket
 import sqlite3
 import time
 
-from inspector.records import MAX_EVENT_STRING, event_fields
-from inspector.registry import MAX_HOOKS
+from inspector.hooks.registry import MAX_HOOKS
+from inspector.wire.records import MAX_EVENT_STRING, event_fields
 from tests.live import Inbox
 from tests.support import wait_until
 
@@ -91,7 +91,7 @@ def test_event_fields_cut_every_string_at_any_depth():
 def test_a_viewer_cannot_deny_histograms_to_another(live):
     """Point 9: a read-only viewer takes the whole histogram cap first; another client's own
     subscription is still served (the cap is shared in turns)."""
-    from inspector.histsel import HIST_CAP
+    from inspector.stats.histsel import HIST_CAP
 
     srv = live("exploding", rate=None, read_only=True)
     names = [p for p in srv.insp.params if p.endswith("weight") or p.endswith("bias")]
@@ -153,7 +153,7 @@ def test_protocol_md_states_the_real_frame_limit_and_seed_maximum():
     """Point 12: PROTOCOL.md's numbers are the server's: uvicorn's frame limit, noise's seed range."""
     from pathlib import Path
 
-    from inspector.kinds import KINDS
+    from inspector.wire.kinds import KINDS
     from server.app import create_app
     from server.serving import uvicorn_config
     from server.settings import Settings

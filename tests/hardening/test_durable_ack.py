@@ -15,7 +15,7 @@ import signal
 
 from websockets.sync.client import connect
 
-from server.storage import HistoryStore
+from server.history.storage import HistoryStore
 from tests.support import start_cli, start_demo
 
 HOOK = {"kind": "clip_value", "target": "*", "point": "post_accumulate", "params": {"threshold": 0.5}}

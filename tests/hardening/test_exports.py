@@ -11,11 +11,11 @@ import httpx
 
 from server.app import create_app
 from server.cli import main
-from server.export import python_code
+from server.history.export import python_code
+from server.history.storage import HistoryStore
 from server.serving import ThreadedServer
 from server.settings import Settings
 from server.sources import ReplaySource
-from server.storage import HistoryStore
 
 INJECTED = "x=__import__('os').system('touch pwned'),y"  # a params key that closes the call
 HOOKS = [

@@ -29,8 +29,8 @@ import uvicorn
 from websockets.sync.client import connect
 
 import inspector
-import server.storage
-from server.storage import HistoryStore
+import server.history.storage
+from server.history.storage import HistoryStore
 from tests.support import repo_env, start_demo, wait_until
 
 
@@ -112,7 +112,7 @@ def test_a_full_database_max_page_count(live, observer, monkeypatch):
     """SQLite itself refuses to grow the file: `PRAGMA max_page_count` set to the current size
     on the writer's own connection (run on the writer's thread, through the fault hook)."""
     writer: list[sqlite3.Connection] = []
-    real_connect = server.storage.connect
+    real_connect = server.history.storage.connect
 
     def spying_connect(path, *, create):
         conn = real_connect(path, create=create)
@@ -120,7 +120,7 @@ def test_a_full_database_max_page_count(live, observer, monkeypatch):
             writer.append(conn)
         return conn
 
-    monkeypatch.setattr(server.storage, "connect", spying_connect)
+    monkeypatch.setattr(server.history.storage, "connect", spying_connect)
     srv = live(rate=50.0)
     store = srv.source.store
     wait_until(lambda: writer, 10, "the writer's connection")

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import inspector
-from server.storage import HistoryStore
+from server.history.storage import HistoryStore
 from tests import support
 from tests.support import NO_CHROMIUM, chromium_path, launch_chromium, wait_until
 

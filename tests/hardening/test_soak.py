@@ -70,7 +70,7 @@ def test_a_long_history_keeps_the_wal_and_the_file_bounded(tmp_path):
     holds at most twice what it stores, plus 1 MiB (before: 18 MiB for 4.3 MiB of rows, as every
     1.2 KB snapshot began an overflow page of its own), and no more free pages than it keeps for
     reuse after thinning."""
-    from server.storage import KEEP_FREE_PAGES, WAL_LIMIT, HistoryStore
+    from server.history.storage import KEEP_FREE_PAGES, WAL_LIMIT, HistoryStore
 
     db = tmp_path / "long.sqlite"
     wal = tmp_path / "long.sqlite-wal"

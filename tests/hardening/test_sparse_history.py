@@ -10,7 +10,7 @@ import torch
 
 import inspector
 from inspector import scenarios
-from server.storage import HistoryStore
+from server.history.storage import HistoryStore
 from tests.support import wait_until
 
 from .tools import thinning_bound

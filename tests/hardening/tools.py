@@ -136,7 +136,7 @@ def quiesce(insp: Any, timeout: float = 20.0) -> int:
     return int(insp.config_version)
 
 
-# -- the history store's documented bounds (server/storage.py, "Thinning rule") -------------------------
+# -- the history store's documented bounds (server/history/storage.py, "Thinning rule") -------------------------
 
 
 def thinning_bound(latest: int, window: int, *, slack: int = 256 + 512) -> int:
@@ -190,11 +190,11 @@ def run_soak(
     import inspector
     from inspector import scenarios
     from server.app import create_app
-    from server.demo import Trainer
-    from server.live import LiveSource
+    from server.history.storage import HistoryStore
+    from server.live.demo import Trainer
+    from server.live.source import LiveSource
     from server.serving import ThreadedServer
     from server.settings import Settings
-    from server.storage import HistoryStore
 
     torch.set_num_threads(1)  # as the demo does for mlp
     sc = scenarios.make("mlp", seed=0)
@@ -332,7 +332,7 @@ def check_soak(result: dict[str, Any], *, rss_growth: int = 48 << 20, db_growth:
     - the WAL is checkpointed and truncated: no sample saw it past twice `WAL_LIMIT` (it may pass
       the limit by what one commit wrote, or for as long as readers hold the checkpoint off).
     """
-    from server.storage import WAL_LIMIT
+    from server.history.storage import WAL_LIMIT
 
     s, samples = result["summary"], result["samples"]
     fails = []

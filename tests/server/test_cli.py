@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from server.cli import SCENARIOS, build_parser, main
-from server.storage import HistoryStore
+from server.history.storage import HistoryStore
 
 PARAMS = [
     {"name": "0.weight", "shape": [2, 2], "numel": 4, "module": "0"},

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from server.cli import main
+from server.history.storage import HistoryStore
 from server.settings import Settings
 from server.sources import ReplaySource
-from server.storage import HistoryStore
 
 PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
 

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.history import bucket_extremes
+from server.history.queries import bucket_extremes
+from server.history.storage import HistoryStore
 from server.sources import ReplaySource
-from server.storage import HistoryStore
 
 PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
 STEPS = 2000

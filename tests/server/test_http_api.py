@@ -346,7 +346,7 @@ def test_no_route_answers_500_to_odd_requests(live):
 
 
 def test_earlier_runs_can_be_listed_and_opened(live, tmp_path):
-    from server.storage import HistoryStore
+    from server.history.storage import HistoryStore
 
     db = tmp_path / "shared.sqlite"
     old = HistoryStore(db)

@@ -6,11 +6,11 @@ import pytest
 
 import inspector
 from inspector import scenarios
-from inspector.records import SPEC_FIELDS, HookSpec, jsonsafe
+from inspector.wire.records import SPEC_FIELDS, HookSpec, jsonsafe
 from server import protocol as p
+from server.history.storage import HistoryStore
 from server.security import TokenBucket
 from server.sources import ReplaySource
-from server.storage import HistoryStore
 
 
 def test_the_wire_hook_spec_has_exactly_the_cores_fields():

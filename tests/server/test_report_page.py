@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from server import report
-from server.report_assets import ReportError, inline_module, page_source
-from server.storage import HistoryStore
+from server.history import report
+from server.history.report_assets import ReportError, inline_module, page_source
+from server.history.storage import HistoryStore
 
 TICKS = "export function a(x) {\n  return x;\n}\n\nfunction hidden() {}\n\nexport const b = 2;\n"
 MODULE_SYNTAX = re.compile(r"^\s*(?:import|export)\b", re.M)

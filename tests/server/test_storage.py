@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from server import schema
-from server.history import pick_even, select
-from server.storage import HistoryStore, StoreError
+from server.history import schema
+from server.history.queries import pick_even, select
+from server.history.storage import HistoryStore, StoreError
 
 PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
 

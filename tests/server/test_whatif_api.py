@@ -190,7 +190,7 @@ def test_rewind_in_a_users_loop_keeps_both_branches_in_the_history(tmp_path):
 def test_old_databases_get_the_branch_columns(tmp_path):
     import sqlite3
 
-    from server.storage import HistoryStore
+    from server.history.storage import HistoryStore
 
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
@@ -229,8 +229,8 @@ def test_user_mode_refuses_a_shadow_with_the_reason():
 
 
 def test_the_html_report_draws_a_runs_branches(tmp_path):
-    from server.report import collect
-    from server.storage import HistoryStore
+    from server.history.report import collect
+    from server.history.storage import HistoryStore
 
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

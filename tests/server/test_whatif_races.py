@@ -161,7 +161,7 @@ def test_waiting_requests_past_keep_are_refused_with_429(served):
 
 
 def test_rewinds_that_abandon_no_step_record_no_branch(served, tmp_path):
-    from server.storage import HistoryStore
+    from server.history.storage import HistoryStore
 
     loop, c = served
     insp = loop.insp

@@ -1,6 +1,6 @@
 """The budgeted cadence (issue 11, point 19): short runs are dense, and nothing latches.
 
-The :class:`~inspector.telemetry.Cadence` is driven with synthetic timings (seconds of the
+The :class:`~inspector.stats.telemetry.Cadence` is driven with synthetic timings (seconds of the
 inspector's own work and of the wall-clock step), so these tests do not depend on the machine;
 one end-to-end run checks that a real short run is dense.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import inspector
-from inspector.telemetry import DENSE_STEPS, Cadence
+from inspector.stats.telemetry import DENSE_STEPS, Cadence
 
 from .conftest import batch, seed_mlp, train_step
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from inspector import stats
+from inspector.stats import tensor_stats as stats
 
 
 class LargestMade(TorchDispatchMode):
@@ -57,7 +57,7 @@ def _edited_model(monkeypatch):  # type: ignore[no-untyped-def]
     """Three 64x64 parameters a hook edits in place, and one it leaves; a copy budget of one of them."""
     from torch import nn
 
-    from inspector import histsel
+    from inspector.stats import histsel
 
     monkeypatch.setattr(histsel, "COPY_FLOOR", 0, raising=False)  # (the floor lets a small model copy all)
     params = {f"w{i}": nn.Parameter(torch.randn(64, 64)) for i in range(3)}

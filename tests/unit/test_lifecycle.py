@@ -488,7 +488,7 @@ def test_a_drain_waits_for_a_copy_still_under_way_outside_the_lock_and_keeps_the
     every boundary) waits with the Inspector's lock released, so its other threads (the server's
     requests) go on meanwhile; the items are still consumed in order. A stand-in for the CUDA
     event (no GPU here): ready once waited for."""
-    from inspector.deferred import Deferred
+    from inspector.stats.deferred import Deferred
 
     lock = threading.RLock()
     q = Deferred(lock)

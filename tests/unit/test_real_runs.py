@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import inspector
-from inspector.owned import DETACHED_LOGGER
+from inspector.hooks.owned import DETACHED_LOGGER
 from tests.unit.conftest import batch, seed_mlp, train_step
 
 
@@ -336,7 +336,7 @@ def test_wait_says_where_it_serves_warns_when_nothing_is_and_returns_only_once_c
 
 
 def test_a_failing_hook_of_ours_never_reaches_the_users_forward(monkeypatch):
-    import inspector.owned as owned
+    import inspector.hooks.owned as owned
 
     monkeypatch.setattr(owned, "_warned", [])
     model = seed_mlp()

@@ -106,7 +106,7 @@ def test_a_loop_without_an_optimizer_or_mark_step_is_told_what_it_lacks():
 
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     insp = inspector.attach(model)  # the README's two lines, around a loop that updates by hand
-    by_hand(model, insp, inspector.lifecycle.NO_BOUNDARY_AFTER - 1, mark=False)
+    by_hand(model, insp, inspector.step.lifecycle.NO_BOUNDARY_AFTER - 1, mark=False)
     assert not [e for e in insp.events() if e["kind"] == "no_step_boundary"]
     with pytest.warns(RuntimeWarning, match=r"no step boundary.*insp\.mark_step\(\)"):
         by_hand(model, insp, 1, mark=False)
@@ -117,8 +117,8 @@ def test_a_loop_without_an_optimizer_or_mark_step_is_told_what_it_lacks():
 
     model = nn.Sequential(nn.Linear(3, 1))
     insp = inspector.attach(model)
-    by_hand(model, insp, 3 * inspector.lifecycle.NO_BOUNDARY_AFTER, mark=True)  # as documented: silent
-    assert insp.step == 3 * inspector.lifecycle.NO_BOUNDARY_AFTER
+    by_hand(model, insp, 3 * inspector.step.lifecycle.NO_BOUNDARY_AFTER, mark=True)  # as documented: silent
+    assert insp.step == 3 * inspector.step.lifecycle.NO_BOUNDARY_AFTER
     assert not [e for e in insp.events() if e["kind"] == "no_step_boundary"]
     insp.close()
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import inspector
-from inspector.update_ratio import BUDGET, FLOOR, sample_numel, strides
+from inspector.stats.update_ratio import BUDGET, FLOOR, sample_numel, strides
 
 
 def _model() -> nn.Module:
@@ -108,9 +108,9 @@ def test_a_histogram_of_a_gradient_with_nan_and_inf_counts_its_finite_values_onl
 def test_under_fsdp2_a_parameter_not_sharded_gets_its_exact_histogram_too():
     """Under FSDP2 only sharded parameters take the range-across-ranks (exact) path; a replicated
     one takes the fast path, so it too needs the second look when it holds NaN or Inf."""
-    from inspector.sharded import Layout
-    from inspector.step_stats import StepStats
-    from inspector.torch_hooks import TorchHooks
+    from inspector.hooks.torch_hooks import TorchHooks
+    from inspector.stats.sharded import Layout
+    from inspector.stats.step_stats import StepStats
 
     w = nn.Parameter(torch.zeros(1000))
     w.grad = torch.linspace(-2.0, 3.0, 1000)

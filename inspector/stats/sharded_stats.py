@@ -1,0 +1,121 @@
+"""FSDP2's half of a sampled step's statistics (a base of :class:`~inspector.stats.step_stats.StepStats`):
+every gradient there is this rank's shard, so the snapshot combines every rank's partial results
+into the full tensors' statistics in **one** collective (:meth:`ShardedStats._combine`, by
+:meth:`sharded.Layout.combine`) before its one transfer, and a sharded parameter's histogram
+takes its range across the ranks from one collective of its own first (:meth:`_hist_spans`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .sharded import Layout
+from .telemetry import Pack
+from .tensor_stats import device_constant, value_range
+
+if TYPE_CHECKING:
+    from .step_stats import RawRead
+
+__all__ = ["ShardedStats"]
+
+
+class ShardedStats:
+    """The FSDP2 combination of a sampled step's statistics; the state is StepStats'."""
+
+    params: list[str]
+    tensors: list[Tensor]
+    layout: Layout | None
+    _part: dict[str, Any]
+
+    def _hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None]]) -> dict[int, Tensor]:
+        """FSDP2: the global ``[-min, max]`` of each sharded parameter's histogram, in one collective
+        (every rank takes the same histograms: the exchange carries rank 0's choice)."""
+        lay = self.layout
+        mine = [h for h in hist_in if lay is not None and lay.sharded[h[0]]]
+        if lay is None or not mine:
+            return {}
+        ranges = torch.cat([value_range(g, f) for _, g, f in mine])
+        ranges = lay.combine(ranges, (False,) * ranges.numel())
+        return {h[0]: ranges[2 * k : 2 * k + 2] for k, h in enumerate(mine)}
+
+    def _combine(
+        self,
+        pack: Pack,
+        raw: RawRead | None,
+        meta: dict[str, Any],
+        pnorms: list[Tensor],
+        unorms: list[Tensor] | None,
+        effs: list[tuple[str, list[Tensor]]],
+    ) -> None:
+        """FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
+        results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
+        unsharded path uses. Every rank builds the same columns (the same config and sampling, the
+        same histograms): a sharded parameter's sums of squares, sums and histogram counts
+        are summed, abs-max and a histogram's range maxed; a parameter that is not sharded keeps
+        its own values (the max of equal ones)."""
+        lay = self.layout
+        assert lay is not None
+        n = len(self.params)
+        dev = pnorms[0].device if pnorms else torch.device("cpu")
+        # (masks and indices are host data: on the device once, stats.device_constant; a tensor
+        # made from a list and moved to a GPU is a copy that synchronises)
+        sharded, unsummed = tuple(lay.sharded), (False,) * n
+        cols: list[tuple[str, Tensor, tuple[bool, ...]]] = []
+
+        def pick(t: Tensor, indices: list[int]) -> Tensor:
+            return t.index_select(0, device_constant(tuple(indices), torch.int64, t.device))
+
+        def column(name: str, indices: list[int], values: Any, *, summed: bool) -> None:
+            v = torch.zeros(n, device=dev)
+            if indices:
+                got = torch.stack([x.reshape(()).to(dev, torch.float32) for x in values])
+                v.index_copy_(0, device_constant(tuple(indices), torch.int64, dev), got)
+            cols.append((name, v, sharded if summed else unsummed))
+
+        raw_idx = raw.index if raw is not None else []
+        part = self._part
+        fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
+        part_sums = part.get("sums", [])
+        column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)
+        column("raw_am", raw_idx, raw.absmax if raw else [], summed=False)
+        column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
+        column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
+        column("re", dense_idx, [x.real if x.is_complex() else x for x in part_sums], summed=True)
+        column(
+            "im", dense_idx, [x.imag if x.is_complex() else x.new_zeros(()) for x in part_sums], summed=True
+        )
+        column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
+        column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
+        for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
+            v = torch.stack([x.to(dev) for x in e])
+            cols.append((f"eff:{hid}", v, (True, True, True)))
+        for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
+            cols.append((f"hist:{i}", h.to(dev), (False, False) + (True,) * (h.numel() - 2)))
+        flat = lay.combine(
+            torch.cat([c[1] for c in cols]), tuple(itertools.chain.from_iterable(c[2] for c in cols))
+        )
+        got, at = {}, 0
+        for name, v, _ in cols:
+            got[name] = flat[at : at + v.numel()]
+            at += v.numel()
+        if raw_idx:
+            pack.add("raw_norm", pick(got["raw_sq"].sqrt(), raw_idx))
+            pack.add("raw_absmax", pick(got["raw_am"], raw_idx))
+        if fin_idx:
+            pack.add("final_norm", pick(got["fin_sq"], fin_idx).sqrt())
+            pack.add("final_absmax", pick(got["fin_am"], fin_idx))
+        if dense_idx:  # the full tensors' sums: their mean and std are made on the host
+            pack.add("sum", pick(got["re"], dense_idx))
+            if any(self.tensors[i].is_complex() for i in dense_idx):
+                pack.add("sum_im", pick(got["im"], dense_idx))
+        pack.add("param_norm", got["p_sq"].sqrt())
+        if unorms:
+            pack.add("update_norm", got["u_sq"].sqrt())
+        for hid, _ in effs:
+            pack.add(f"eff:{hid}", got[f"eff:{hid}"])
+        for i in part.get("hist", {}):
+            pack.add(f"hist:{i}", got[f"hist:{i}"])

@@ -1,0 +1,515 @@
+"""One step's statistics, from the raw gradients to the published :class:`Snapshot`.
+
+The ``pre_step`` work of a step runs in three parts, around the hooks, and reads nothing on
+the host (see :mod:`inspector.stats.deferred` for the every-step NaN/Inf check):
+
+1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: the finiteness probe of
+   each gradient (its 2-norm, one fused ``torch._foreach_norm``); on sampled steps the raw
+   2-norms, abs-max (the probe then) and, for large CPU tensors, sums, in one sweep of each
+   (``stats.raw_stats``), and copies of the raw gradients that get histograms;
+2. the hooks (the Inspector applies them);
+3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max and sums of the gradients
+   the optimizer will see, and the histograms, all kept on device (their mean and std are
+   made on the host from the sums and norms once transferred, ``stats.mean_std_of``).
+
+:meth:`StepStats.snapshot`, at the boundary of a sampled step, adds the parameter norms and
+the update norms (:class:`~inspector.stats.update_ratio.UpdateProbe`: a bounded sample of the
+parameters kept before the update), the hook effects, module norms and tensor records, and
+moves everything to the host in the snapshot's **one** transfer (:class:`telemetry.Pack`). Only
+where that transfer shows something rare does it read again: a non-finite raw gradient's NaN
+and Inf counts, or the float64 norm of finite values whose float32 norm overflowed (both from
+the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
+
+Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the snapshot
+combines every rank's partial results (sums of squares, abs-max, sums, counts) into the full
+tensors' statistics in one collective (``_combine``, :mod:`inspector.stats.sharded_stats`) before its
+transfer; a histogram of a sharded parameter takes its range from one collective of its own first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..hooks.ops import GuardResult, HookState, count_nonfinite
+from ..hooks.torch_hooks import TorchHooks
+from ..wire.records import Snapshot
+from .deferred import guard_counts, pack_guard_counts
+from .histsel import HIST_BINS
+from .sharded import Layout, local
+from .sharded_stats import ShardedStats
+from .telemetry import Pack
+from .tensor_stats import (
+    dense,
+    foreach_norm,
+    histograms,
+    mean_std_of,
+    raw_stats,
+    sums,
+    wide_norm,
+)
+from .update_ratio import UpdateProbe
+
+__all__ = ["RawRead", "StepStats"]
+
+
+@dataclass
+class RawRead:
+    """What :meth:`StepStats.raw` measured before the ``pre_step`` hooks ran (device tensors only)."""
+
+    index: list[int]  # parameter indices with a gradient
+    probe: Tensor | list[Tensor]  # per gradient: abs-max (sampled step) or 2-norm; finite iff the gradient is
+    exact: bool  # the probe is the abs-max
+    norm_tensors: list[Tensor] = field(default_factory=list)  # sampled steps: the raw 2-norms
+    absmax: Tensor | list[Tensor] = field(default_factory=list)  # sampled steps (the probe), 1-D
+    local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
+    local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
+    hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
+    sums: dict[int, Tensor] = field(default_factory=dict)  # position in index -> sum (stats.raw_stats)
+    # the gradients' norms as the last backward left them, and the scale they are scaled by
+    backward: tuple[list[Tensor], Tensor | None] | None = None
+
+
+def _backward_total(data: dict[str, list[float]]) -> float | None:
+    """The global norm as the last backward left the gradients, unscaled, from the transfer."""
+    norms = data.get("backward_norm")
+    if not norms:
+        return None
+    total = math.sqrt(sum(v * v for v in norms))
+    scale = (data.get("backward_scale") or [1.0])[0]
+    return total / scale if scale else total
+
+
+class StepStats(ShardedStats):
+    """The statistics of the step under way; see the module docstring for the order."""
+
+    def __init__(self, params: list[str], tensors: list[Tensor], layout: Layout | None = None) -> None:
+        self.params = params
+        self.tensors = tensors
+        self.layout = layout  # FSDP2: statistics of sharded parameters combine across the mesh
+        self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
+        self.raw_read: RawRead | None = None
+        self._all_index = list(range(len(tensors)))
+        self._no_probe = False  # probe() cannot take these gradients (sparse, on several devices)
+        self._pack: Pack | None = None  # the sampled step's device-side statistics
+        self._meta: dict[str, Any] = {}
+        self.update = UpdateProbe()  # parameters before the update (sampled steps)
+        self._fgrads: dict[int, Tensor] = {}  # index -> the final gradient (sampled steps; no copies)
+        self._guards: list[GuardResult] = []  # this sampled step's nan_guards (their host findings)
+        self._guard_entries: list[tuple[list[int], str]] = []  # their "guard:k" segments in the pack
+        self._touched: set[int] = set()  # parameters a pre_step hook may have changed (sampled steps)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Device memory held from one step to the next (the update-ratio sample)."""
+        return self.update.resident_bytes
+
+    def keep_params(self) -> None:
+        """Keep (a sample of) the parameters before the update, for the update-to-parameter ratio."""
+        self.update.keep(self._params_local())
+
+    def _params_local(self) -> list[Tensor]:
+        """The parameters, detached; under FSDP2 this rank's shards (a DTensor has no foreach kernels)."""
+        if self.layout is None:
+            return [p.detach() for p in self.tensors]
+        return [local(p.detach()) for p in self.tensors]
+
+    def probe(self) -> tuple[list[int], Tensor | list[Tensor]] | None:
+        """The unsampled step's finiteness probe alone, for the usual case (no ``pre_step`` hook, no
+        FSDP2): ``(indices, their gradients' 2-norms)``, one fused norm (and on a device one stack), or
+        None where it does not apply (a sparse gradient, which :meth:`raw` densifies; gradients
+        on several devices, which :class:`~inspector.stats.telemetry.Pack` gathers)."""
+        if self._no_probe:
+            return None
+        grads = [g for p in self.tensors if (g := p.grad) is not None]
+        if not grads:
+            return None
+        try:
+            norms = foreach_norm(grads)
+            # on the CPU the norms are read one by one at a later boundary (no copy to make: one
+            # op fewer per step); elsewhere stacked, for one non_blocking copy
+            cpu = grads[0].is_cpu and grads[-1].is_cpu and all(g.is_cpu for g in grads)
+            flat = norms if cpu else torch.stack(norms)
+        except RuntimeError:  # a sparse gradient has no norm kernel; gradients on several devices
+            self._no_probe = True  # (the same parameters every step: raw() from now on)
+            return None
+        if len(grads) == len(self.tensors):
+            return self._all_index, flat
+        return [i for i, p in enumerate(self.tensors) if p.grad is not None], flat
+
+    def raw(
+        self,
+        hooks: TorchHooks,
+        sampled: bool,
+        hist: Iterable[int],
+        edited: set[int] | frozenset[int] = frozenset(),
+    ) -> RawRead:
+        """The raw gradients' probe (every step) and, on sampled steps, their norms, abs-max and
+        the raw gradients that get histograms: device tensors only, nothing read. Only those a
+        ``pre_step`` hook will edit in place (``edited``) are copied; the others are kept by
+        reference (the final gradient is the same tensor, or None)."""
+        idx: list[int] = []
+        grads: list[Tensor] = []
+        shard = self.layout is not None
+        for i, p in enumerate(self.tensors):
+            g = p.grad
+            if g is not None:
+                if shard:  # FSDP2: this rank's shards; the snapshot combines them
+                    g = local(g)
+                idx.append(i)
+                grads.append(g if g.layout == torch.strided else dense(g))
+        if sampled:
+            am, norms, sums = raw_stats(grads)
+            out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, sums=sums)
+        else:
+            out = RawRead(idx, foreach_norm(grads), False)
+        if hooks.per_rank:
+            out.local_index = [i for i, v in enumerate(hooks.local_sq) if v is not None]
+            out.local_norms = [hooks.local_sq[i].sqrt() for i in out.local_index]  # type: ignore[union-attr]
+        if sampled:
+            for i in hist:
+                g = self.tensors[i].grad
+                if g is not None:
+                    g = dense(local(g)).detach()
+                    out.hist_raw[i] = g.clone() if i in edited else g
+        self.raw_read = out
+        return out
+
+    def final(self, raw: RawRead, *, hooks_ran: bool, guards: list[GuardResult], touched: set[int]) -> None:
+        """The sampled step's statistics of the final gradients (after every ``pre_step`` hook).
+        ``guards``: what this step's nan_guards counted; ``touched``: the parameters a pre_step
+        hook may have changed (their raw gradient is gone at the boundary)."""
+        self._guards, self._touched = guards, touched
+        pack = Pack()
+        if self.layout is None:
+            pack.add("raw_norm", raw.norm_tensors)
+            pack.add("raw_absmax", raw.absmax)
+        self._guard_entries = pack_guard_counts(pack, guards)
+        fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
+        fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
+        if hooks_ran:  # (the same arithmetic as raw(): an untouched gradient reads the same twice)
+            fabsmax, fnorms, fsums = raw_stats(fgrads)
+        else:  # no pre_step hook ran: the final gradients are the raw ones
+            fnorms, fabsmax, fsums = raw.norm_tensors, raw.absmax, raw.sums
+        strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
+        if self.layout is None:
+            pack.add("final_norm", fnorms)
+            pack.add("final_absmax", fabsmax)
+            # the sums of the dense final gradients: their mean and std are made on the host
+            # (stats.mean_std_of), from these and the final norms
+            known = {j: fsums[k] for j, k in enumerate(strided) if k in fsums}
+            totals = sums([fgrads[k] for k in strided], known)
+            pack.add(
+                "sum", [t.abs() if t.is_complex() else t for t in totals]
+            )  # (|sum| is all a complex std needs)
+        else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
+            self._part = {
+                "fnorms": fnorms,
+                "fabsmax": fabsmax,
+                "sums": sums([fgrads[k] for k in strided]),
+            }
+            if raw.local_index or any(self.layout.sharded[i] for i in raw.index):
+                shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
+                pack.add("shard_norm", [raw.norm_tensors[k] for k in shard_idx])
+        pack.add("local_norm", raw.local_norms)
+        if raw.backward is not None:
+            pack.add("backward_norm", raw.backward[0])
+            if raw.backward[1] is not None:
+                pack.add("backward_scale", raw.backward[1].reshape(1).float())
+        hist_in = []
+        for i, g_raw in raw.hist_raw.items():
+            g = self.tensors[i].grad
+            hist_in.append((i, g_raw, dense(local(g)) if g is not None else None))
+        spans = self._hist_spans(hist_in)
+        for i, g_raw, g_fin in hist_in:
+            h = histograms(g_raw, g_fin, HIST_BINS, span=spans.get(i))
+            if i in spans:  # a sharded parameter's counts: summed across the mesh in the snapshot
+                self._part.setdefault("hist", {})[i] = h
+            else:
+                pack.add(f"hist:{i}", h)
+        self._meta = {
+            "fin_idx": [i for i, _ in fin],
+            "dense_idx": [fin[k][0] for k in strided],
+            "hist_idx": list(raw.hist_raw),
+            "hist_final": [i for i in raw.hist_raw if self.tensors[i].grad is not None],
+        }
+        self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
+        self._pack = pack
+
+    def _exact_histograms(self, indices: list[int], raw: RawRead | None) -> dict[int, list[float]]:
+        """The histograms of gradients that hold NaN or Inf (the transfer showed a non-finite
+        abs-max), taken again without them (``stats.exact_histograms``). Rare: one more read, only
+        then. Not for a sharded parameter under FSDP2, whose histogram is exact already (taken
+        over its global range, ``_hist_spans``)."""
+        if not indices or raw is None:
+            return {}
+        out = {}
+        for i in indices:
+            if i not in raw.hist_raw or (self.layout is not None and self.layout.sharded[i]):
+                continue
+            g = self.tensors[i].grad
+            out[i] = histograms(raw.hist_raw[i], dense(g) if g is not None else None, HIST_BINS, exact=True)
+        return {i: h.tolist() for i, h in out.items()}
+
+    def _wide_final(self, norms: list[float | None], absmax: list[float | None]) -> None:
+        """Where a hook made finite final values whose float32 norm overflows (an infinite norm, a
+        finite abs-max), that norm again in float64, from the same gradient, in place (the std is
+        made from it after). Rare: a host read each, only then."""
+        for i, (n, a) in enumerate(zip(norms, absmax, strict=True)):
+            g = self._fgrads.get(i)
+            if g is None or n is None or a is None or math.isfinite(n) or not math.isfinite(a):
+                continue
+            norms[i] = float(wide_norm(g))
+
+    def _mean_std(
+        self,
+        dense_idx: list[int],
+        norms: list[float | None],
+        absmax: list[float | None],
+        data: dict[str, list[float]],
+    ) -> tuple[list[float | None], list[float | None]]:
+        """The dense final gradients' means and stds, made on the host (``stats.mean_std_of``, in
+        float64) from the transfer's sums and the final norms. A complex mean is not one number:
+        null, as is the std of a single value. Where finite values' sum overflowed float32 (in
+        the transfer, or in a float32 gradient's own sum: values near 1e34 and up), that sum is
+        taken again in float64 from the same gradient (rare: a host read, only then; not under
+        FSDP2, where it is a shard's)."""
+        n = len(self.params)
+        mean: list[float | None] = [None] * n
+        std: list[float | None] = [None] * n
+        totals, im = data.get("sum", []), data.get("sum_im")
+        for k, i in enumerate(dense_idx):
+            t, norm = self.tensors[i], norms[i]
+            if norm is None:
+                continue
+            cplx = t.is_complex()
+            total = math.hypot(totals[k], im[k]) if cplx and im is not None else totals[k]
+            a, g = absmax[i], self._fgrads.get(i)
+            if (
+                self.layout is None
+                and not math.isfinite(total)
+                and a is not None
+                and math.isfinite(a)
+                and g is not None
+            ):
+                wide = g.detach().to(torch.complex128 if cplx else torch.float64).sum()
+                total = float(wide.abs() if cplx else wide)
+            m, s = mean_std_of(total, norm, t.numel())
+            mean[i], std[i] = (None if cplx else m), s
+        return mean, std
+
+    def _raw_rare(
+        self, raw_idx: list[int], norms: list[float], absmax: list[float], data: dict[str, list[float]]
+    ) -> dict[int, tuple[int, int]]:
+        """A sampled step's rare cases, once its transfer has shown them: the NaN/Inf counts of each
+        non-finite raw gradient (from a guard's counts of this step, else counted now where no
+        ``pre_step`` hook changed it: a host read each, -1 where neither can tell), and, in place,
+        the float64 norm of finite raw values whose float32 norm overflowed (where still there)."""
+        counts: dict[int, tuple[int, int]] = {}
+        for i, nan, inf, _ in guard_counts(self._guard_entries, data):
+            counts.setdefault(i, (nan, inf))
+        for g in self._guards:
+            for f in g.found or ():
+                counts.setdefault(f.index, (f.nan, f.inf))
+        out: dict[int, tuple[int, int]] = {}
+        for k, i in enumerate(raw_idx):
+            here = self.layout is None and i not in self._touched and self.tensors[i].grad is not None
+            if not math.isfinite(absmax[k]):
+                if i in counts:
+                    out[i] = counts[i]
+                elif here:
+                    out[i] = count_nonfinite(dense(self.tensors[i].grad))  # type: ignore[arg-type]
+                else:
+                    out[i] = (-1, -1)
+            elif not math.isfinite(norms[k]) and here:  # finite values whose float32 norm overflowed
+                norms[k] = float(wide_norm(dense(self.tensors[i].grad)))  # type: ignore[arg-type]
+        return out
+
+    def end_step(self) -> None:
+        """Forget the step's device-side statistics (at every boundary)."""
+        if self.raw_read is None and self._pack is None and not self.update.kept:
+            return  # an unsampled step's probe (``probe()``) keeps nothing here
+        self.raw_read = None
+        self._pack = None
+        self._meta = {}
+        self._fgrads = {}
+        self._part = {}
+        self._guards = []
+        self._guard_entries = []
+        self._touched = set()
+        self.update.end_step()
+
+    def close(self) -> None:
+        self.end_step()
+        self.update.close()
+
+    def snapshot(
+        self,
+        *,
+        step: int,
+        config_version: int,
+        records: dict[str, list[Any]],
+        events: list[dict[str, Any]],
+        ranks: Callable[[list[float] | None], dict[str, Any] | None] | None,
+        states: Iterable[HookState],
+        hooks: TorchHooks,
+        lr: list[float],
+        sampled_every: int,
+        overhead: float | None,
+    ) -> Snapshot:
+        """The sampled step's snapshot, with its one host transfer. ``ranks``, under
+        torch.distributed: the boundary's exchange, called with this rank's local norms (from the
+        transfer) and returning the per-rank spread."""
+        pack = self._pack or Pack()
+        meta = self._meta if self._pack is not None else {}
+        raw = self.raw_read if self._pack is not None else None
+        n = len(self.params)
+        with torch.no_grad():
+            ps = self._params_local()
+            pnorms = foreach_norm(ps)
+            unorms = self.update.update_norms(ps)
+        dev = pnorms[0].device if pnorms else torch.device("cpu")
+        if self.layout is None:
+            pack.add("param_norm", pnorms)
+            if unorms is not None:
+                pack.add("update_norm", unorms)
+        eff_ids, effs = [], []
+        for st in states:
+            if st.measured:
+                effs.append(
+                    [
+                        x.float() if isinstance(x, Tensor) else torch.full((), float(x), device=dev)
+                        for x in (st.changed, st.before_sq, st.after_sq)
+                    ]
+                )
+                eff_ids.append(st.spec.id)
+        if self.layout is None:
+            for hid, e in zip(eff_ids, effs, strict=True):
+                pack.add(f"eff:{hid}", e)
+        mod_keys = sorted(hooks.mod_sq)
+        pack.add("modules", [hooks.mod_sq[k] for k in mod_keys])
+        rec_keys = [k for k, v in records.items() if isinstance(v[0], Tensor)]
+        pack.add("rec", [records[k][0] for k in rec_keys])
+        if self.layout is not None:
+            self._combine(pack, raw, meta, pnorms, unorms, list(zip(eff_ids, effs, strict=True)))
+        data = pack.transfer()  # the one host transfer of this snapshot
+        local_norms = None
+        if raw is not None and (raw.local_index or "shard_norm" in data):
+            local_norms = [math.nan] * n
+            for i, v in zip(raw.local_index, data.get("local_norm", []), strict=True):
+                local_norms[i] = v
+            if self.layout is not None:  # a sharded parameter's local norm is that of this rank's shard
+                shard_idx = [i for i in raw.index if self.layout.sharded[i]]
+                for i, v in zip(shard_idx, data.get("shard_norm", []), strict=True):
+                    local_norms[i] = v
+        spread = ranks(local_norms) if ranks is not None else None
+
+        def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
+            out: list[float | None] = [None] * n
+            for i, v in zip(indices, values or [], strict=False):
+                out[i] = v
+            return out
+
+        raw_idx = raw.index if raw is not None else []
+        fin_idx = meta.get("fin_idx", [])
+        dense_idx = meta.get("dense_idx", [])
+        raw_norm_vals = list(data.get("raw_norm", []))
+        raw_absmax_vals = data.get("raw_absmax", [])
+        counts = self._raw_rare(raw_idx, raw_norm_vals, raw_absmax_vals, data) if raw_idx else {}
+        grad_norm_raw = scatter(raw_idx, raw_norm_vals)
+        grad_norm = scatter(fin_idx, data.get("final_norm"))
+        absmax_final = scatter(fin_idx, data.get("final_absmax"))
+        if self.layout is None:  # (under FSDP2 a shard's float64 norm is not the tensor's)
+            self._wide_final(grad_norm, absmax_final)
+        mean, std = self._mean_std(dense_idx, grad_norm, absmax_final, data)
+        nan_count: list[int | None] = [None] * n
+        inf_count: list[int | None] = [None] * n
+        for i in raw_idx:
+            nan_count[i], inf_count[i] = (None if c < 0 else c for c in counts.get(i, (0, 0)))
+        update_ratio: list[float | None] = [None] * n
+        if "update_norm" in data:
+            # ||delta theta|| / ||theta|| with theta after the update (one pass fewer than before it;
+            # the two differ by the update itself, a relative 1e-3 or so)
+            with_grad = set(fin_idx)
+            for i, (u, b) in enumerate(zip(data["update_norm"], data["param_norm"], strict=True)):
+                if i in with_grad or u != 0:
+                    update_ratio[i] = (u / b) if b > 0 else None
+        scalars = {}
+        loss = None
+        rec_host = dict(zip(rec_keys, data.get("rec", []), strict=True))
+        for k, (s, c) in records.items():
+            v = rec_host.get(k, s) / c
+            if k == "loss":
+                loss = v
+            else:
+                scalars[k] = v
+        effects = {}
+        for hid in eff_ids:
+            changed, bsq, asq = data[f"eff:{hid}"]
+            effects[hid] = {
+                "changed": int(changed) if math.isfinite(changed) else changed,
+                "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None,
+            }
+        hist = {}
+        bad = {i for i, v in zip(raw_idx, raw_absmax_vals, strict=False) if not math.isfinite(v)}
+        bad.update(
+            i for i, v in zip(fin_idx, data.get("final_absmax", []), strict=False) if not math.isfinite(v)
+        )
+        exact = self._exact_histograms([i for i in meta.get("hist_idx", []) if i in bad], raw)
+        for i in meta.get("hist_idx", []):
+            h = exact.get(i) or data[f"hist:{i}"]
+            lo, hi = h[0], h[1]
+            edges = [lo + (hi - lo) * j / HIST_BINS for j in range(HIST_BINS + 1)]
+            final = h[2 + HIST_BINS :] if i in meta.get("hist_final", ()) else None  # None: no final gradient
+            hist[self.params[i]] = {"edges": edges, "raw": h[2 : 2 + HIST_BINS], "final": final}
+        modules: dict[str, dict[str, float]] = {}
+        for (name, which), v in zip(mod_keys, data.get("modules", []), strict=True):
+            modules.setdefault(name, {})["grad_output_norm" if which == "out" else "grad_input_norm"] = (
+                math.sqrt(v)
+            )
+        for name, which in sorted(hooks.mod_expected - set(mod_keys)):  # hooked, never seen: say why
+            entry: dict[str, Any] = modules.setdefault(name, {})
+            entry["grad_output_norm" if which == "out" else "grad_input_norm"] = None
+            entry["note"] = (
+                "a gradient asked for was not seen: the tensor is a view of part of another one, "
+                "modified in place later (its autograd history was rebuilt), or it took no part in the backward"
+            )
+
+        def total(vals: list[float | None]) -> float | None:
+            xs = [v for v in vals if v is not None]
+            return math.sqrt(sum(v * v for v in xs)) if xs else None
+
+        return Snapshot(
+            step=step,
+            time=time.time(),
+            config_version=config_version,
+            loss=loss,
+            scalars=scalars,
+            lr=lr,
+            grad_norm_raw=grad_norm_raw,
+            grad_norm=grad_norm,
+            grad_mean=mean,
+            grad_std=std,
+            grad_absmax_raw=scatter(raw_idx, raw_absmax_vals),
+            grad_absmax=absmax_final,
+            nan_count=nan_count,
+            inf_count=inf_count,
+            param_norm=list(data["param_norm"]),
+            update_ratio=update_ratio,
+            total_norm_raw=total(grad_norm_raw),
+            total_norm=total(grad_norm),
+            hook_effects=effects,
+            hist=hist,
+            modules=modules,
+            ranks=spread,
+            sampled_every=sampled_every,
+            overhead=overhead,
+            total_norm_backward=_backward_total(data),
+            events=events,
+        )

@@ -1,0 +1,176 @@
+"""The update-to-parameter ratio ``||delta theta|| / ||theta||`` within a memory bound.
+
+The update norm needs the parameters from before ``optimizer.step()``. A full copy would cost as
+much device memory as the model itself, so :class:`UpdateProbe` keeps at most ``BUDGET`` (10 %)
+of the parameters' bytes, or ``FLOOR`` bytes when that is more (a small model is kept whole):
+
+- while everything fits, every parameter is kept whole, and the ratio is exact;
+- otherwise the small parameters (up to ``SMALL`` elements: biases, norms) are kept whole, and
+  each larger one as every ``s``-th block of ``BLOCK`` consecutive elements of its flattened
+  values, ``s`` the smallest stride that keeps the total within the budget (at least 2), moved up
+  to be coprime with the number of block positions in a row, so that the blocks fall on every
+  column of every row in turn (an update that lives in some columns is neither missed nor
+  overweighted). Its
+  update norm is then estimated as ``||delta_S|| * sqrt(numel / |S|)``: for the large tensors of
+  a real model (``|S|`` in the thousands and up) within a few percent.
+
+Blocks of a cache line, not every ``s``-th element: a copy of every ``s``-th element with ``s``
+under 16 touches every cache line of the parameter (a full pass over its memory, twice per
+sampled step), while blocks are read only where they are kept.
+
+The buffers are allocated once, at the first sampled step, in each parameter's dtype and on its
+device (this rank's shard under FSDP2), and filled on sampled steps only; taking the ratio costs
+one block-strided copy before the update, an in-place subtraction and one batched norm after it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .tensor_stats import foreach_norm
+
+__all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "strides"]
+
+BUDGET = 0.10  # the largest share of the parameters' bytes kept
+FLOOR = 1 << 20  # bytes always allowed (a model under 10 MiB may keep more than 10 %)
+SMALL = 4096  # parameters up to this many elements are kept whole when strides are needed
+BLOCK = 16  # elements per block kept or left (64 bytes in float32: a cache line)
+
+
+def _block(shape: torch.Size) -> int:
+    """The length of a block that is kept or left whole: ``BLOCK``, or all of a smaller tensor."""
+    return max(1, min(BLOCK, math.prod(shape)))
+
+
+def sample_numel(shape: torch.Size, s: int) -> int:
+    """How many elements a parameter of ``shape`` sampled at stride ``s`` keeps."""
+    n = math.prod(shape)
+    if s == 1:
+        return n
+    b = _block(shape)
+    return math.ceil((n // b) / s) * b
+
+
+def _coprime(s: int, shape: torch.Size) -> int:
+    """``s`` moved up until the blocks it keeps fall on every column of the last dimension: a block
+    starts ``s * BLOCK`` elements after the previous one, so ``s`` must be coprime with the number
+    of block positions in a row (``last // gcd(BLOCK, last)``). Else every row keeps the same
+    columns (s = 8 on a 1024-wide weight: 8 of its 64 block columns), and an update that lives in
+    some columns (SGD's, which follows the input features) is missed or overweighted."""
+    last = int(shape[-1]) if len(shape) >= 2 else 1
+    period = last // math.gcd(BLOCK, last) if last > 1 else 1
+    while period > 1 and math.gcd(s, period) != 1:
+        s += 1
+    return s
+
+
+def strides(shapes: list[torch.Size], itemsizes: list[int]) -> list[int]:
+    """The block stride each parameter is sampled with (1: kept whole), within the budget above."""
+    sizes = [math.prod(s) * b for s, b in zip(shapes, itemsizes, strict=True)]
+    total = sum(sizes)
+    budget = max(BUDGET * total, FLOOR)
+    if total <= budget:
+        return [1] * len(shapes)
+    small = [math.prod(s) <= SMALL for s in shapes]
+    whole = sum(b for b, sm in zip(sizes, small, strict=True) if sm)
+    rest = total - whole
+    room = budget - whole
+    if room <= 0:  # many small parameters: sample them too
+        small, room, rest = [False] * len(shapes), budget, total
+    base = max(2, math.ceil(rest / room))
+    # whole blocks round the sample up: widen the stride until it fits, at most until every sampled
+    # parameter keeps one block (then, if the small ones kept whole still do not fit, they are
+    # sampled too; past that, the smallest sample there is)
+    widest = max([math.prod(x) // _block(x) for x in shapes] + [base]) + 1
+    for s in range(base, widest + 1):
+        out = [1 if sm else _coprime(s, x) for x, sm in zip(shapes, small, strict=True)]
+        kept = sum(sample_numel(x, k) * b for x, k, b in zip(shapes, out, itemsizes, strict=True))
+        if kept <= budget:
+            return out
+    if any(small):
+        return _strides_all(shapes, itemsizes, budget, widest)
+    return out
+
+
+def _strides_all(shapes: list[torch.Size], itemsizes: list[int], budget: float, widest: int) -> list[int]:
+    """``strides`` with every parameter sampled (the small ones kept whole did not fit)."""
+    base = max(2, math.ceil(sum(math.prod(x) * b for x, b in zip(shapes, itemsizes, strict=True)) / budget))
+    for s in range(base, widest + 1):
+        out = [_coprime(s, x) for x in shapes]
+        if sum(sample_numel(x, k) * b for x, k, b in zip(shapes, out, itemsizes, strict=True)) <= budget:
+            return out
+    return [_coprime(widest, x) for x in shapes]
+
+
+def _flat(p: Tensor) -> Tensor:
+    return p.reshape(-1)  # a view of a contiguous parameter (a copy otherwise, transient)
+
+
+def _sample(p: Tensor, s: int) -> Tensor:
+    """Every ``s``-th block of ``p`` (a view), or ``p`` flattened for ``s == 1``."""
+    f = _flat(p)
+    if s == 1:
+        return f
+    b = _block(p.shape)
+    rows = f.numel() // b
+    return f[: rows * b].view(rows, b)[::s]
+
+
+class UpdateProbe:
+    """Keeps (a sample of) the parameters before the update; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Tensor] | None = None
+        self._strides: list[int] = []
+        self._scale: list[float] = []
+        self._shapes: list[Any] = []  # (shape, dtype, device) per parameter the buffers were made for
+        self.kept = False  # filled for the step under way
+
+    @property
+    def resident_bytes(self) -> int:
+        """The device memory this probe holds (allocated once, kept for the run)."""
+        return sum(b.numel() * b.element_size() for b in self._bufs or [])
+
+    def _views(self, ps: list[Tensor]) -> list[Tensor]:
+        return [_sample(p, s) for p, s in zip(ps, self._strides, strict=True)]
+
+    def keep(self, ps: list[Tensor]) -> None:
+        """Before the update: copy the parameters' sample (``ps`` detached; local shards under FSDP2)."""
+        if self.kept:
+            return
+        with torch.no_grad():
+            shapes = [(p.shape, p.dtype, p.device) for p in ps]
+            if self._bufs is None or shapes != self._shapes:  # (a parameter replaced: p.data = ...)
+                self._shapes = shapes
+                self._strides = strides([p.shape for p in ps], [p.element_size() for p in ps])
+                views = self._views(ps)
+                self._bufs = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in views]
+                self._scale = [
+                    math.sqrt(p.numel() / v.numel()) if v.numel() else 1.0
+                    for p, v in zip(ps, views, strict=True)
+                ]
+            else:
+                views = self._views(ps)
+            torch._foreach_copy_(self._bufs, views)
+        self.kept = True
+
+    def update_norms(self, ps: list[Tensor]) -> list[Tensor] | None:
+        """After the update: each parameter's update norm (estimated where sampled), or None when
+        nothing was kept this step. Leaves the buffers holding the differences."""
+        if not self.kept or self._bufs is None:
+            return None
+        with torch.no_grad():
+            torch._foreach_sub_(self._bufs, self._views(ps))  # before - after, in place
+            norms = foreach_norm(self._bufs)
+        return [n * s if s != 1.0 else n for n, s in zip(norms, self._scale, strict=True)]
+
+    def end_step(self) -> None:
+        self.kept = False
+
+    def close(self) -> None:
+        self._bufs = None
+        self.kept = False

@@ -1,0 +1,1 @@
+"""What-if: checkpoints and rewind inside the run, and `compare()` of two branches."""

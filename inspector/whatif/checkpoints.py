@@ -1,0 +1,687 @@
+"""Checkpoints in host memory, and rewinding to one: ``insp.checkpoint()``, ``insp.rewind(id)``.
+
+A :class:`Checkpoint` holds what the next steps of a run depend on:
+
+- the model's ``state_dict()`` (parameters and buffers; for a dict of tensors, the tensors),
+  copied to host memory;
+- the optimizer's ``state_dict()`` (momentum, Adam's moments, the param groups' lr ...),
+  deep-copied to host memory, and the ``GradScaler``'s when one is attached;
+- the inspector's own state: the step counter, the hook config in force (specs with their ids,
+  the Python callables of ``python`` hooks), every ``noise`` hook's generator states, the
+  cadence (which steps are sampled next, and so get statistics and histograms) and the streak of
+  non-finite steps (so a rewound run samples, and reports NaN/Inf, as it did the first time);
+- what a caller registered with :meth:`Checkpoints.add_state` (the demo: its data stream).
+
+The global RNG, the user's data loader and LR schedulers are not saved: after a rewind in your own
+loop the loader goes on, so the next batches differ from those of the abandoned branch, and a
+scheduler goes on counting unless it was registered with :meth:`Checkpoints.add_state` (the
+learning rate itself comes back with the optimizer's state).
+
+When things happen: a request (a checkpoint, a rewind) is carried out by the training thread at
+a **step boundary**, never while a step is under way: at the next boundary, or at once when the
+caller is the training thread between two steps, when training is held at a boundary (paused:
+the held thread does it), or when training has finished. :meth:`Checkpoints.service` is that
+safe point; the Inspector calls it wherever it applies edits with the torch hooks in reach
+(``_drain_locked``), and a loop that owns its thread (the demo) may call it between steps.
+
+Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
+turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
+``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
+with :class:`~inspector.wire.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
+waiting is the same request), so no client can make the training thread copy the model more
+often than it keeps copies. Refused, with the reason, where a
+restore cannot be right: under ``torch.distributed`` (every rank would have to restore at the
+same boundary), under FSDP2, without a torch optimizer (a ``mark_step()`` loop: the update's
+state is the user's), with an optimizer or a scaler that has no ``state_dict()``.
+
+A rewind: the model, optimizer and scaler get the checkpoint's state in place (the same
+objects, so every hook stays valid; gradients are set to None), the step counter goes back
+to the checkpoint's step, the hook config becomes the checkpoint's (one change, action
+``rewind``, announced like any other), noise streams resume where they were, the snapshots
+of the abandoned branch leave the ring buffer, and a ``rewind`` event (``step``: the
+checkpoint's step, ``from_step``) tells subscribers (the server keeps the abandoned branch
+as a run of its own). Records made after the abandoned step's boundary are dropped.
+Checkpoints taken on the abandoned branch are dropped too: a rewind to one of them that was
+still waiting is refused (a ``rewind_error`` event naming why), never carried out onto the
+branch just left. A rewind at the checkpoint's own step (nothing to abandon: a double click,
+a script that retries) puts state and hooks back and abandons no step (``from_step`` equals
+``step``; the server records no branch).
+
+While a rewind waits for its boundary, hook changes are refused
+(:class:`~inspector.wire.errors.RewindPending`, see :meth:`Checkpoints.pending_rewind`): the rewind
+would put the checkpoint's hooks back over them unseen. Changes asked for before the rewind
+request apply first, and the rewind then undoes them, as it undoes every change since its
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..wire.errors import CheckpointBusy, CheckpointError, CheckpointNotFound, InspectorError, shown
+from ..wire.records import HookSpec
+
+if TYPE_CHECKING:
+    from ..inspector import Inspector
+
+__all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "DEFAULT_KEEP"]
+
+DEFAULT_KEEP = 3
+
+
+def host_copy(x: Any) -> Any:
+    """``x`` with every tensor copied (detached) to host memory; containers rebuilt, other values
+    deep-copied. Nothing of the result shares storage with ``x``."""
+    if isinstance(x, Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: host_copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [host_copy(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(host_copy(v) for v in x)
+    return copy.deepcopy(x)
+
+
+def fresh(x: Any) -> Any:
+    """A copy of a stored state to hand to ``load_state_dict`` (which may keep the tensors it is
+    given: training would then change the checkpoint)."""
+    if isinstance(x, Tensor):
+        return x.clone()
+    if isinstance(x, dict):
+        return {k: fresh(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [fresh(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(fresh(v) for v in x)
+    return copy.deepcopy(x)
+
+
+def nbytes(x: Any) -> int:
+    """Bytes of the tensors in ``x`` (nested containers)."""
+    if isinstance(x, Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, dict):
+        return sum(nbytes(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return sum(nbytes(v) for v in x)
+    return 0
+
+
+@dataclass
+class Checkpoint:
+    """One saved state (see the module docstring); ``step`` is None until it is taken."""
+
+    id: str
+    label: str | None
+    auto: bool
+    requested: float
+    step: int | None = None
+    time: float | None = None
+    model: Any = None
+    optim: Any = None
+    scaler: Any = None
+    hooks: tuple[HookSpec, ...] = ()
+    fns: dict[str, Any] = field(default_factory=dict)
+    generators: dict[str, dict[Any, Tensor]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0  # the last event's seq when it was taken
+    config_version: int = 0
+    bytes: int = 0
+    dropped: str | None = None  # why a rewind dropped it (taken on the branch that rewind abandoned)
+    cadence: dict[str, Any] = field(default_factory=dict)  # which steps are sampled next, and counted
+    nonfinite: dict[str, Any] = field(default_factory=dict)  # the non-finite streak's state
+
+    def info(self) -> dict[str, Any]:
+        """``{"id", "label", "auto", "step", "time", "bytes", "taken", "config_version", "hooks"}``."""
+        return {
+            "id": self.id,
+            "label": self.label,
+            "auto": self.auto,
+            "step": self.step,
+            "time": self.time,
+            "bytes": self.bytes,
+            "taken": self.step is not None,
+            "config_version": self.config_version,
+            "hooks": [s.to_dict() for s in self.hooks],
+        }
+
+
+class Checkpoints:
+    """An Inspector's checkpoints and its queue of checkpoint and rewind requests (its lock)."""
+
+    def __init__(self, insp: Inspector, keep: int) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            from ..wire.errors import HookError
+
+            raise HookError(("checkpoints",), f"must be a non-negative integer (got {shown(keep)})")
+        self._insp = insp
+        self.keep = keep
+        self._items: OrderedDict[str, Checkpoint] = OrderedDict()
+        self._queue: deque[tuple[str, Checkpoint]] = deque()  # ("checkpoint" | "rewind", cp)
+        self._next = 1
+        self.rewinds = 0  # rewinds carried out so far
+        self._states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        # The scaler at a boundary inside scaler.step(): its update() for this iteration is still
+        # to come, so what a checkpoint keeps of it is read, and what a rewind gives it is loaded,
+        # after that update (settle_scaler(), at the next forward): a checkpoint holds the scaler
+        # as between two steps, wherever it was taken or restored
+        self._scaler_later: list[Checkpoint] = []  # taken, their scaler state still to read
+        self._scaler_restore: Any = None  # a rewind's scaler state still to load
+        self.scaler_pending = False
+        self.on_request: list[Callable[[], None]] = []  # called after a request is queued (any thread)
+
+    # ------------------------------------------------------------ refusals
+    def refusal(self) -> str | None:
+        """Why checkpoints cannot be right for this Inspector, or None."""
+        insp = self._insp
+        if self.keep == 0:
+            return "checkpoints are off for this Inspector (attach(..., checkpoints=0))"
+        if insp._dist is not None or insp._layout is not None:
+            return (
+                "under torch.distributed (DDP, FSDP) every rank would have to restore at the same step "
+                "boundary: checkpoints and rewind are single-process only for now"
+            )
+        opt = insp._optimizer
+        if opt is None:
+            return (
+                "without a torch optimizer (a mark_step() loop) the update's own state is yours: "
+                "checkpoints need the optimizer's state_dict()"
+            )
+        if not callable(getattr(opt, "state_dict", None)) or not callable(
+            getattr(opt, "load_state_dict", None)
+        ):
+            return f"the optimizer {type(opt).__name__} has no state_dict()/load_state_dict()"
+        sc = insp._scaler
+        if sc is not None and not (
+            callable(getattr(sc, "state_dict", None)) and callable(getattr(sc, "load_state_dict", None))
+        ):
+            return f"the scaler {type(sc).__name__} has no state_dict()/load_state_dict(): its scale would be lost"
+        root = insp._root
+        if root is not None and not callable(getattr(root, "load_state_dict", None)):
+            return f"the model {type(root).__name__} has no load_state_dict()"
+        return None
+
+    def _check(self) -> None:
+        why = self.refusal()
+        if why is not None:
+            raise CheckpointError(why)
+
+    # ------------------------------------------------------------ requests (any thread)
+    def add_state(self, key: str, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        """Save ``save()`` with every checkpoint (under ``key``) and call ``load(value)`` on a rewind
+        (the training thread, at a boundary). What ``save`` returns is copied (tensors to host
+        memory, the rest deep-copied), so a live ``state_dict()`` will do: for an LR scheduler,
+        ``add_state("scheduler", sched.state_dict, sched.load_state_dict)``."""
+        with self._insp._lock:
+            self._states[key] = (save, load)
+
+    def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
+        """Request a checkpoint; returns its id (``c1``, ``c2``, ...). See the module docstring."""
+        return str(self.request(label, auto=auto)["id"])
+
+    def request(self, label: str | None = None, *, auto: bool = False) -> dict[str, Any]:
+        """Request a checkpoint; returns its ``info()`` as of the request (``taken`` true when it
+        was taken at once), so a reply never depends on its still being kept afterwards.
+
+        Raises:
+            CheckpointBusy: ``keep`` checkpoint requests wait for the next boundary already.
+            CheckpointError: checkpoints cannot be right here (the message says why).
+        """
+        if label is not None and not isinstance(label, str):
+            from ..wire.errors import HookError
+
+            raise HookError(("label",), f"must be a string or None (got {shown(label)})")
+        insp = self._insp
+        with insp._cond:
+            if insp._closed:
+                raise InspectorError("this Inspector is closed")
+            self._check()
+            self._bound("checkpoint")
+            cp = Checkpoint(f"c{self._next}", label[:200] if label else None, auto, time.time())
+            self._next += 1
+            self._queue.append(("checkpoint", cp))
+            self._kick()
+            return cp.info()
+
+    def rewind(self, cp_id: str) -> dict[str, Any]:
+        """Request a rewind to checkpoint ``cp_id``; returns ``{"checkpoint", "step", "done"}``
+        (``done``: carried out already; else at the next boundary). A rewind to ``cp_id`` that
+        waits already is this request too (a double click rewinds once)."""
+        insp = self._insp
+        with insp._cond:
+            if insp._closed:
+                raise InspectorError("this Inspector is closed")
+            self._check()
+            cp = self._find(cp_id)
+            if any(kind == "rewind" and c is cp for kind, c in self._queue):
+                return {"checkpoint": cp.id, "step": cp.step, "done": False}
+            self._bound("rewind")
+            self._queue.append(("rewind", cp))
+            before = self.rewinds
+            self._kick()
+            return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+
+    def _bound(self, kind: str) -> None:
+        """Refuse a request of ``kind`` when ``keep`` of them wait already (lock held)."""
+        waiting = sum(1 for k, _ in self._queue if k == kind)
+        if waiting >= self.keep:
+            raise CheckpointBusy(
+                f"{waiting} {kind} requests wait for the next step boundary already (at most "
+                f"{self.keep}, the number of checkpoints kept): ask again after it"
+            )
+
+    def pending_rewind(self) -> Checkpoint | None:
+        """The checkpoint of the first rewind waiting for a boundary, or None."""
+        with self._insp._lock:
+            return next((cp for kind, cp in self._queue if kind == "rewind"), None)
+
+    def _find(self, cp_id: Any) -> Checkpoint:
+        cp = self._items.get(cp_id) if isinstance(cp_id, str) else None
+        if cp is None:
+            cp = next((c for kind, c in self._queue if kind == "checkpoint" and c.id == cp_id), None)
+        if cp is None:
+            raise CheckpointNotFound(cp_id, self.keep)
+        return cp
+
+    def _kick(self) -> None:
+        """Carry the queue out now where that is safe; else wake whoever will (lock held)."""
+        insp = self._insp
+        if self._safe_here():
+            self._run_queue()
+        else:
+            insp._cond.notify_all()  # a training thread held at a boundary carries it out
+            for fn in list(self.on_request):
+                try:
+                    fn()
+                except Exception:  # a waker's bug must not fail the request
+                    pass
+
+    def _safe_here(self) -> bool:
+        insp = self._insp
+        on_train = threading.get_ident() == insp._train_tid
+        return (insp._finished and not insp._closed) or (on_train and not insp._under_way)
+
+    def wait(self, cp_id: str, timeout: float) -> bool:
+        """Block until checkpoint ``cp_id`` is taken (True) or ``timeout`` s pass (False)."""
+        insp = self._insp
+        with insp._cond:
+            return bool(
+                insp._cond.wait_for(
+                    lambda: (
+                        (cp_id in self._items and self._items[cp_id].step is not None)
+                        or not any(c.id == cp_id for _, c in self._queue)
+                    ),
+                    timeout,
+                )
+            ) and (cp_id in self._items)
+
+    def cancel(self, cp_id: str) -> None:
+        """Forget a checkpoint request not carried out yet (a waiter gave up on it)."""
+        with self._insp._cond:
+            self._queue = deque((k, c) for k, c in self._queue if not (k == "checkpoint" and c.id == cp_id))
+
+    def discard(self, cp_id: str) -> None:
+        """Forget a checkpoint (taken or not): the change it was taken for was refused."""
+        self.cancel(cp_id)
+        with self._insp._cond:
+            self._items.pop(cp_id, None)
+
+    def release(self) -> None:
+        """Forget every checkpoint and request (``close()``): their host memory goes with them,
+        even while the Inspector object lives on."""
+        with self._insp._cond:
+            self._items.clear()
+            self._queue.clear()
+            self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
+            self._insp._cond.notify_all()  # a wait() for a request gives up on it
+
+    @property
+    def queued(self) -> bool:
+        return bool(self._queue)
+
+    @property
+    def holds_changes(self) -> bool:
+        """An automatic checkpoint waits for a boundary: hook changes wait for it (see Rewinding)."""
+        return any(kind == "checkpoint" and cp.auto for kind, cp in self._queue)
+
+    # ------------------------------------------------------------ the safe point
+    def service(self, *, owner: bool = False) -> None:
+        """Carry queued requests out now, if this is a safe point: the training thread between steps
+        (``owner``: the caller owns the training loop and says it is between steps, e.g. the demo's
+        thread before its first step), training finished, or held at a boundary on this thread."""
+        insp = self._insp
+        if not self._queue:
+            return
+        with insp._cond:
+            if insp._closed or not (owner or self._safe_here()):
+                return
+            self._run_queue()
+
+    def _run_queue(self) -> None:
+        """Carry out the queue (the caller holds the lock, at a safe point)."""
+        insp = self._insp
+        last: Checkpoint | None = None  # the one taken last in this pass
+        while self._queue:
+            kind, cp = self._queue.popleft()
+            try:
+                if kind == "checkpoint":
+                    self._take(cp, last)
+                    last = cp
+                else:
+                    last = None
+                    self._restore(cp)
+            except Exception as e:  # never take training down: report it
+                from ..wire.errors import describe_error
+
+                insp._event(f"{kind}_error", message=describe_error(e), checkpoint=cp.id, step=insp._step)
+        insp._cond.notify_all()
+
+    # ------------------------------------------------------------ taking
+    def _update_to_come(self) -> bool:
+        """Whether the attached scaler's ``update()`` for this iteration is still to come: inside
+        ``scaler.step()`` (our boundary), its per-optimizer record holds the iteration's inf checks;
+        ``update()`` clears it (no device read)."""
+        insp = self._insp
+        states = getattr(insp._scaler, "_per_optimizer_states", None)
+        if insp._scaler is None or insp._optimizer is None or not isinstance(states, dict):
+            return False
+        st = states.get(id(insp._optimizer))
+        return bool(st and st.get("found_inf_per_device"))
+
+    def settle_scaler(self) -> bool:
+        """After the scaler's ``update()`` (the next forward, ``finish()``, ``close()``): read the
+        scaler state of checkpoints taken inside ``scaler.step()``, and load a rewind's. True when
+        the scaler was written."""
+        if not self.scaler_pending:
+            return False
+        insp = self._insp
+        with insp._cond:
+            sc, later, restore = insp._scaler, self._scaler_later, self._scaler_restore
+            self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
+            if sc is None:
+                return False
+            if later:
+                state = host_copy(sc.state_dict())
+                for cp in later:
+                    cp.scaler = state
+                    cp.bytes += nbytes(state)
+            if restore is not None:
+                sc.load_state_dict(fresh(restore))
+            return restore is not None
+
+    def _take(self, cp: Checkpoint, last: Checkpoint | None = None) -> None:
+        """Take ``cp`` now. Requests carried out together at one safe point (``last``: the one
+        taken just before, nothing changed since) share one copy of the state: a burst of
+        requests costs the training thread one copy, not one each."""
+        insp = self._insp
+        cp.step, cp.time = insp._step, time.time()
+        if last is not None and last.step == cp.step and last.config_version == insp._reg.version:
+            # the stored states are never changed (a rewind loads fresh() copies of them)
+            cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
+            cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
+            cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
+        else:
+            if insp._root is not None:
+                cp.model = host_copy(insp._root.state_dict())
+            else:
+                cp.model = [host_copy(t) for t in insp._tensors]
+            cp.optim = host_copy(insp._optimizer.state_dict())  # type: ignore[union-attr]
+            cp.scaler = host_copy(insp._scaler.state_dict()) if insp._scaler is not None else None
+            cp.hooks = tuple(insp._reg.applied)
+            cp.fns = {s.id: insp._reg.fns[s.id] for s in cp.hooks if s.id in insp._reg.fns}
+            cp.generators = {
+                hid: {key: gen.get_state() for key, gen in st.generators.items()}
+                for hid, st in insp._hooks.states.items()
+                if st.generators
+            }
+            cp.extra = {key: host_copy(save()) for key, (save, _) in self._states.items()}
+            cp.cadence = {
+                **insp._cadence.state_dict(),
+                "sampled": insp._sampled,  # whether the step after cp.step is sampled
+                "sampled_count": insp._sampled_count,
+            }
+            cp.nonfinite = insp._nonfinite.state_dict()
+        cp.config_version = insp._reg.version
+        if self._update_to_come():
+            cp.scaler = None  # read after this iteration's update() (settle_scaler)
+            self._scaler_later.append(cp)
+            self.scaler_pending = True
+        cp.bytes = nbytes(
+            [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
+        )
+        self._items[cp.id] = cp
+        while len(self._items) > self.keep:
+            self._items.popitem(last=False)
+        insp._event(
+            "checkpoint",
+            checkpoint=cp.id,
+            step=cp.step,
+            label=cp.label,
+            auto=cp.auto,
+            bytes=cp.bytes,
+            kept=len(self._items),
+            kept_bytes=self.bytes,
+            message=f"checkpoint {cp.id} at step {cp.step}"
+            + (f" ({cp.label})" if cp.label else "")
+            + f": {_size(cp.bytes)}; {len(self._items)} kept, {_size(self.bytes)} in host memory",
+        )
+        cp.seq = insp._seq  # its own event included: it belongs to every branch that starts here
+
+    # ------------------------------------------------------------ restoring
+    def _restore(self, cp: Checkpoint) -> None:
+        insp = self._insp
+        if cp.dropped is not None:
+            raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
+        if cp.step is None:
+            raise CheckpointError(f"checkpoint {cp.id} was never taken")
+        check_restorable(insp, cp)  # all or nothing: refused before anything is changed
+        from_step = insp._step
+        abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
+        # the abandoned branch's records go out as its own first; later late ones are dropped
+        # (nothing abandoned: the late records of the checkpoint's own step still belong to it)
+        insp._flush_late()
+        insp._records.flush_pending()
+        insp._deferred.drain(wait=True)  # the abandoned steps' deferred checks and records, now
+        if abandoned:
+            insp._records.current = {}
+            insp._records.discard_late = True
+        insp._edits.drain(from_step + 1, torch_ok=True)  # edits queued before the rewind
+        # the abandoned branch's events: seq_after < seq <= seq_until (none when nothing is abandoned)
+        seq_until = insp._seq
+        seq_after = cp.seq if abandoned else seq_until
+        self._load(cp)
+        reg = insp._reg
+        insp._feed.drop_after(cp.step, (seq_after, seq_until))
+        if abandoned:
+            for other in [c for c in self._items.values() if c.seq > cp.seq]:
+                # taken on the abandoned branch: not on this one's timeline; a rewind to it that
+                # still waits in the queue is refused (above), never carried onto the old branch
+                other.dropped = (
+                    f"it was taken at step {other.step}, on the steps {cp.step + 1}-{from_step} that "
+                    f"the rewind to {cp.id} abandoned"
+                )
+                del self._items[other.id]
+        self.rewinds += 1
+        insp._event(
+            "rewind",
+            step=cp.step,
+            from_step=from_step,
+            checkpoint=cp.id,
+            label=cp.label,
+            rewinds=self.rewinds,
+            seq_after=seq_after,
+            seq_until=seq_until,
+            config_version=reg.version,
+            message=f"rewound from step {from_step} to step {cp.step} (checkpoint {cp.id}"
+            + (f": {cp.label}" if cp.label else "")
+            + (
+                f"); steps {cp.step + 1}-{from_step} are kept as a branch of their own"
+                if abandoned
+                else "); no step abandoned: state and hooks are the checkpoint's again"
+            ),
+        )
+        insp._publish_training()
+
+    def adopt(self, cp: Checkpoint) -> None:
+        """Start this Inspector's run from another Inspector's checkpoint of the same model (a
+        shadow copy): state, step, hooks and noise streams; no event. Call on its training thread."""
+        insp = self._insp
+        with insp._cond:
+            if not self._safe_here():
+                raise InspectorError("adopt() is for this Inspector's training thread, between steps")
+            if cp.step is not None:
+                check_restorable(insp, cp)
+            self._load(cp, exact=False)
+
+    def _load(self, cp: Checkpoint, *, exact: bool = True) -> None:
+        """Model, optimizer and scaler state, step counter, hook config (one ``rewind`` change),
+        noise streams, cadence, non-finite streak and registered states of ``cp`` (lock held, at a
+        safe point). ``exact``: the cadence as it was (a rewind: the same steps are sampled, and
+        get histograms, as the first time); else the next step is sampled (a shadow's start)."""
+        insp = self._insp
+        if cp.step is None:
+            raise CheckpointError(f"checkpoint {cp.id} was never taken")
+        if self._update_to_come():
+            # this iteration's update() would run on the restored scaler: load it after that
+            restore_state(insp, cp, scaler=False)
+            if any(c is cp for c in self._scaler_later):
+                self._scaler_restore = None  # taken at this boundary: the update makes its state
+            elif cp.scaler is not None:
+                self._scaler_restore, self.scaler_pending = cp.scaler, True
+        else:
+            restore_state(insp, cp)
+        insp._step = cp.step
+        reg = insp._reg
+        reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
+        insp._edits.drain(cp.step + 1, torch_ok=True)
+        set_generators(insp._hooks.states, cp.generators)
+        if exact and cp.cadence:
+            insp._cadence.load_state_dict(cp.cadence)
+            insp._sampled, insp._sampled_count = cp.cadence["sampled"], cp.cadence["sampled_count"]
+        else:
+            insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
+            insp._sampled = True
+        insp._nonfinite.load_state_dict(cp.nonfinite or {"last": None, "streak": 0})
+        insp._last_boundary = None
+        for key, (_, load) in self._states.items():
+            if key in cp.extra:
+                load(fresh(cp.extra[key]))
+
+    # ------------------------------------------------------------ reading
+    @property
+    def bytes(self) -> int:
+        """Host memory of the checkpoints kept (a copy shared by several counted once)."""
+        return sum({id(c.model): c.bytes for c in self._items.values()}.values())
+
+    def get(self, cp_id: str) -> Checkpoint:
+        with self._insp._lock:
+            return self._find(cp_id)
+
+    def list(self) -> list[dict[str, Any]]:
+        """The checkpoints kept, oldest first, then the requested ones not taken yet."""
+        with self._insp._lock:
+            out = [c.info() for c in self._items.values()]
+            return out + [c.info() for kind, c in self._queue if kind == "checkpoint"]
+
+    def summary(self) -> dict[str, Any]:
+        """``{"checkpoints": [...], "bytes", "keep", "rewinds", "refused"}`` (refused: the reason, or None)."""
+        with self._insp._lock:
+            return {
+                "checkpoints": self.list(),
+                "bytes": self.bytes,
+                "keep": self.keep,
+                "rewinds": self.rewinds,
+                "refused": self.refusal(),
+            }
+
+
+def check_restorable(insp: Any, cp: Checkpoint) -> None:
+    """Raise CheckpointError, changing nothing, when ``cp``'s state no longer fits the model or the
+    optimizer (a parameter or a parameter group added since, a shape changed): loading it would
+    fail half-way, with the model's weights replaced and the optimizer's not."""
+    if insp._root is not None:
+        now = insp._root.state_dict()
+        missing, extra = sorted(set(now) - set(cp.model)), sorted(set(cp.model) - set(now))
+        if missing or extra:
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the model: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"{len(missing)} entries added since ({', '.join(missing[:3])})" if missing else "",
+                        f"{len(extra)} entries gone ({', '.join(extra[:3])})" if extra else "",
+                    )
+                    if part
+                )
+            )
+        pairs = [(k, now[k], cp.model[k]) for k in now]
+    else:
+        if len(cp.model) != len(insp._tensors):
+            raise CheckpointError(
+                f"checkpoint {cp.id} holds {len(cp.model)} tensors, the run {len(insp._tensors)}"
+            )
+        pairs = [(str(i), t, saved) for i, (t, saved) in enumerate(zip(insp._tensors, cp.model, strict=True))]
+    for key, t, saved in pairs:
+        if isinstance(t, Tensor) and isinstance(saved, Tensor) and t.shape != saved.shape:
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the model: {key} is {tuple(t.shape)}, "
+                f"{tuple(saved.shape)} in the checkpoint"
+            )
+    groups, saved_groups = insp._optimizer.param_groups, cp.optim.get("param_groups", [])
+    if len(groups) != len(saved_groups):
+        raise CheckpointError(
+            f"checkpoint {cp.id} no longer fits the optimizer: it has {len(groups)} parameter groups, "
+            f"the checkpoint {len(saved_groups)} (a group added or removed since)"
+        )
+    for i, (g, saved) in enumerate(zip(groups, saved_groups, strict=True)):
+        if len(g["params"]) != len(saved.get("params", ())):
+            raise CheckpointError(
+                f"checkpoint {cp.id} no longer fits the optimizer: its parameter group {i} holds "
+                f"{len(g['params'])} parameters, {len(saved.get('params', ()))} in the checkpoint"
+            )
+
+
+def restore_state(insp: Any, cp: Checkpoint, *, scaler: bool = True) -> None:
+    """Load ``cp``'s model, optimizer and scaler state into ``insp``'s (in place; gradients None).
+    The optimizer's first: ``Optimizer.load_state_dict`` checks its input before it changes
+    anything, and the model's was checked (:func:`check_restorable`)."""
+    insp._optimizer.load_state_dict(fresh(cp.optim))
+    with torch.no_grad():
+        if insp._root is not None:
+            insp._root.load_state_dict(fresh(cp.model))
+        else:
+            for t, saved in zip(insp._tensors, cp.model, strict=True):
+                t.copy_(saved)
+        for t in insp._tensors:
+            t.grad = None
+    if scaler and cp.scaler is not None and insp._scaler is not None:
+        insp._scaler.load_state_dict(fresh(cp.scaler))
+
+
+def set_generators(states: dict[str, Any], saved: dict[str, dict[Any, Tensor]]) -> None:
+    """Give each hook's noise streams the saved generator states (none saved: fresh streams)."""
+    for hid, st in states.items():
+        gens = {}
+        for key, state in saved.get(hid, {}).items():
+            gen = torch.Generator(device=key[0])
+            gen.set_state(state.clone())
+            gens[key] = gen
+        st.generators = gens
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"

@@ -1,0 +1,511 @@
+"""`LiveSource`: an attached inspector (demo mode or user mode), with optional history.
+
+The core calls `_on_message` on its dispatcher thread for every message. That
+callback does only cheap work: queue the row for the store's writer, remember
+late scalars, and hand the message to the event loop (`publish`). It never
+raises into the core.
+
+History for the current run is the database (at most ~1 s behind) followed by
+the core's in-memory ring buffer for the newest steps, so a request never waits
+for the writer.
+
+Recording and serving have separate lives. `record()` opens the run, starts the
+store's writer and subscribes to the core; `start(publish)` (the app's lifespan)
+records, if it was not already, and connects the websocket hub. In demo mode the
+lifespan's `stop()` ends everything; in user mode (`history_outlives_server`) it
+only disconnects the hub: the history goes on recording while the training does,
+even after the server thread died, until `close()` (`insp.close()`).
+
+A hook change (add, update, remove, import; over HTTP or the websocket) returns
+only once it is durable: the core has accepted it, and the requested configuration
+is committed to the history (`HistoryStore.record_request`). The core announces
+the change when it is applied, possibly a step later, and that is recorded too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..history.queries import select, select_buckets, values_of
+from ..history.storage import HistoryStore
+from ..protocol import dumps
+from ..sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
+from . import whatif
+
+log = logging.getLogger("gradient_inspector.server")
+
+
+class LiveSource(Source):
+    """An attached inspector.
+
+    Args:
+        insp: the object `inspector.attach(...)` returned.
+        mode: "demo" (our own training thread, `trainer`) or "user" (the user's loop).
+        store: the history database, or None for no history.
+        read_only: answer every command with 403.
+        trainer: the demo's training thread (`demo.Trainer`), started and stopped with the app.
+        scenario: the demo scenario's `{"name", "description", "try_this"}`.
+        owns_inspector: close `insp` when the app stops (demo mode).
+        history_outlives_server: the app's stop leaves the recording on (user mode: `close()` ends
+            it, from `insp.close()`), so a crash of the server thread does not stop the history.
+    """
+
+    def __init__(
+        self,
+        insp: Any,
+        *,
+        mode: str = "user",
+        store: HistoryStore | None = None,
+        read_only: bool = False,
+        trainer: Any = None,
+        scenario: dict[str, Any] | None = None,
+        owns_inspector: bool = False,
+        history_outlives_server: bool = False,
+    ) -> None:
+        self.insp = insp
+        self.mode = mode
+        self.store = store
+        self.read_only = read_only
+        self.trainer = trainer
+        self.scenario = scenario
+        self.owns_inspector = owns_inspector
+        self.history_outlives_server = history_outlives_server
+        self.run_id = 0 if store is None else None
+        self.whatif = getattr(trainer, "whatif", None)  # the demo's shadow comparisons (shadow.py)
+        self.started = time.time()
+        self._publish: Publish | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._recording = False
+        self._closed = False
+        self._requests = 0  # hook requests recorded in this run (their seq)
+        self._request_lock = threading.Lock()
+        self._recent_scalars: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> scalars payload
+        self._lock = threading.Lock()
+        self._hist_lock = threading.Lock()
+        self._hist_subs: dict[str, list[str]] = {}  # client id -> its histogram parameters
+        self.callback_errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def record(self) -> None:
+        """Open this run in the history and subscribe to the core (idempotent; any thread)."""
+        with self._lock:
+            if self._recording or self._closed:
+                return
+            self._recording = True
+        if self.store is not None:
+            name = self.scenario["name"] if self.scenario else None
+            self.run_id = self.store.new_run(
+                params=self.insp.param_info(),
+                modules=list(self.insp.modules),
+                scenario=name,
+                meta={"mode": self.mode, "scenario": self.scenario},
+            )
+            self.store.start_writer(on_status=self._history_status)
+        if self.whatif is not None:
+            self.whatif.store, self.whatif.parent_run = self.store, self.run_id
+            self.whatif.publish = self._publish_now  # the hub's, while the server runs
+        # lossless: the history records every step; slow browsers are coalesced per client (hub.py)
+        self._unsubscribe = self.insp.subscribe(self._on_message, lossless=True)
+        if self.store is not None and self.run_id is not None:
+            self.store.add_hooks(self.run_id, self.insp.config_version, self.insp.hooks())
+
+    def _publish_now(self, kind: str, payload: Any, text: str | None = None) -> None:
+        publish = self._publish
+        if publish is not None:
+            publish(kind, payload, text)
+
+    def start(self, publish: Publish) -> None:
+        self.record()
+        self._publish = publish
+        if self.trainer is not None:
+            self.trainer.start()
+
+    def stop(self) -> None:
+        """The app stops: the hub is disconnected; the recording too unless it outlives the server."""
+        self._publish = None
+        if not self.history_outlives_server:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the demo's training, the subscription and the store. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._publish = None
+        if self.trainer is not None:
+            self.trainer.stop()
+        if self.owns_inspector:
+            # before letting go: closing delivers what the core still has queued (its dispatcher
+            # may be steps behind training), so the last steps reach the history too
+            self.insp.close()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self.store is not None:
+            self.store.close()
+
+    def _history_status(self, kind: str, reason: str) -> None:
+        self.insp.add_event(kind, reason=reason)
+
+    def _on_message(self, kind: str, payload: dict[str, Any]) -> None:
+        try:
+            store, run = self.store, self.run_id
+            if kind == "scalars":
+                with self._lock:
+                    self._recent_scalars[int(payload["step"])] = payload
+                    while len(self._recent_scalars) > 4096:
+                        self._recent_scalars.popitem(last=False)
+            text = (
+                dumps(payload) if kind == "snapshot" else None
+            )  # one encoding, for the history and the sockets
+            if store is not None and run is not None:
+                if kind == "snapshot":
+                    store.add_snapshot(run, payload, text)
+                elif kind == "scalars":
+                    store.add_scalars(run, payload)
+                elif kind == "event":
+                    store.add_event(run, payload)
+                elif kind == "hooks":
+                    store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
+            if kind == "event" and payload.get("kind") == "rewind":
+                self._rewound(payload)
+            elif (
+                kind == "event"
+                and payload.get("kind") == "hook_applied"
+                and payload.get("action") == "rewind"
+                and self.whatif is not None
+            ):
+                # a rewind's hooks come next in this stream: the shadow ends, and keeps the label
+                # it had while it ran (compared with the main run it branched from)
+                self.whatif.stop("the main run was rewound")
+            elif kind == "hooks" and self.whatif is not None:
+                self.whatif.hooks_changed(payload["hooks"])
+            if self._publish is not None:
+                self._publish(kind, payload, text)
+        except Exception:  # never raise into the core's dispatcher
+            self.callback_errors += 1
+            if self.callback_errors == 1:
+                log.exception("gradient-inspector server: failed to handle a %r message", kind)
+
+    def _rewound(self, ev: dict[str, Any]) -> None:
+        """A rewind (the core's `rewind` event): the steps past the checkpoint's are an abandoned
+        branch now, a run of its own linked to this one (`parent_run`, `branch_step`)."""
+        step = int(ev["step"])
+        with self._lock:
+            for s in [s for s in self._recent_scalars if s > step]:
+                del self._recent_scalars[s]
+        store, run = self.store, self.run_id
+        if store is None or run is None or int(ev.get("from_step") or 0) <= step:
+            return  # at the checkpoint's own step no step was abandoned: no branch to keep
+        label = f"abandoned at step {ev.get('from_step')}: rewound to {ev.get('checkpoint')}"
+        if ev.get("label"):
+            label += f" ({ev['label']})"
+        branch = store.new_run(
+            params=self.insp.param_info(),
+            modules=list(self.insp.modules),
+            scenario=self.scenario["name"] if self.scenario else None,
+            meta={"mode": self.mode, "scenario": self.scenario},
+            parent_run=run,
+            branch_step=step,
+            branch="abandoned",
+            label=label,
+        )
+        seqs = (int(ev.get("seq_after") or 0), int(ev.get("seq_until") or 0))
+        store.move_branch(run, branch, step, seqs, int(ev.get("config_version") or 0))
+        store.flush(5.0)  # moved before a page asks for this run's history again
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def _is_current(self, run: int | None) -> bool:
+        return run is None or run == self.run_id
+
+    def hello(self, history: int = 200, events: int = 100) -> dict[str, Any]:
+        if self.trainer is not None:
+            self.trainer.client_arrived()  # a demo waiting for its first page trains from now on
+        return super().hello(history, events)
+
+    def session(self, run: int | None = None) -> dict[str, Any]:
+        if not self._is_current(run):
+            return self.stored_session(self._run(run), read_only=self.read_only, live=False)
+        insp = self.insp
+        return {
+            "run_id": self.run_id,
+            "mode": self.mode,
+            "live": True,
+            "params": insp.param_info(),
+            "modules": list(insp.modules),
+            "hook_kinds": hook_kinds(),
+            "hooks": insp.hooks(),
+            "config_version": insp.config_version,
+            "training": {
+                **insp.state,
+                "scenario": self.scenario["name"] if self.scenario else None,
+                "steps_per_second": self.trainer.rate if self.trainer is not None else None,
+            },
+            "read_only": self.read_only,
+            "scenario": self.scenario,
+            "history": {
+                "db": self.store.path if self.store is not None else None,
+                "paused": self.store.paused_reason if self.store is not None else None,
+            },
+            "checkpoints": self.checkpoints(),
+            "shadow": self.shadow_state(points=False),
+            "branches": self.store.branches_of(self.run_id) if self.store is not None and self.run_id else [],
+            "branch": None,
+        }
+
+    def param_names(self, run: int | None = None) -> list[str]:
+        if self._is_current(run):
+            return list(self.insp.params)
+        return super().param_names(run)
+
+    def snapshots(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+        buckets: int | None = None,
+    ) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().snapshots(
+                run, since=since, until=until, limit=limit, points=points, buckets=buckets
+            )
+        # the core's ring: each snapshot's dict converted once, late scalars already merged in
+        ring = {s["step"]: s for s in self.insp.snapshots(since) if until is None or s["step"] <= until}
+        first = min(ring) if ring else None
+        chosen = self._chosen("snapshots", ring, since, first, until, limit, points, buckets)
+        old = [s for s in chosen if s not in ring]
+        out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
+        return out + [ring[s] for s in chosen if s in ring]
+
+    def scalars(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int | None = None,
+        points: int | None = None,
+        buckets: int | None = None,
+    ) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+        with self._lock:
+            recent = {
+                s: p
+                for s, p in self._recent_scalars.items()
+                if (since is None or s > since) and (until is None or s <= until)
+            }
+        first = min(recent) if recent else None
+        chosen = self._chosen("scalars", recent, since, first, until, limit, points, buckets)
+        old = [s for s in chosen if s not in recent]
+        out = self.store.scalars_at(self.run_id, old) if (old and self.store is not None) else []
+        return out + [
+            {"step": s, "loss": recent[s].get("loss"), "scalars": recent[s].get("scalars") or {}}
+            for s in chosen
+            if s in recent
+        ]
+
+    def _chosen(
+        self,
+        table: str,
+        recent: dict[int, dict[str, Any]],
+        since: int | None,
+        first: int | None,
+        until: int | None,
+        limit: int | None,
+        points: int | None,
+        buckets: int | None,
+    ) -> list[int]:
+        """The steps a query returns: the stored ones before `first` (the oldest held in memory),
+        then those in memory (`recent`)."""
+        if buckets is not None:
+            stored_rows = (
+                [] if self.store is None else self.store.values(table, self.run_id, since, first, until)
+            )
+            rows = stored_rows + [values_of(table, s, recent[s]) for s in sorted(recent)]
+            return select_buckets(rows, limit, buckets)
+        stored = [] if self.store is None else self.store.steps(table, self.run_id, since, first, until=until)
+        return select(stored + sorted(recent), limit, points)
+
+    def events(
+        self, run: int | None = None, *, since: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        if not self._is_current(run):
+            return super().events(run, since=since, limit=limit)
+        ring = list(self.insp.events(since))
+        out = ring
+        if limit and len(ring) >= limit:
+            return ring[-limit:]
+        if self.store is not None:
+            first = ring[0]["seq"] if ring else None
+            stored = self.store.events(self.run_id, since=since)
+            out = [e for e in stored if first is None or e["seq"] < first] + ring
+        return out[-limit:] if limit else out
+
+    def runs(self) -> list[dict[str, Any]]:
+        if self.store is not None:
+            return super().runs()
+        state = self.insp.state
+        return [
+            {
+                "id": self.run_id,
+                "started": self.started,
+                "scenario": self.scenario["name"] if self.scenario else None,
+                "steps": state["step"],
+                "params": len(self.insp.params),
+                "live": True,
+            }
+        ]
+
+    def hooks(self) -> list[dict[str, Any]]:
+        return self.insp.hooks()
+
+    def config_version(self) -> int:
+        return int(self.insp.config_version)
+
+    def export_hooks(self) -> dict[str, Any]:
+        return self.insp.export_hooks()
+
+    def targets(self, glob: str, point: str | None) -> list[str]:
+        return self._core(self.insp.match_targets, glob, **({"point": point} if point else {}))
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    def _core(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import inspector
+
+        try:
+            return fn(*args, **kwargs)
+        except inspector.HookNotFound as e:  # its message names the id: "no hook with id 'h3'"
+            raise ApiError(404, str(e)) from e
+        except inspector.HookError as e:
+            raise ApiError(422, detail_of(e)) from e
+        except inspector.RewindPending as e:  # a rewind waits: it would undo the change unseen
+            raise ApiError(409, str(e)) from e
+
+    def _command(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.read_only:
+            raise read_only_error()
+        return self._core(fn, *args, **kwargs)
+
+    def _durable(self, action: str, hook_id: str | None) -> None:
+        """Record the requested configuration after an accepted change, and return once it is
+        committed (at most a few seconds: while history is paused the reply does not wait for it,
+        the row is written when writes succeed again)."""
+        store, run = self.store, self.run_id
+        if store is None or run is None:
+            return
+        with self._request_lock:
+            self._requests += 1
+            seq = self._requests
+            version, hooks = self.insp.requested_config()  # read in the order the seqs are given
+        store.record_request(run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks)
+
+    def add_hook(
+        self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        handle = self._change(
+            f"before add {kind}",
+            self.insp.add_hook,
+            kind,
+            target=target,
+            point=point,
+            enabled=enabled,
+            params=params,
+        )
+        self._durable("add", handle.id)
+        # the spec as accepted: read back now, it may be gone already (a rewind carried out
+        # meanwhile puts its checkpoint's hooks back), and the reply is about this request
+        return dict(handle.accepted)
+
+    def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
+        given = {k: v for k, v in change.items() if v is not None}
+        spec = self._change(f"before update {hook_id}", self.insp.update_hook, hook_id, **given)
+        self._durable("update", hook_id)
+        return spec  # type: ignore[no-any-return]
+
+    def remove_hook(self, hook_id: str) -> None:
+        self._change(f"before remove {hook_id}", self.insp.remove_hook, hook_id)
+        self._durable("remove", hook_id)
+
+    def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        hooks = self._change("before import", self.insp.import_hooks, preset)
+        self._durable("import", None)
+        return hooks  # type: ignore[no-any-return]
+
+    def _change(self, label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A hook change from the page, with the what-if around it (whatif.py)."""
+        if self.read_only:
+            raise read_only_error()
+        return whatif.around_change(self, label, lambda: self._core(fn, *args, **kwargs))
+
+    def checkpoints(self) -> dict[str, Any]:
+        return whatif.checkpoints(self)
+
+    def checkpoint(self, label: str | None) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.checkpoint(self, label)
+
+    def rewind(self, cp_id: str) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.rewind(self, cp_id)
+
+    def shadow_state(self, points: bool = True) -> dict[str, Any] | None:
+        return whatif.shadow_state(self, points)
+
+    def shadow_start(self) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        return whatif.shadow_start(self)
+
+    def shadow_stop(self) -> None:
+        if self.read_only:
+            raise read_only_error()
+        whatif.shadow_stop(self)
+
+    def training_command(self, action: str) -> dict[str, Any]:
+        fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]
+        self._command(fn)
+        return dict(self.insp.state)
+
+    def set_rate(self, steps_per_second: float | None) -> dict[str, Any]:
+        if self.read_only:
+            raise read_only_error()
+        if self.trainer is None:
+            raise ApiError(
+                409, "the step rate is set by your own training loop: rate control is demo mode only"
+            )
+        self.trainer.set_rate(steps_per_second)
+        if self._publish is not None:  # every page learns the new rate at once
+            self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate}, None)
+        return {"steps_per_second": self.trainer.rate}
+
+    def set_hist(self, client_id: str, names: list[str]) -> None:
+        """One client's histogram parameters (`[]` drops them). The core's cap (HIST_CAP) is shared
+        fairly: the dashboards' list handed to the core takes every client's first choice, then
+        every client's second, and so on, so one client asking for the whole cap first cannot
+        deny histograms to another (each of up to HIST_CAP clients gets its first choice)."""
+        with self._hist_lock:
+            subs = {k: v for k, v in self._hist_subs.items() if k != client_id}
+            if names:
+                subs[client_id] = list(dict.fromkeys(names))
+            fair: list[str] = []
+            for rank in range(max((len(v) for v in subs.values()), default=0)):
+                for wanted in subs.values():
+                    if rank < len(wanted) and wanted[rank] not in fair:
+                        fair.append(wanted[rank])
+            self._core(self.insp.set_hist_subscription, "dashboards", fair)  # unknown names: 422
+            self._hist_subs = subs

@@ -1,0 +1,110 @@
+"""What-if on a live source: checkpoints, rewind and the demo's shadow comparison (live.py calls here).
+
+A hook change made from the page (HTTP or websocket) is wrapped by `around_change`: first an
+automatic checkpoint is requested (`insp.checkpoints.checkpoint(label, auto=True)`), which the
+training thread takes at its next step boundary (the demo's thread between two steps; at once
+when training is held or finished); then the change is made as before, and the request returns
+at once. The change waits for the checkpoint: it applies right after it (inspector/whatif/rewinding.py),
+so the checkpoint holds the state and hooks from just before it. An invalid change leaves no
+checkpoint. In the demo, when no comparison runs, the change starts one from that checkpoint
+(shadow.py).
+
+Errors: a refused checkpoint or rewind (CheckpointError) is a 409 with the core's reason, an
+unknown checkpoint a 404, a request past the bounded queue (CheckpointBusy: `keep` requests of its
+kind already wait for the next boundary) a 429. A hook change while a rewind waits for its
+boundary is a 409 (RewindPending, live.py): the rewind would put its checkpoint's hooks back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..sources import ApiError
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    import inspector
+
+    try:
+        return fn(*args)
+    except inspector.CheckpointNotFound as e:
+        raise ApiError(404, str(e)) from e
+    except inspector.CheckpointBusy as e:
+        raise ApiError(429, str(e)) from e
+    except inspector.CheckpointError as e:
+        raise ApiError(409, str(e)) from e
+    except inspector.InspectorError as e:  # closed
+        raise ApiError(409, str(e)) from e
+
+
+def around_change(src: Any, label: str, do: Callable[[], Any]) -> Any:
+    """`do()` (the change) after an automatic checkpoint; in the demo, a comparison from it."""
+    mgr = src.insp.checkpoints
+    cp = None
+    if mgr.refusal() is None:
+        try:
+            cp = mgr.checkpoint(label, auto=True)
+        except Exception:  # closed meanwhile, refused: the change goes ahead without one
+            cp = None
+    try:
+        result = do()
+    except BaseException:
+        if cp is not None:
+            mgr.discard(cp)
+        raise
+    wi = src.whatif
+    if cp is not None and wi is not None and wi.auto and not wi.busy:
+        wi.start_from(cp, label.replace("before ", "at ", 1))
+    return result
+
+
+def checkpoints(src: Any) -> dict[str, Any]:
+    """`GET /api/checkpoints`: the core's summary."""
+    return src.insp.checkpoints.summary()  # type: ignore[no-any-return]
+
+
+def checkpoint(src: Any, label: str | None) -> dict[str, Any]:
+    """`POST /api/checkpoints`: the checkpoint as requested (never read back: by the time a
+    reply is made the checkpoint may be taken, and already dropped from the newest `keep`)."""
+    return _call(src.insp.checkpoints.request, label)  # type: ignore[no-any-return]
+
+
+def rewind(src: Any, cp_id: str) -> dict[str, Any]:
+    return _call(src.insp.rewind, cp_id)  # type: ignore[no-any-return]
+
+
+def shadow_state(src: Any, points: bool) -> dict[str, Any] | None:
+    if src.whatif is None:
+        return None
+    state = src.whatif.state()
+    if not points:
+        state.pop("points", None)
+    return state  # type: ignore[no-any-return]
+
+
+def _whatif(src: Any) -> Any:
+    if src.whatif is None:
+        raise ApiError(
+            409,
+            "the shadow comparison is a demo feature (the demo owns its data and loss): in your own "
+            "loop use inspector.compare(model, optimizer, step_fn, batches, hooks_a, hooks_b)",
+        )
+    return src.whatif
+
+
+def shadow_start(src: Any) -> dict[str, Any]:
+    """`POST /api/shadow` ("compare from here"): a checkpoint now, and a shadow from it."""
+    wi = _whatif(src)
+    if wi.busy:
+        raise ApiError(409, "a comparison is running: end it first (one shadow at a time)")
+    cp_id = _call(lambda: src.insp.checkpoints.checkpoint("compare from here", auto=True))
+    if not wi.start_from(cp_id, "compare from here"):
+        raise ApiError(409, "a comparison is running: end it first (one shadow at a time)")
+    return {"checkpoint": cp_id, "active": False, "starting": True}
+
+
+def shadow_stop(src: Any) -> None:
+    """`DELETE /api/shadow`: end the comparison (its recorded branch stays in the history)."""
+    if not _whatif(src).stop("ended from the page"):
+        raise ApiError(409, "no comparison is running")

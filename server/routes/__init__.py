@@ -1,0 +1,1 @@
+"""The routes: HTTP under /api and the websocket /ws."""

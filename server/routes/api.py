@@ -1,0 +1,311 @@
+"""The HTTP routes under /api (DESIGN.md "Wire format"). PROTOCOL.md shows each with example JSON.
+
+Routes are plain `def`s: FastAPI runs them on its thread pool, so a core call that
+waits for a lock never blocks the event loop that feeds the websockets.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from .. import protocol as p
+from ..history.export import python_code
+from ..history.queries import MAX_BUCKETS, MAX_ROWS
+from ..sources import ApiError, Source
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": p.ErrorBody, "description": "missing or wrong token"},
+    403: {"model": p.ErrorBody, "description": "foreign Origin or Host, or a command on a read-only server"},
+}
+_INVALID = {422: {"model": p.ErrorBody, "description": "invalid input: `detail` names the field"}}
+_COMMAND = {
+    **_INVALID,
+    413: {"model": p.ErrorBody, "description": "body too large"},
+    415: {"model": p.ErrorBody, "description": "the body is not JSON"},
+    429: {"model": p.ErrorBody, "description": "too many commands"},
+}
+_UNKNOWN = {404: {"model": p.ErrorBody, "description": "unknown id or run"}}
+
+router = APIRouter(prefix="/api", responses=_ERRORS)
+
+
+def get_source(request: Request) -> Source:
+    return request.app.state.source
+
+
+SourceDep = Annotated[Source, Depends(get_source)]
+SQLITE_MAX = 2**63 - 1  # the largest SQLite INTEGER: a bigger id or step would be a 500 (OverflowError)
+RunQuery = Annotated[
+    int | None, Query(ge=0, le=SQLITE_MAX, description="a run id; the current (or replayed) run when absent")
+]
+SinceQuery = Annotated[
+    int | None, Query(ge=-1, le=SQLITE_MAX, description="only items after this step (seq for events)")
+]
+LimitQuery = Annotated[int | None, Query(ge=1, le=MAX_ROWS, description="only the newest N")]
+PointsQuery = Annotated[
+    int | None, Query(ge=1, le=MAX_ROWS, description="N points spread evenly over the range")
+]
+UntilQuery = Annotated[int | None, Query(ge=0, le=SQLITE_MAX, description="only steps <= this one")]
+BucketsQuery = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=MAX_BUCKETS,
+        description="downsampled: the range cut into N buckets of equal width, of each the steps of the"
+        " smallest and largest values kept (spikes survive); every step when there are no more than N",
+    ),
+]
+
+
+@router.get("/health", response_model=p.Health, tags=["server"])
+def health() -> dict[str, str]:
+    """Liveness; needs no token."""
+    return {"status": "ok"}
+
+
+@router.get("/session", response_model=None, tags=["server"], responses=_UNKNOWN)
+def session(source: SourceDep, run: RunQuery = None) -> dict[str, Any]:
+    """Everything a page needs to start: parameters, modules, hook kinds, hooks, training state."""
+    return source.session(run)
+
+
+@router.get("/runs", response_model=None, tags=["history"], responses={200: {"model": p.RunList}})
+def runs(source: SourceDep) -> dict[str, Any]:
+    """The runs in the database, newest first."""
+    return {"runs": source.runs()}
+
+
+@router.get(
+    "/targets", response_model=None, tags=["hooks"], responses={200: {"model": p.Targets}, **_INVALID}
+)
+def targets(
+    source: SourceDep,
+    glob: Annotated[str, Query(max_length=256, description="fnmatchcase pattern over full dotted names")],
+    point: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """The parameter (or, for `point=module`, module) names a target pattern matches."""
+    return {"matches": source.targets(glob, point)}
+
+
+@router.get("/hooks", response_model=None, tags=["hooks"], responses={200: {"model": list[p.HookSpec]}})
+def list_hooks(source: SourceDep) -> list[dict[str, Any]]:
+    """The requested configuration, pending changes included (`applied_step: null`)."""
+    return source.hooks()
+
+
+@router.post(
+    "/hooks",
+    response_model=None,
+    status_code=201,
+    tags=["hooks"],
+    responses={201: {"model": p.HookSpec}, **_COMMAND},
+)
+def add_hook(source: SourceDep, body: p.HookCreate) -> dict[str, Any]:
+    """Add a hook. The core validates kind, params, point and target; nothing changes on error."""
+    return source.add_hook(
+        body.kind, target=body.target, point=body.point, enabled=body.enabled, params=body.params
+    )
+
+
+@router.get(
+    "/hooks/export",
+    response_model=None,
+    tags=["hooks"],
+    responses={
+        200: {
+            "content": {"application/json": {}, "text/x-python": {}},
+            "description": "a preset, or Python code",
+        },
+        **_INVALID,
+    },
+)
+def export_hooks(source: SourceDep, format: Literal["json", "python"] = "json") -> Any:
+    """The hooks as a preset (JSON, for `/api/hooks/import` and `demo --hooks`), or as Python code
+    that recreates them with `insp.add_hook(...)`."""
+    preset = source.export_hooks()
+    if format == "python":
+        return PlainTextResponse(python_code(preset), media_type="text/x-python; charset=utf-8")
+    return preset
+
+
+@router.post(
+    "/hooks/import",
+    response_model=None,
+    tags=["hooks"],
+    responses={200: {"model": list[p.HookSpec]}, **_COMMAND},
+)
+def import_hooks(source: SourceDep, preset: Annotated[p.Preset, Body()]) -> list[dict[str, Any]]:
+    """Replace every hook with a preset, as one change (all validated first)."""
+    return source.import_hooks(preset)
+
+
+@router.patch(
+    "/hooks/{hook_id}",
+    response_model=None,
+    tags=["hooks"],
+    responses={200: {"model": p.HookSpec}, **_COMMAND, **_UNKNOWN},
+)
+def update_hook(source: SourceDep, hook_id: str, body: p.HookPatch) -> dict[str, Any]:
+    """One change: merge `params` (only the given keys change), enable/disable, retarget, or move."""
+    return source.update_hook(
+        hook_id, params=body.params, enabled=body.enabled, target=body.target, position=body.position
+    )
+
+
+@router.delete(
+    "/hooks/{hook_id}",
+    response_model=None,
+    status_code=204,
+    tags=["hooks"],
+    responses={**_UNKNOWN, 429: _COMMAND[429]},
+)
+def remove_hook(source: SourceDep, hook_id: str) -> Response:
+    source.remove_hook(hook_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/training/rate",
+    response_model=None,
+    tags=["training"],
+    responses={409: {"model": p.ErrorBody, "description": "not a demo"}, **_COMMAND},
+)
+def training_rate(source: SourceDep, body: p.RateBody) -> dict[str, Any]:
+    """The demo's steps-per-second cap (`null`: none). Takes effect at once."""
+    return source.set_rate(body.steps_per_second)
+
+
+@router.post(
+    "/training/{action}",
+    status_code=202,
+    response_model=None,
+    tags=["training"],
+    responses={202: {"model": p.TrainingState}, 429: _COMMAND[429], **_INVALID},
+)
+def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> dict[str, Any]:
+    """Pause, resume, or run exactly one step then pause. No body needed."""
+    return source.training_command(action)
+
+
+@router.get(
+    "/snapshots",
+    response_model=None,
+    tags=["history"],
+    responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN},
+)
+def snapshots(
+    source: SourceDep,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    limit: LimitQuery = None,
+    points: PointsQuery = None,
+    buckets: BucketsQuery = None,
+    run: RunQuery = None,
+) -> dict[str, Any]:
+    """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points` spread
+    evenly, or with `buckets` the steps of each bucket's smallest and largest global gradient norms
+    (raw and final)."""
+    one_of(points, buckets)
+    rows = source.snapshots(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+    return {"params": source.param_names(run), "snapshots": rows}
+
+
+@router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
+def scalars(
+    source: SourceDep,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    limit: LimitQuery = None,
+    points: PointsQuery = None,
+    buckets: BucketsQuery = None,
+    run: RunQuery = None,
+) -> dict[str, Any]:
+    """Loss and scalars of every recorded step (also the steps the sampler skipped); with `buckets`
+    the steps of each bucket's smallest and largest loss."""
+    one_of(points, buckets)
+    rows = source.scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+    return {"scalars": rows}
+
+
+def one_of(points: int | None, buckets: int | None) -> None:
+    """`points` and `buckets` are two ways of thinning a range: a query takes one."""
+    if points is not None and buckets is not None:
+        raise ApiError(422, [{"loc": ["query", "buckets"], "msg": "give points or buckets, not both"}])
+
+
+@router.get(
+    "/events",
+    response_model=None,
+    tags=["history"],
+    responses={200: {"model": p.EventPage}, **_INVALID, **_UNKNOWN},
+)
+def events(
+    source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, run: RunQuery = None
+) -> dict[str, Any]:
+    """Events with seq > since, oldest first."""
+    return {"events": source.events(run, since=since, limit=limit)}
+
+
+# -- what-if: checkpoints, rewind, the demo's shadow comparison (server/live/whatif.py) --------------------
+_WHATIF = {409: {"model": p.ErrorBody, "description": "refused here: `detail` says why"}}
+CheckpointId = Annotated[str, Path(min_length=1, max_length=64, description="a checkpoint id, e.g. c2")]
+
+
+@router.get("/checkpoints", response_model=None, tags=["what-if"], responses=_UNKNOWN)
+def list_checkpoints(source: SourceDep) -> dict[str, Any]:
+    """The checkpoints kept in host memory (newest `keep`), their bytes, and `refused`: why
+    checkpoints cannot be taken here (null when they can)."""
+    return source.checkpoints()
+
+
+@router.post(
+    "/checkpoints",
+    status_code=202,
+    response_model=None,
+    tags=["what-if"],
+    responses={**_COMMAND, **_WHATIF},
+)
+def take_checkpoint(source: SourceDep, body: p.CheckpointBody | None = None) -> dict[str, Any]:
+    """Save the model, optimizer and inspector state at the next step boundary (`taken` false
+    until then)."""
+    return source.checkpoint(body.label if body is not None else None)
+
+
+@router.post(
+    "/checkpoints/{cp_id}/rewind",
+    status_code=202,
+    response_model=None,
+    tags=["what-if"],
+    responses={**_COMMAND, **_UNKNOWN, **_WHATIF},
+)
+def rewind(source: SourceDep, cp_id: CheckpointId) -> dict[str, Any]:
+    """Go back to a checkpoint at the next step boundary: state, step counter and hooks; the
+    abandoned steps stay in the history as a branch run (`/api/runs`)."""
+    return source.rewind(cp_id)
+
+
+@router.get("/shadow", response_model=None, tags=["what-if"])
+def shadow(source: SourceDep) -> dict[str, Any]:
+    """The demo's comparison: the running (or last) shadow and its points; `active: false` and
+    no `run` when there has been none (or this is not a demo)."""
+    state = source.shadow_state()
+    return state if state is not None else {"active": False, "run": None, "branch_step": None, "label": None}
+
+
+@router.post(
+    "/shadow", status_code=202, response_model=None, tags=["what-if"], responses={**_COMMAND, **_WHATIF}
+)
+def shadow_start(source: SourceDep) -> dict[str, Any]:
+    """ "Compare from here": a checkpoint now and a shadow copy trained from it on the same batches
+    with the current hooks, while later hook changes apply to the main run only. Demo only."""
+    return source.shadow_start()
+
+
+@router.delete("/shadow", status_code=204, response_model=None, tags=["what-if"], responses=_WHATIF)
+def shadow_stop(source: SourceDep) -> Response:
+    """End the comparison; what it recorded stays in the history."""
+    source.shadow_stop()
+    return Response(status_code=204)
