@@ -1,4 +1,4 @@
-"""The GPU check of issue 12: is the inspector cheap enough to leave on, on a GPU?
+"""The GPU check: is the inspector cheap enough to leave on, on a GPU?
 
     .venv/bin/python bench/gpu_check.py             # about 3 minutes on one H100/H200-class GPU
     .venv/bin/python bench/gpu_check.py --quick     # a smoke run (under a minute)
@@ -166,7 +166,7 @@ def main() -> int:
     def run_block(v: dict[str, Any], steps: int) -> float:
         model, opt, insp = v["model"], v["opt"], v["insp"]
         if insp is not None:
-            insp._last_boundary = None  # the other variants' blocks are no gap of this loop's
+            insp.forget_gap()  # the other variants' blocks are no gap of this loop's
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         TRANSFERS["n"] = 0
@@ -210,9 +210,9 @@ def main() -> int:
         v = variants[n]
         ms = statistics.median(v["times"]) * 1e3
         ratio = f"{statistics.median(ratios[n]):.4f}" if n in ratios else "1"
-        cs = v["insp"]._cadence.costs if v["insp"] is not None else {}
+        cs = v["insp"].cost if v["insp"] is not None else {}
         fmt = lambda x: "-" if x is None else f"{x * 1e6:.0f}"  # noqa: E731
-        k = v["insp"]._cadence.k if v["insp"] is not None else "-"
+        k = v["insp"].cost["sampled_every"] if v["insp"] is not None else "-"
         print(
             f"{n:10} {ms:9.2f} {ratio:>7} {fmt(cs.get('sampled_s')):>16} {fmt(cs.get('unsampled_s')):>18} {k!s:>4}"
         )
@@ -221,7 +221,7 @@ def main() -> int:
     for n in ("default", "every=1"):
         v = variants[n]
         extra = max(v["peak"]) - base_peak
-        resident = v["insp"]._stats.resident_bytes
+        resident = v["insp"].memory["update_sample"]
         print(
             f"{n:10} peak extra {extra / 2**20:8.1f} MiB ({100 * extra / pbytes:5.1f} %)   "
             f"resident {resident / 2**20:7.1f} MiB ({100 * resident / pbytes:4.1f} %)"

@@ -1,4 +1,4 @@
-"""The inspector's resident memory against the model's parameter memory (issue 12, point 3).
+"""The inspector's resident memory against the model's parameter memory.
 
     .venv/bin/python bench/memory.py
 
@@ -12,7 +12,7 @@ bytes, 1 MiB)``. bench/gpu_check.py measures the peak extra device memory on a G
 
 Transient memory (``--no-transient`` skips it): the most bytes that tensors made by the
 inspector's own ops hold at once during sampled steps, with every parameter's histogram taken
-every sampled step, against the largest parameter's bytes (the bound of issue 12; a histogram's
+every sampled step, against the largest parameter's bytes (the bound; a histogram's
 scratch of 2^18 float32 values and their bins comes on top). A row with a ``pre_step`` hook that
 edits every gradient in place shows the raw copies histograms then need, within the largest
 parameter (``histsel.COPY_FLOOR``). On the CPU
@@ -107,7 +107,7 @@ def trained(
             insp.add_hook(hook, target="*", **{"clip_norm": {"max_norm": 0.01}}.get(hook, {}))
         for _ in range(5):
             step()
-        resident = insp._stats.resident_bytes
+        resident = insp.memory["update_sample"]
         if transient:
             with OursLive() as mode:
                 for _ in range(3):

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p_rows, a_rows = [], []
     for _ in range(args.rounds):
         p_rows.append(_block(p_model, p_opt, None, steps, x, y))
-        insp._last_boundary = None  # (the plain block is no step of its own: as in bench/overhead.py)
+        insp.forget_gap()  # (the plain block is no step of its own: as in bench/overhead.py)
         a_rows.append(_block(a_model, a_opt, insp, steps, x, y))
     label = "wide MLP" if wide else "seed MLP"
     cadence = f"every={args.every}" if args.every else "defaults"
@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         tp, ta = tp + p, ta + a
         print(f"{name:10} {p:9.1f} {a:9.1f} {a - p:+9.1f}")
     print(f"{'total':10} {tp:9.1f} {ta:9.1f} {ta - tp:+9.1f}")
-    costs = {k: None if v is None else round(v * 1e6, 1) for k, v in insp._cadence.costs.items()}
+    costs = {
+        k: None if v is None else round(v * 1e6, 1)
+        for k, v in {k: v for k, v in insp.cost.items() if k.endswith("_s")}.items()
+    }
     print(f"the inspector's own accounting (us): {costs}")
     insp.close()
     return 0

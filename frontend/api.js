@@ -1,4 +1,4 @@
-// HTTP access to the server (DESIGN.md, "Wire format"). The access token, when one
+// HTTP access to the server (server/PROTOCOL.md, "HTTP"). The access token, when one
 // is in force, comes in the start-up URL (`#token=T`, or `?token=T` from scripts),
 // is taken out of the address bar at once and kept in sessionStorage: scoped to this
 // origin, port included, so no other server on the same host ever sees it (a cookie

@@ -1,6 +1,7 @@
-// The dashboard: wires the websocket stream, the HTTP backfill, the dashboard
-// state, the charts, the hook panel and the controls. Messages only touch the
-// state and mark what changed; the charts are drawn once per animation frame.
+// The dashboard: wires the websocket stream (its `hello` brings the history a
+// page needs, or on a reconnection what it missed), the dashboard state, the
+// charts, the hook panel and the controls. Messages only touch the state and
+// mark what changed; the charts are drawn once per animation frame.
 
 import { api, errorText, takeTokenFromUrl } from "./api.js";
 import { FlowChart, HeatmapChart, HistChart, RatioChart } from "./charts.js";
@@ -28,8 +29,6 @@ class Dashboard {
   constructor() {
     this.live = new DashboardState(); // the run being trained, fed by the stream
     this.view = this.live; // what the page shows: the live run or an earlier one
-    this.syncing = false; // a hello's backfill is in flight: stream messages wait
-    this.buffer = [];
     this.histParam = null;
     this.connState = null;
     this.disconnected = false; // the socket is down: controls off, the state reads "disconnected"
@@ -44,7 +43,7 @@ class Dashboard {
     this.flow = new FlowChart($("chartFlow"), pick);
     this.hist = new HistChart($("chartHist"));
     this.ratio = new RatioChart($("chartRatio"), pick);
-    this.measured = new MeasuredCards(() => this.scheduler); // issue 14, part J's cards
+    this.measured = new MeasuredCards(() => this.scheduler); // what is measured, beyond the main charts
     this.scheduler = new Scheduler(
       [
         ["loss", this.loss],
@@ -57,7 +56,7 @@ class Dashboard {
       () => this.view,
       () => this.everyFrame(),
     );
-    // The time charts' shared step axis, and the loss chart's own controls (issue 14, part K).
+    // The time charts' shared step axis, and the loss chart's own controls.
     this.timeline = new Timeline(
       () => this.view,
       (charts) => this.scheduler.resetSome(charts),
@@ -94,22 +93,21 @@ class Dashboard {
       dialog: this.dialog,
     });
     this.bindControls();
-    // CSV and PNG export on every chart card (issue 14, point 18).
+    // CSV and PNG export on every chart card.
     for (const el of document.querySelectorAll(".card .chart"))
       addExport(el.closest(".card").querySelector(".card-head"), el);
     this.conn = new Connection({
       onMessage: (msg) => this.onMessage(msg),
       onState: (state, info) => this.onConnState(state, info),
+      resume: () => this.resume(),
     });
   }
 
   start() {
     this.scheduler.resetAll();
     this.conn.start();
-    // Pause, resume, single step and rate are pushed ("training" messages); the
-    // end of training ("finished") and the run picker's step counts are not: every
-    // 15 s re-read the session, and every third time the list of runs.
-    setInterval(() => this.refreshTraining(), 15000);
+    // Training states (pause, resume, single step, rate, finished) are pushed; the run
+    // picker reads the runs' step counts when it opens.
     setInterval(() => this.sampleRate(), 1000);
   }
 
@@ -127,7 +125,7 @@ class Dashboard {
     // A refused handshake reads as a plain close: ask over HTTP whether it is the token.
     if (state === "reconnecting" && (info.code === 1008 || info.attempt >= 2)) this.checkAuth();
     if (state === "open" && this.connState !== null && this.connState !== "open") {
-      this.localEvent("connection", "reconnected; backfilling missed history");
+      this.localEvent("connection", "reconnected; the server sends what was missed");
     } else if (state === "reconnecting" && this.connState === "open") {
       this.localEvent("connection", `connection lost (code ${info.code ?? "?"}); reconnecting with backoff`);
     }
@@ -154,19 +152,24 @@ class Dashboard {
     el.title = errorText(res);
   }
 
+  /**
+   * What the page has of the live run, for the websocket's query (ws.js): on a
+   * reconnection the server's `hello` then carries only what came after.
+   */
+  resume() {
+    const live = this.live;
+    if (live.runId === null) return {};
+    return {
+      run: live.runId,
+      step: live.step,
+      since: live.latest ? live.latest.step : undefined,
+      seq: live.lastSeq >= 0 ? live.lastSeq : undefined,
+    };
+  }
+
   onMessage(msg) {
-    if (msg.type === "hello") {
-      this.onHello(msg);
-      return;
-    }
-    if (
-      this.syncing &&
-      (msg.type === "snapshot" || msg.type === "scalars" || msg.type === "event" || msg.type === "hooks")
-    ) {
-      this.buffer.push(msg);
-      return;
-    }
-    this.apply(msg);
+    if (msg.type === "hello") this.onHello(msg);
+    else this.apply(msg);
   }
 
   apply(msg) {
@@ -174,8 +177,6 @@ class Dashboard {
     switch (msg.type) {
       case "snapshot": {
         const row = live.addSnapshot(msg.data);
-        this.measured.add(live, msg.data);
-        for (const ev of msg.data.events || []) this.addEvent(ev);
         if (!row || this.view !== live) break;
         const lossY = row.lossAdded ? live.loss.y[live.loss.y.length - 1] : null;
         const pruned = live.pruneMarkers();
@@ -205,7 +206,7 @@ class Dashboard {
         this.addEvent(msg.data);
         break;
       case "training": {
-        // pause / resume / single step / rate from any tab or from Python, pushed by the server
+        // pause / resume / single step / rate / finished, from any tab or from Python, pushed
         const { type, ...training } = msg;
         live.training = { ...live.training, ...training };
         live.step = Math.max(live.step, num(training.step) ?? 0);
@@ -214,9 +215,12 @@ class Dashboard {
         break;
       }
       case "hooks":
-        live.setHooks(msg.hooks || [], msg.config_version);
-        if (this.view === live) this.panel.render();
-        this.showConfigVersion();
+        // one applied change: the hook list it leaves, and its hook_applied event
+        if (live.applyHooks(msg.hooks || [], msg.config_version)) {
+          if (this.view === live) this.panel.render();
+          this.showConfigVersion();
+        }
+        if (msg.event) this.addEvent(msg.event);
         break;
       case "error":
         this.localEvent("server_error", errorText({ data: msg })); // `detail` as in an HTTP error
@@ -252,21 +256,16 @@ class Dashboard {
   }
 
   /**
-   * A (re)connection: the session, recent history and events. The same run
-   * again: fetch what was missed over HTTP and merge. A new run (the server
-   * restarted): start over from it.
+   * A (re)connection: the session, and the newest history and events (those
+   * after what the page had, when the server `resumed` its run: the same
+   * process, no step lost). A new run (the server restarted; without a
+   * database every process is run 0, and its step count went back): start
+   * over from it.
    */
-  async onHello(msg) {
+  onHello(msg) {
     const session = msg.session || {};
     const live = this.live;
-    // Same run id and no step lost: a reconnection to the same process. (Without
-    // a database every process is run 0: a step count that went back is a restart.)
-    const serverStep = num(session.training && session.training.step) ?? 0;
-    const sameRun = live.runId !== null && live.runId === session.run_id && serverStep >= live.step;
-    const since = sameRun && live.latest ? live.latest.step : null;
-    const sinceSeq = sameRun ? live.lastSeq : null;
-    this.syncing = true;
-    this.buffer = [];
+    const sameRun = Boolean(msg.resumed) && live.runId !== null && live.runId === session.run_id;
     if (!sameRun) {
       const previous = live.runId;
       const before = [...live.hooks.values()];
@@ -288,25 +287,11 @@ class Dashboard {
       live.readOnly = Boolean(session.read_only);
       live.step = Math.max(live.step, num(live.training.step) || 0);
     }
-    const [snaps, evs] = await Promise.all([
-      api.snapshots({ since: since ?? undefined, limit: MAX_SNAPSHOTS }),
-      api.events({ since: sinceSeq !== null && sinceSeq >= 0 ? sinceSeq : undefined }),
-    ]);
-    const rows = [...(snaps.ok ? snaps.data.snapshots || [] : []), ...(msg.history || [])];
-    rows.sort((a, b) => num(a.step) - num(b.step));
-    for (const s of rows) {
-      live.addSnapshot(s);
-      this.measured.add(live, s);
+    for (const s of msg.history || []) live.addSnapshot(s); // oldest first
+    for (const ev of msg.events || []) {
+      if (live.addEvent(ev) && this.view === live) this.log.addServerEvent(ev);
+      if (ev.kind === "scenario_reset") this.resetStep = num(ev.step); // the newest
     }
-    const events = [...(evs.ok ? evs.data.events || [] : []), ...(msg.events || [])];
-    events.sort((a, b) => (a.seq ?? 0) - (b.seq ?? 0));
-    const fresh = events.slice(-400);
-    for (const ev of fresh) if (live.addEvent(ev) && this.view === live) this.log.addServerEvent(ev);
-    for (const ev of fresh) if (ev.kind === "scenario_reset") this.resetStep = num(ev.step); // the newest
-    this.syncing = false;
-    const buffered = this.buffer;
-    this.buffer = [];
-    for (const m of buffered) this.apply(m);
     if (!sameRun) {
       this.panel.resetSession();
       this.fillParamSelect();
@@ -455,7 +440,7 @@ class Dashboard {
 
   showHistStatus() {
     const el = $("histStatus");
-    const hg = this.histParam ? this.view.hist.get(this.histParam) : null;
+    const hg = this.histParam ? this.view.latestHist(this.histParam) : null;
     if (!this.histParam)
       el.textContent = "pick a parameter: click the heatmap or the flow chart, or use the list";
     else if (!hg)
@@ -620,19 +605,6 @@ class Dashboard {
     );
   }
 
-  async refreshTraining() {
-    if (document.hidden || this.live.runId === null) return;
-    const res = await api.session();
-    if (!res.ok || !res.data || res.data.run_id !== this.live.runId) return;
-    this.live.training = { ...this.live.training, ...(res.data.training || {}) };
-    this.live.readOnly = Boolean(res.data.read_only);
-    this.live.step = Math.max(this.live.step, num(this.live.training.step) || 0);
-    if (this.view === this.live) this.showSession();
-    this.showStep();
-    this.refreshes = (this.refreshes || 0) + 1;
-    if (this.refreshes % 3 === 0) this.loadRuns(); // step counts of the runs
-  }
-
   async loadRuns(force = false) {
     const picker = $("runPicker");
     if (!force && document.activeElement === picker && picker.options.length) return; // being chosen from
@@ -669,10 +641,7 @@ class Dashboard {
     const state = new DashboardState();
     state.setSession(sess.data);
     state.readOnly = true;
-    for (const s of (snaps.ok && snaps.data.snapshots) || []) {
-      state.addSnapshot(s);
-      this.measured.add(state, s);
-    }
+    for (const s of (snaps.ok && snaps.data.snapshots) || []) state.addSnapshot(s);
     for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) state.addEvent(ev);
     if (state.latest) state.step = state.latest.step;
     this.view = state;

@@ -6,7 +6,16 @@
 // redraw instead of extending. The caller batches messages and calls update() at most
 // once per animation frame.
 
-import { COLORS, HEAT_SCALE, PLOT_CONFIG, axis, barLogRange, baseLayout, labelPixels } from "./theme.js";
+import {
+  COLORS,
+  HEAT_SCALE,
+  PLOT_CONFIG,
+  axis,
+  barLogRange,
+  baseLayout,
+  centerNote,
+  labelPixels,
+} from "./theme.js";
 import { decadeTicks, logTicks, shortName, sparseTicks } from "./ticks.js";
 import { MAX_SNAPSHOTS } from "./state.js";
 import { markerShapes } from "./timeline.js";
@@ -320,7 +329,7 @@ export class HistChart {
   }
 
   render(state, force) {
-    const hg = this.param ? state.hist.get(this.param) : null;
+    const hg = this.param ? state.latestHist(this.param) : null;
     if (!force && hg === this.shown) return;
     this.shown = hg;
     const traces = [];
@@ -356,15 +365,7 @@ export class HistChart {
         hovertemplate: "raw %{x:.3g}: %{y}<extra></extra>",
       });
     }
-    const note = (text, y) => ({
-      text,
-      xref: "paper",
-      yref: "paper",
-      x: 0.5,
-      y,
-      showarrow: false,
-      font: { size: 12, color: COLORS.muted },
-    });
+    const note = centerNote;
     const layout = baseLayout({
       barmode: "overlay",
       showlegend: false,

@@ -1,4 +1,4 @@
-// One line of text for each event kind (DESIGN.md "Events"), used by the event
+// One line of text for each event kind (server/PROTOCOL.md lists them), used by the event
 // log and by the hover text of the loss chart's markers.
 
 import { num } from "./util.js";

@@ -1,16 +1,13 @@
-// Hook effects over steps (issue 14, point 4): per hook, the ratio of the
+// Hook effects over steps: per hook, the ratio of the
 // gradient norm after it to before it, and the number of elements it changed,
 // from each snapshot's hook_effects. A post_accumulate hook acts before "raw"
 // is measured (raw and final agree), and an l2 hook changes the norm by a few
 // percent: this chart is where both show.
 
 import { LEGEND_ABOVE, SERIES_COLORS } from "./modulechart.js";
-import { measuredOf } from "./measured.js";
-import { COLORS, axis, baseLayout } from "./theme.js";
-import { STEP_CONFIG, sharedRange } from "./timeline.js";
+import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
+import { StepChart, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
-
-const Plotly = window.Plotly;
 
 /** "h3 clip_norm on 0.*": how a hook is named in the legend and hover text. */
 function hookName(state, id) {
@@ -18,24 +15,25 @@ function hookName(state, id) {
   return spec ? `${id} ${spec.kind} @${spec.point} on ${spec.target}` : id;
 }
 
-export class EffectsChart {
+export class EffectsChart extends StepChart {
   constructor(el) {
+    super();
     this.el = el;
     this.shown = -1;
   }
 
   render(state, force) {
-    const m = measuredOf(state);
-    if (!force && m.version === this.shown) return;
-    this.shown = m.version;
-    const ids = m.effectIds();
+    if (!force && state.version === this.shown) return;
+    this.shown = state.version;
+    const rows = state.snapshots;
+    const ids = state.effectIds();
     this.el.dataset.hooks = JSON.stringify(ids);
-    const x = m.rows.map((r) => r.step);
+    const x = rows.map((r) => r.step);
     const traces = [];
     ids.forEach((id, i) => {
       const color = SERIES_COLORS[i % SERIES_COLORS.length];
       const name = plotlyText(hookName(state, id));
-      const val = (r, k) => (r.effects[id] ? plottable(r.effects[id][k]) : null);
+      const val = (r, k) => (r.hook_effects[id] ? plottable(r.hook_effects[id][k]) : null);
       traces.push(
         {
           name,
@@ -44,7 +42,7 @@ export class EffectsChart {
           type: "scatter",
           mode: "lines",
           x,
-          y: m.rows.map((r) => val(r, "norm_ratio")),
+          y: rows.map((r) => val(r, "norm_ratio")),
           line: { color, width: 1.5 },
           text: name, // as text: a template would read "%{" in a target
           hovertemplate: "%{text}<br>step %{x}<br>‖g after‖ / ‖g before‖ %{y:.4g}<extra></extra>",
@@ -57,7 +55,7 @@ export class EffectsChart {
           type: "scatter",
           mode: "lines",
           x,
-          y: m.rows.map((r) => val(r, "changed")),
+          y: rows.map((r) => val(r, "changed")),
           yaxis: "y2",
           line: { color, width: 1.2, dash: "dot" },
           text: name,
@@ -84,29 +82,8 @@ export class EffectsChart {
           line: { color: COLORS.zero, width: 1, dash: "dot" },
         },
       ],
-      annotations: ids.length
-        ? []
-        : [
-            {
-              text: "no hook with an effect yet: add a modifying hook",
-              xref: "paper",
-              yref: "paper",
-              x: 0.5,
-              y: 0.7,
-              showarrow: false,
-              font: { size: 12, color: COLORS.muted },
-            },
-          ],
+      annotations: ids.length ? [] : [centerNote("no hook with an effect yet: add a modifying hook", 0.7)],
     });
-    Plotly.react(this.el, traces, layout, STEP_CONFIG);
-    if (this.timeline) this.timeline.drawn(this, state);
-  }
-
-  reset(state) {
-    this.render(state, true);
-  }
-
-  update(state) {
-    this.render(state, false);
+    this.draw(traces, layout, state);
   }
 }

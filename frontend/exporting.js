@@ -1,4 +1,4 @@
-// Export from the page (issue 14, point 18): every chart can save its data as
+// Export from the page: every chart can save its data as
 // CSV and its picture as PNG. A card calls addExport(head, chart element, opts)
 // once; the two buttons read the chart as drawn at the moment of the click.
 //

@@ -1,15 +1,13 @@
-// Histograms over time (issue 14, point 3), TensorBoard's "distributions": for
+// Histograms over time, TensorBoard's "distributions": for
 // the parameter the histogram card shows, quantile bands of its gradient's
 // distribution at every step that has a histogram (min-max, 7-93 %, 16-84 %,
 // 31-69 %, and the median), raw or final. Each step's histogram has its own
 // edges (its own range), so quantiles, not a common bin grid, are drawn.
 
-import { measuredOf } from "./measured.js";
-import { COLORS, axis, baseLayout } from "./theme.js";
-import { STEP_CONFIG, sharedRange } from "./timeline.js";
+import { axis, baseLayout, centerNote } from "./theme.js";
+import { StepChart, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
 
-const Plotly = window.Plotly;
 // The normal distribution's -inf, -1.5, -1, -0.5, 0, ... sigma: TensorBoard's bands.
 export const QUANTILES = [0, 0.0668, 0.1587, 0.3085, 0.5, 0.6915, 0.8413, 0.9332, 1];
 
@@ -37,8 +35,9 @@ export function histQuantiles(edges, counts) {
   });
 }
 
-export class HistTimeChart {
+export class HistTimeChart extends StepChart {
   constructor(el) {
+    super();
     this.el = el;
     this.param = null;
     this.source = "raw"; // or "final"
@@ -46,11 +45,10 @@ export class HistTimeChart {
   }
 
   render(state, force) {
-    const m = measuredOf(state);
-    const key = `${m.runId}|${this.param}|${this.source}|${m.histVersion}`;
+    const key = `${this.param}|${this.source}|${state.histVersion}`;
     if (!force && key === this.shown) return;
     this.shown = key;
-    const list = (this.param && m.hists.get(this.param)) || [];
+    const list = (this.param && state.hists.get(this.param)) || [];
     const x = [];
     const qs = QUANTILES.map(() => []);
     for (const hg of list) {
@@ -113,29 +111,8 @@ export class HistTimeChart {
       showlegend: false,
       xaxis: axis({ title: { text: "step" }, visible: x.length > 0, ...sharedRange(this, state) }),
       yaxis: axis({ title: { text: `${this.source} gradient value` }, visible: x.length > 0 }),
-      annotations: note
-        ? [
-            {
-              text: plotlyText(note),
-              xref: "paper",
-              yref: "paper",
-              x: 0.5,
-              y: 0.5,
-              showarrow: false,
-              font: { size: 12, color: COLORS.muted },
-            },
-          ]
-        : [],
+      annotations: note ? [centerNote(plotlyText(note))] : [],
     });
-    Plotly.react(this.el, traces, layout, STEP_CONFIG);
-    if (this.timeline) this.timeline.drawn(this, state);
-  }
-
-  reset(state) {
-    this.render(state, true);
-  }
-
-  update(state) {
-    this.render(state, false);
+    this.draw(traces, layout, state);
   }
 }

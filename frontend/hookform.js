@@ -23,7 +23,7 @@ import { SELECTORS } from "./selectors.js";
 import { debounce, h } from "./util.js";
 
 const ADDABLE_EXCLUDED = new Set(["python"]); // added from Python only
-const MAX_TARGET = 256; // DESIGN.md "Targets": at most 256 characters
+const MAX_TARGET = 256; // the core's MAX_TARGET_LEN (inspector/hooks/targets.py)
 
 export class AddHookForm {
   /**

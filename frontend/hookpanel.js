@@ -1,8 +1,10 @@
 // The hook panel: one row per hook (its parameters editable in place, enable
 // toggle, remove), with the add-hook form (hookform.js) and the presets
-// (presets.js) below the list. Mutations go over HTTP; the rows are redrawn
-// from the dashboard state, which the `hooks` messages keep current. A hook
-// shows "pending" until the server reports its applied_step. An edit is checked
+// (presets.js) below the list. Mutations go over HTTP and their replies say only
+// whether the server accepted them; the rows are redrawn from the dashboard
+// state, which the `hooks` messages keep current (one per applied change). A
+// hook that the server lists before it is applied shows "pending" until it
+// reports its applied_step. An edit is checked
 // against the kind's schema (and a target against the server's matches) before
 // it is sent; a refused value, in the page or by the server, goes back to the
 // value in force, shown beside the reason.
@@ -35,7 +37,7 @@ export class HookPanel {
     this.rows = new Map(); // id -> HookRow
     this.readOnly = false;
     this.form = new AddHookForm(ctx.form, this);
-    this.presets = new Presets(ctx.presets, ctx.dialog, this);
+    this.presets = new Presets(ctx.presets, ctx.dialog);
   }
 
   /** A new session: kinds may differ; every row is rebuilt. */
@@ -91,20 +93,13 @@ export class HookPanel {
     return this.state.hookKinds[kind] || { properties: {} };
   }
 
-  /** A mutation's reply: update the state and the rows, or return the detail. */
+  /**
+   * A mutation's reply: null when accepted (what it changes arrives as a `hooks`
+   * message), else the detail. Removing a hook that is gone already is no error.
+   */
   async mutate(promise, { removeId } = {}) {
     const res = await promise;
-    if (res.ok) {
-      if (removeId !== undefined) this.state.removeHook(removeId);
-      else if (res.data && res.data.id) this.state.upsertHook(res.data);
-      this.render();
-      return null;
-    }
-    if (res.status === 404 && removeId !== undefined) {
-      this.state.removeHook(removeId); // already gone
-      this.render();
-      return null;
-    }
+    if (res.ok || (res.status === 404 && removeId !== undefined)) return null;
     return detailList(res.data);
   }
 }

@@ -1,14 +1,13 @@
-// The cards that show what the core measures beyond the main charts (issue 14,
-// part J): module gradients, per-parameter statistics, histograms over steps
-// and hook effects. app.js makes one MeasuredCards, adds its charts to the
-// scheduler, hands it every wire snapshot a state gets (add), tells it
-// which parameter was picked on another chart (pick), and joins its charts to
-// the time charts' shared step axis (join: timeline.js).
+// The cards that show what the core measures beyond the main charts: module
+// gradients, per-parameter statistics, histograms over steps and hook
+// effects, read from the DashboardState shown (state.js: the rows
+// every chart reads). app.js makes one MeasuredCards, adds its charts to the
+// scheduler, tells it which parameter was picked on another chart (pick), and
+// joins its charts to the time charts' shared step axis (join: timeline.js).
 
 import { api } from "./api.js";
 import { EffectsChart } from "./effectschart.js";
 import { HistTimeChart } from "./histtime.js";
-import { measuredOf } from "./measured.js";
 import { ModuleChart, moduleEffects } from "./modulechart.js";
 import { ParamStats } from "./paramstats.js";
 import { byTestId } from "./selectors.js";
@@ -52,11 +51,6 @@ export class MeasuredCards {
   /** Every card's chart joins the time charts' shared step axis (zoom and pan linked). */
   join(timeline) {
     for (const [, chart] of this.charts()) timeline.join(chart);
-  }
-
-  /** A wire snapshot that `state` got (the stream, a backfill, an earlier run). */
-  add(state, snapshot) {
-    measuredOf(state).add(snapshot, state.latest ? state.latest.step : null);
   }
 
   /** A parameter picked on another chart (or the histogram's list). */

@@ -1,15 +1,13 @@
-// Module gradients (issue 14, point 1): the norm of each logged module's
+// Module gradients: the norm of each logged module's
 // grad_output (and grad_input, when its module_log hook asks for it) over
 // steps, on a log axis. The card stays hidden until a snapshot carries module
 // values (a module_log hook exists and has run).
 
-import { measuredOf } from "./measured.js";
 import { logTicks } from "./ticks.js";
-import { STEP_CONFIG, sharedRange } from "./timeline.js";
+import { StepChart, sharedRange } from "./timeline.js";
 import { axis, baseLayout } from "./theme.js";
 import { plotlyText, positive } from "./util.js";
 
-const Plotly = window.Plotly;
 export const SERIES_COLORS = [
   "#6ea8fe",
   "#ffa657",
@@ -38,8 +36,9 @@ const WHICH = [
 /** The root module's name is "" on the wire; the page shows it as (root). */
 export const moduleLabel = (name) => (name === "" ? "(root)" : name);
 
-export class ModuleChart {
+export class ModuleChart extends StepChart {
   constructor(el) {
+    super();
     this.el = el;
     this.card = el.closest(".card");
     this.note = this.card.querySelector('[data-role="modules-note"]');
@@ -47,20 +46,20 @@ export class ModuleChart {
   }
 
   render(state, force) {
-    const m = measuredOf(state);
-    if (!force && m.version === this.shown) return;
-    this.shown = m.version;
-    const names = m.moduleNames();
+    if (!force && state.version === this.shown) return;
+    this.shown = state.version;
+    const rows = state.snapshots;
+    const names = state.moduleNames();
     this.card.hidden = names.length === 0;
     this.el.dataset.modules = JSON.stringify(names);
     if (!names.length) return;
-    const x = m.rows.map((r) => r.step);
+    const x = rows.map((r) => r.step);
     const traces = [];
     const values = [];
     names.forEach((name, i) => {
       for (const [key, label, dash] of WHICH) {
-        if (!m.rows.some((r) => r.modules[name] && r.modules[name][key] !== undefined)) continue;
-        const y = m.rows.map((r) => positive(r.modules[name] ? r.modules[name][key] : null));
+        if (!rows.some((r) => r.modules[name] && r.modules[name][key] !== undefined)) continue;
+        const y = rows.map((r) => positive(r.modules[name] ? r.modules[name][key] : null));
         values.push(...y);
         traces.push({
           name: plotlyText(`${moduleLabel(name)} ${label}`),
@@ -86,16 +85,7 @@ export class ModuleChart {
     if (this.note)
       this.note.textContent =
         traces.length > MAX_LEGEND ? `${traces.length} lines: hover one for its module` : "";
-    Plotly.react(this.el, traces, layout, STEP_CONFIG);
-    if (this.timeline) this.timeline.drawn(this, state);
-  }
-
-  reset(state) {
-    this.render(state, true);
-  }
-
-  update(state) {
-    this.render(state, false);
+    this.draw(traces, layout, state);
   }
 }
 
@@ -105,7 +95,7 @@ export class ModuleChart {
  * `matches(target)` gives the modules a target names (the server's rule, cached).
  */
 export function moduleEffects(state, matches) {
-  const row = measuredOf(state).latest();
+  const row = state.latest;
   const out = {};
   if (!row) return out;
   for (const spec of state.hooks.values()) {

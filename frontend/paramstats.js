@@ -1,4 +1,4 @@
-// Per-parameter statistics (issue 14, point 2): any of the statistics the core
+// Per-parameter statistics: any of the statistics the core
 // takes for every parameter (mean, std, abs-max raw/final, norm raw/final,
 // NaN/Inf counts, update ratio) as time series of the picked parameters, one
 // row of the chart per statistic, and a sortable table of the newest sampled
@@ -7,23 +7,23 @@
 // with the targets' rule (GET /api/targets), never re-implemented here.
 
 import { api, errorText } from "./api.js";
-import { STATS, measuredOf } from "./measured.js";
+import { STATS } from "./state.js";
 import { SERIES_COLORS } from "./modulechart.js";
 import { logTicks } from "./ticks.js";
-import { COLORS, axis, baseLayout } from "./theme.js";
-import { STEP_CONFIG, sharedRange } from "./timeline.js";
+import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
+import { StepChart, sharedRange } from "./timeline.js";
 import { debounce, fmt, h, num, plotlyText, plottable, positive } from "./util.js";
 
-const Plotly = window.Plotly;
 export const MAX_PICKED = 8; // lines per statistic
 const DEFAULT_STATS = ["grad_mean", "grad_std"];
 
-export class ParamStats {
+export class ParamStats extends StepChart {
   /**
    * Args: el: the chart; controls: {stats (toggle buttons' group), filter (input),
    * status (the filter's message), picked (the chips), table}.
    */
   constructor(el, controls) {
+    super();
     this.el = el;
     this.c = controls;
     this.picked = []; // parameter names, in pick order
@@ -133,21 +133,21 @@ export class ParamStats {
 
   render(state, force) {
     this.state = state;
-    const m = measuredOf(state);
-    const key = `${m.runId}|${m.version}|${this.picked.join(",")}|${this.stats.join(",")}`;
+    const key = `${state.version}|${this.picked.join(",")}|${this.stats.join(",")}`;
     if (force || key !== this.shown) {
       this.shown = key;
-      this.drawChart(state, m);
+      this.drawChart(state);
     }
-    const tkey = `${m.runId}|${m.version}|${this.sort.key}|${this.sort.desc}`;
+    const tkey = `${state.version}|${this.sort.key}|${this.sort.desc}`;
     if (force || tkey !== this.tableShown) {
       this.tableShown = tkey;
-      this.drawTable(state, m);
+      this.drawTable(state);
     }
   }
 
-  drawChart(state, m) {
-    const x = m.rows.map((r) => r.step);
+  drawChart(state) {
+    const rows = state.snapshots;
+    const x = rows.map((r) => r.step);
     const stats = STATS.filter((s) => this.stats.includes(s.key));
     const n = stats.length;
     const gap = 0.06;
@@ -166,7 +166,7 @@ export class ParamStats {
         const i = state.params.indexOf(p);
         if (i < 0) return;
         const conv = s.scale === "log" ? positive : plottable;
-        const y = m.rows.map((r) => conv((r[s.key] || [])[i]));
+        const y = rows.map((r) => conv((r[s.key] || [])[i]));
         values.push(...y);
         traces.push({
           name: plotlyText(`${p} ${s.label}`),
@@ -199,25 +199,18 @@ export class ParamStats {
     });
     if (!this.picked.length)
       layout.annotations = [
-        {
-          text: "pick a parameter: click the heatmap, the flow chart or a table row, or type a name filter",
-          xref: "paper",
-          yref: "paper",
-          x: 0.5,
-          y: 0.5,
-          showarrow: false,
-          font: { size: 12, color: COLORS.muted },
-        },
+        centerNote(
+          "pick a parameter: click the heatmap, the flow chart or a table row, or type a name filter",
+        ),
       ];
     if (this.el.style.height !== `${layout.height}px`) this.el.style.height = `${layout.height}px`;
     this.el.dataset.params = JSON.stringify(this.picked);
     this.el.dataset.stats = JSON.stringify(this.stats);
-    Plotly.react(this.el, traces, layout, STEP_CONFIG);
-    if (this.timeline) this.timeline.drawn(this, state);
+    this.draw(traces, layout, state);
   }
 
-  drawTable(state, m) {
-    const row = m.latest();
+  drawTable(state) {
+    const row = state.latest;
     const table = this.c.table;
     table.dataset.step = row ? String(row.step) : "";
     const head = h(
@@ -282,13 +275,5 @@ export class ParamStats {
       label,
       on ? (this.sort.desc ? " ▾" : " ▴") : "",
     );
-  }
-
-  reset(state) {
-    this.render(state, true);
-  }
-
-  update(state) {
-    this.render(state, false);
   }
 }

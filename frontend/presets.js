@@ -10,10 +10,8 @@ export class Presets {
   /**
    * @param {HTMLElement} el the presets' container, filled here
    * @param {PresetDialog} dialog where exports are shown
-   * @param {object} panel the HookPanel (its state and render(), after an import)
    */
-  constructor(el, dialog, panel) {
-    this.panel = panel;
+  constructor(el, dialog) {
     this.dialog = dialog;
     this.file = h("input", {
       type: "file",
@@ -87,12 +85,7 @@ export class Presets {
       return;
     }
     const res = await api.importHooks(preset);
-    if (!res.ok) return this.fail(res);
-    const hooks = await api.hooks();
-    if (hooks.ok) {
-      this.panel.state.setHooks(hooks.data);
-      this.panel.render();
-    }
+    if (!res.ok) return this.fail(res); // accepted: the list comes as a `hooks` message
   }
 
   fail(res) {

@@ -1,17 +1,22 @@
 // The dashboard's bounded state of one run (the page holds one for the live
-// run and one for an earlier run it shows): session, a window of recent
-// snapshots (only the fields the charts use), the loss series, markers, the
-// latest histograms and the event log; for a zoomed-out view the older history
-// fetched downsampled (at most 4 rows a bucket, replaced by each fetch), and a
-// run compared with. Memory is capped: nothing here grows with the length of
-// the run. (The server's database is server/history/storage.py.)
+// run and one for an earlier run it shows): session, hooks, a window of recent
+// snapshots (only the fields the charts use: the one store every chart reads,
+// the measured cards' per-parameter statistics, module gradients and hook
+// effects included), the loss series, markers, histograms over steps and the
+// event log; for a zoomed-out view the older history fetched downsampled (at
+// most 4 rows a bucket, replaced by each fetch), and a run compared with.
+// Memory is capped: nothing here grows with the length of the run. (The
+// server's database is server/history/storage.py.)
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
 import { num, plotlyText } from "./util.js";
 
+// MAX_SNAPSHOTS and MAX_EVENTS are what the server's `hello` carries (server/settings.py).
 export const MAX_SNAPSHOTS = 600; // sampled steps kept for the time-series charts
 export const MAX_LOSS_POINTS = 3000; // loss points (one per step when scalars stream)
 export const MAX_EVENTS = 400; // event log entries
+const MAX_HISTS = 240; // histograms kept per parameter
+const MAX_HIST_PARAMS = 16; // parameters whose histograms are kept
 const PER_PARAM = [
   "grad_norm_raw",
   "grad_norm",
@@ -22,6 +27,22 @@ const PER_PARAM = [
   "nan_count",
   "inf_count",
 ];
+
+/** The per-parameter statistics of a snapshot, in the order the measured table shows them. */
+export const STATS = [
+  { key: "grad_mean", label: "mean", scale: "linear" },
+  { key: "grad_std", label: "std", scale: "log" },
+  { key: "grad_absmax_raw", label: "abs-max raw", scale: "log" },
+  { key: "grad_absmax", label: "abs-max final", scale: "log" },
+  { key: "grad_norm_raw", label: "norm raw", scale: "log" },
+  { key: "grad_norm", label: "norm final", scale: "log" },
+  { key: "nan_count", label: "NaN", scale: "linear" },
+  { key: "inf_count", label: "Inf", scale: "linear" },
+  { key: "update_ratio", label: "update ratio", scale: "log" },
+];
+const ROW_FIELDS = [...new Set([...PER_PARAM, ...STATS.map((s) => s.key)])]; // per parameter, in a row
+
+let changes = 0; // every state's `version` and `histVersion` come from here: never the same twice
 
 export class DashboardState {
   constructor() {
@@ -48,9 +69,11 @@ export class DashboardState {
     this.events = []; // newest last
     this.seenSeq = new Set();
     this.lastSeq = -1;
-    this.hist = new Map(); // param -> {step, edges, raw, final}
+    this.hists = new Map(); // param -> [{step, edges, raw, final}], ascending step; least recently fed first
     this.latest = null; // newest compact row
     this.step = 0; // newest step known from any message
+    this.version = ++changes; // moves when rows change: the charts that read them redraw
+    this.histVersion = ++changes; // likewise for the histograms
   }
 
   /** Start over for a session (a run); keeps nothing of the previous one. */
@@ -67,35 +90,25 @@ export class DashboardState {
   }
 
   // ----- hooks -----
+  // The hook list comes from one source: the session (in `hello`, or of an earlier run) and the
+  // websocket's `hooks` messages, each of a `config_version`. Replies to the page's own changes
+  // (HTTP) say only whether a change was accepted; what it did comes as a `hooks` message.
 
-  /** The full list from a `hooks` message, GET /api/hooks or the session. */
+  /** The full list of a session, at its `config_version`. */
   setHooks(list, configVersion) {
-    const next = new Map();
-    for (const spec of list) next.set(spec.id, this.keepApplied(spec));
-    this.hooks = next;
+    this.hooks = new Map(list.map((spec) => [spec.id, spec]));
     if (configVersion !== undefined && configVersion !== null) this.configVersion = configVersion;
   }
 
-  /** One hook as the server returned it from a mutation (pending until applied). */
-  upsertHook(spec) {
-    this.hooks.set(spec.id, this.keepApplied(spec));
-  }
-
-  removeHook(id) {
-    this.hooks.delete(id);
-  }
-
   /**
-   * A mutation's reply says applied_step null; a `hooks` message about the same
-   * configuration may have come first. Same configuration, already applied:
-   * keep the applied step rather than going back to pending.
+   * A `hooks` message: the list after the change of `configVersion`; false (and nothing
+   * changes) when the state already has that version or a newer one (the hello's session).
    */
-  keepApplied(spec) {
-    const old = this.hooks.get(spec.id);
-    if (spec.applied_step === null && old && old.applied_step !== null && sameConfig(old, spec)) {
-      return { ...spec, applied_step: old.applied_step };
-    }
-    return spec;
+  applyHooks(list, configVersion) {
+    const v = num(configVersion);
+    if (v === null || v <= this.configVersion) return false;
+    this.setHooks(list, v);
+    return true;
   }
 
   // ----- snapshots -----
@@ -105,26 +118,78 @@ export class DashboardState {
     const step = num(s.step);
     if (this.latest !== null && step <= this.latest.step) return null;
     const row = { step, time: s.time, loss: num(s.loss), configVersion: s.config_version };
-    for (const k of PER_PARAM) row[k] = s[k] || [];
+    for (const k of ROW_FIELDS) row[k] = s[k] || [];
     row.total_norm_raw = s.total_norm_raw;
     row.total_norm = s.total_norm;
     row.total_norm_backward = s.total_norm_backward;
     row.overhead = s.overhead;
     row.sampled_every = s.sampled_every;
     row.hook_effects = s.hook_effects || {};
+    row.modules = s.modules || {};
     this.snapshots.push(row);
     if (this.snapshots.length > MAX_SNAPSHOTS * 1.25) {
       this.snapshots.splice(0, this.snapshots.length - MAX_SNAPSHOTS);
     }
     this.latest = row;
     this.step = Math.max(this.step, step);
-    if (s.hist) {
-      for (const [name, hgram] of Object.entries(s.hist)) {
-        this.hist.set(name, { step, ...hgram });
-      }
-    }
+    this.version = ++changes;
+    for (const [name, hg] of Object.entries(s.hist || {})) this.addHist(name, step, hg);
     row.lossAdded = row.loss !== null && this.addLoss(step, row.loss);
     return row;
+  }
+
+  addHist(name, step, hg) {
+    let list = this.hists.get(name);
+    if (!list) {
+      if (this.hists.size >= MAX_HIST_PARAMS) this.hists.delete(this.hists.keys().next().value);
+      list = [];
+    } else this.hists.delete(name); // re-inserted: the map's order is least recently fed first
+    this.hists.set(name, list);
+    list.push({ step, edges: hg.edges || [], raw: hg.raw || null, final: hg.final || null });
+    if (list.length > MAX_HISTS * 1.25) list.splice(0, list.length - MAX_HISTS);
+    this.histVersion = ++changes;
+  }
+
+  /** The newest histogram of a parameter ({step, edges, raw, final}), or null. */
+  latestHist(name) {
+    const list = this.hists.get(name);
+    return list && list.length ? list[list.length - 1] : null;
+  }
+
+  /** Module names with a logged gradient in the kept rows, in first-seen order. */
+  moduleNames() {
+    const names = new Set();
+    for (const r of this.snapshots) for (const m of Object.keys(r.modules)) names.add(m);
+    return [...names];
+  }
+
+  /** Hook ids with an effect in the kept rows, in first-seen order. */
+  effectIds() {
+    const ids = new Set();
+    for (const r of this.snapshots) for (const id of Object.keys(r.hook_effects)) ids.add(id);
+    return [...ids];
+  }
+
+  /** The run went back to step `k` (a rewind): what is held past it is the abandoned branch's. */
+  rewindTo(k) {
+    this.snapshots = this.snapshots.filter((r) => r.step <= k);
+    this.latest = this.snapshots.length ? this.snapshots[this.snapshots.length - 1] : null;
+    const keep = this.loss.x.findIndex((x) => x > k);
+    if (keep >= 0) {
+      this.loss.x.splice(keep);
+      this.loss.y.splice(keep);
+    }
+    this.loss.bad = this.loss.bad.filter((b) => b.x <= k);
+    this.markers = this.markers.filter((m) => m.x <= k);
+    for (const [name, list] of this.hists) {
+      const kept = list.filter((hg) => hg.step <= k);
+      if (kept.length) this.hists.set(name, kept);
+      else this.hists.delete(name);
+    }
+    this.step = k;
+    this.training = { ...this.training, step: k };
+    this.version = ++changes;
+    this.histVersion = ++changes;
   }
 
   /** The snapshots the charts show: the newest MAX_SNAPSHOTS. */
@@ -167,7 +232,7 @@ export class DashboardState {
 
   // ----- events and markers -----
 
-  /** An event; returns false for one already seen (backfill overlaps the stream). */
+  /** An event; false for one already held (a guard: the server sends each event once). */
   addEvent(ev) {
     if (ev.seq !== undefined && ev.seq !== null) {
       if (this.seenSeq.has(ev.seq)) return false;
@@ -233,15 +298,6 @@ export class DashboardState {
     this.markers = this.markers.filter((m) => m.x >= from);
     return this.markers.length !== before;
   }
-}
-
-function sameConfig(a, b) {
-  return (
-    a.enabled === b.enabled &&
-    a.target === b.target &&
-    a.point === b.point &&
-    JSON.stringify(a.params || {}) === JSON.stringify(b.params || {})
-  );
 }
 
 /** A vertical marker on the time charts for hook changes, non-finite gradients and scenario resets. */

@@ -53,6 +53,19 @@ const FONT = {
   color: COLORS.text,
 };
 
+/** A muted note in the middle of a chart (what it waits for, why it is empty); `y` in paper units. */
+export function centerNote(text, y = 0.5) {
+  return {
+    text,
+    xref: "paper",
+    yref: "paper",
+    x: 0.5,
+    y,
+    showarrow: false,
+    font: { size: 12, color: COLORS.muted },
+  };
+}
+
 export function axis(extra = {}) {
   return {
     gridcolor: COLORS.grid,

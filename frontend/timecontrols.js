@@ -1,4 +1,4 @@
-// The loss chart's own controls (issue 14, points 5, 8, 9), built into its card header:
+// The loss chart's own controls, built into its card header:
 // "whole run" (the shared step axis from step 1, downsampled), an EMA smoothing slider
 // (TensorBoard's; the raw lines stay, faint), and a run to compare with (its loss, its
 // final global norm and its hook-change markers overlaid, from the same database).

@@ -1,4 +1,4 @@
-// The time charts' shared step axis (issue 14, point 5). Every chart over steps joins
+// The time charts' shared step axis. Every chart over steps joins
 // it (`timeline.join(chart)`, a chart being {el, reset(state)}): they show one x range,
 // and a zoom or pan on one moves all of them. By default the range follows the run: from
 // the first step the page holds to the newest. Zooming out past the streamed window
@@ -26,6 +26,26 @@ export function stepExtent(state) {
   const hi = Math.max(state.step, state.latest ? state.latest.step : -Infinity);
   if (!Number.isFinite(lo) || !Number.isFinite(hi)) return null;
   return hi > lo ? [lo, hi] : [lo - 1, lo + 1];
+}
+
+/**
+ * What the charts over steps share: a subclass has `el`, may have `timeline` (set when it joins) and
+ * implements `render(state, full)`, which builds its traces and layout and calls `draw`.
+ */
+export class StepChart {
+  /** Show `traces` on `layout` (the joined x range kept by `STEP_CONFIG`) and tell the timeline. */
+  draw(traces, layout, state) {
+    Plotly.react(this.el, traces, layout, STEP_CONFIG);
+    if (this.timeline) this.timeline.drawn(this, state);
+  }
+
+  reset(state) {
+    this.render(state, true);
+  }
+
+  update(state) {
+    this.render(state, false);
+  }
 }
 
 /**

@@ -1,4 +1,4 @@
-// What-if (issue 16): the demo's shadow comparison and the checkpoints, on the loss card.
+// What-if: the demo's shadow comparison and the checkpoints, on the loss card.
 //
 // - A bar under the loss card's header: "compare from here" (a shadow copy trained from now on
 //   the same batches with the current hooks; demo only), the running comparison's label
@@ -291,21 +291,9 @@ export class WhatIf {
 
   /** The live run went back to `ev.step`: what the page holds past it is the abandoned branch's. */
   onRewind(ev) {
-    const live = this.live();
     const k = num(ev.step);
     if (k === null) return;
-    live.snapshots = live.snapshots.filter((r) => r.step <= k);
-    live.latest = live.snapshots.length ? live.snapshots[live.snapshots.length - 1] : null;
-    const keep = live.loss.x.findIndex((x) => x > k);
-    if (keep >= 0) {
-      live.loss.x.splice(keep);
-      live.loss.y.splice(keep);
-    }
-    live.loss.bad = live.loss.bad.filter((b) => b.x <= k);
-    live.markers = live.markers.filter((m) => m.x <= k);
-    for (const [name, hg] of live.hist) if (hg.step > k) live.hist.delete(name);
-    live.step = k;
-    live.training = { ...live.training, step: k };
+    this.live().rewindTo(k);
     this.onRewound && this.onRewound();
   }
 

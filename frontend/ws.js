@@ -1,6 +1,8 @@
 // The websocket to /ws, reconnected with exponential backoff (0.5 s doubling to
 // 10 s, with jitter) whenever it closes. The owner gets every message and every
-// state change; backfilling what was missed is the owner's job (on `hello`).
+// state change. Each connection's URL says what the owner already has (its
+// `resume()`: run, step, since, seq), so the server's `hello` brings what was
+// missed and nothing twice.
 
 import { socketProtocols } from "./api.js";
 
@@ -9,13 +11,15 @@ const BACKOFF_MAX_MS = 10_000;
 
 export class Connection {
   /**
-   * @param {{onMessage: (msg) => void, onState: (state, info) => void}} handlers
+   * @param {{onMessage: (msg) => void, onState: (state, info) => void, resume?: () => object}} handlers
    *   state is "connecting" | "open" | "reconnecting" | "closed"; for
-   *   "reconnecting", info.delayMs says when the next try is.
+   *   "reconnecting", info.delayMs says when the next try is. `resume` gives the
+   *   query of the next connection ({run, step, since, seq}; {} for a new page).
    */
-  constructor({ onMessage, onState }) {
+  constructor({ onMessage, onState, resume = () => ({}) }) {
     this.onMessage = onMessage;
     this.onState = onState;
+    this.resume = resume;
     this.socket = null;
     this.attempt = 0;
     this.timer = null;
@@ -24,7 +28,11 @@ export class Connection {
 
   url() {
     const proto = window.location.protocol === "https:" ? "wss:" : "ws:";
-    return `${proto}//${window.location.host}/ws`;
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(this.resume()))
+      if (Number.isInteger(v) && v >= 0) q.set(k, String(v));
+    const s = q.toString();
+    return `${proto}//${window.location.host}/ws${s ? `?${s}` : ""}`;
   }
 
   start() {

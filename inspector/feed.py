@@ -127,6 +127,26 @@ class Feed:
             self.events.clear()
             self.events.extend(events)
 
+    # ------------------------------------------------------------ reading the rings
+    def snapshots_since(self, since: int | None = None) -> list[Snapshot]:
+        """The ring's snapshots with ``step > since`` (all for None), oldest first."""
+        with self._lock:
+            return [s for s in self.snapshots if since is None or s.step > since]
+
+    def latest(self) -> Snapshot | None:
+        with self._lock:
+            return self.snapshots[-1] if self.snapshots else None
+
+    def find(self, step: int) -> Snapshot | None:
+        """The ring's snapshot of ``step``, or None."""
+        with self._lock:
+            return next((s for s in reversed(self.snapshots) if s.step == step), None)
+
+    def events_since(self, since: int | None = None) -> list[dict[str, Any]]:
+        """The ring's events with ``seq > since`` (all for None)."""
+        with self._lock:
+            return [e for e in self.events if since is None or e["seq"] > since]
+
     # ------------------------------------------------------------ consumer side
     def subscribe(self, callback: Callback, *, lossless: bool = False) -> Callable[[], None]:
         """Call ``callback(kind, payload)`` on the dispatcher thread; see the module docstring."""

@@ -1,37 +1,45 @@
-"""The Inspector: the public API, its locks and threads, and the step lifecycle.
+"""The Inspector: the public API, a facade over the parts that do the work.
 
-Torch hooks registered (and nothing else; ``close()`` removes every one):
+:class:`Inspector` builds its parts, each the one owner of its state, hands each its
+collaborators, and delegates to them (docs/ARCHITECTURE.md, "Parts"):
 
-- ``optimizer.register_step_pre_hook``: the ``pre_step`` point. Runs once per optimizer
-  step on the final gradients (accumulated, all-reduced under DDP, unscaled under a
-  GradScaler): raw statistics, every enabled ``pre_step`` hook in ``position`` order,
-  final statistics. With a closure (LBFGS, Lightning) it wraps the closure so that this
-  work runs after the closure's backward, once per evaluation.
-- ``optimizer.register_step_post_hook``: the step boundary. Snapshot N is published here,
-  right after the N-th update; pending edits are applied; a pause holds the thread here.
-- ``root.register_forward_pre_hook``: marks a step as under way (edits that register
-  torch hooks are applied here, before the backward).
-- ``param.register_post_accumulate_grad_hook`` and ``module.register_forward_hook``: only
-  where an enabled ``post_accumulate`` or ``module`` hook needs them (and, under DDP, on every
-  parameter for the per-rank spread); see :mod:`inspector.hooks.torch_hooks`, which owns them.
+- :class:`~inspector.step.clock.StepClock`: completed steps, a step under way, sampling;
+- :class:`~inspector.step.gate.PauseGate` (with :class:`~inspector.step.gate.TrainingState`):
+  running, finished or closed, the pause and single steps, the training thread and the safe point;
+- :class:`~inspector.step.events.EventLog`: events and their sequence numbers;
+- :class:`~inspector.step.lifecycle.StepLifecycle`: the step hooks on the model and the optimizer,
+  the ``pre_step`` work, the step boundary, and the one edit rule (``submit()``, ``apply_edits()``);
+  under ``torch.distributed`` it builds the :class:`~inspector.step.dist_sync.DistributedSync`,
+  and the :class:`~inspector.hooks.amp.ScalerWatch` it is given sees a GradScaler's skips;
+- :class:`~inspector.whatif.checkpoints.Checkpoints`: ``checkpoint()`` and ``rewind()``;
+- :class:`~inspector.dashboard.Dashboard`: ``serve()``, ``wait()`` and ``show()`` (the only module
+  that loads the server);
+- :class:`~inspector.wrappers.Attached`: the model, optimizer, scaler, FSDP2 layout and control plane.
 
-What lives where: the statistics and the snapshot in :mod:`inspector.stats.step_stats`, NaN/Inf
-findings and their events in :mod:`inspector.stats.nonfinite`, the applying of edits in
-:mod:`inspector.hooks.edits`, the rows exchanged under ``torch.distributed`` in
+What else lives where: the hook registry in :mod:`inspector.hooks.registry`, the applying of edits
+in :mod:`inspector.hooks.edits`, the torch hooks on parameters and modules in
+:mod:`inspector.hooks.torch_hooks`, the statistics and the snapshot in
+:mod:`inspector.stats.step_stats`, NaN/Inf findings and their events in
+:mod:`inspector.stats.nonfinite`, the rows exchanged under ``torch.distributed`` in
 :mod:`inspector.distributed`, recorded scalars in :mod:`inspector.step.scalars`, and the records'
-way to subscribers in :mod:`inspector.feed`.
+way to subscribers in :mod:`inspector.feed`. ``close()`` removes every torch hook of ours.
 
 Threads: only the training thread (the one that runs ``optimizer.step()``, or the root
 forward) registers or removes torch hooks. Edits from other threads are validated at once
-and applied by the training thread at the next safe point (DESIGN.md "Steps").
+and applied at the next safe point (``StepLifecycle.submit``): by the training thread at its next
+root forward or step boundary (at once when it is held by a pause), by the caller itself between
+steps when the change registers no torch hook, or at once when training has finished
+(docs/ARCHITECTURE.md, "One edit").
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,10 +48,10 @@ from torch import Tensor, nn
 from . import distributed
 from .dashboard import Dashboard
 from .feed import Feed
-from .hooks import amp
+from .hooks.amp import ScalerWatch, check_optimizer
 from .hooks.edits import Edits
 from .hooks.handles import HookHandle
-from .hooks.owned import OwnedHook, claim, hide_from_copies, release, unhide
+from .hooks.owned import claim, release, unhide
 from .hooks.registry import PRESET_FORMAT, Registry
 from .hooks.targets import match
 from .hooks.torch_hooks import TorchHooks
@@ -53,18 +61,40 @@ from .stats.nonfinite import NonfiniteReport
 from .stats.sharded import layout_of
 from .stats.step_stats import StepStats
 from .stats.telemetry import Cadence, check_cadence
+from .step.clock import StepClock
+from .step.events import EventLog
+from .step.gate import PauseGate
 from .step.lifecycle import StepLifecycle
 from .step.scalars import Recorder, check_scalars
 from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints
-from .whatif.rewinding import Rewinding
 from .wire.errors import AttachError, HookError, InspectorError, RewindPending, shown
-from .wrappers import enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
+from .wrappers import Attached, enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
-__all__ = ["Inspector", "attach", "HIST_CAP", "HIST_BINS"]
+__all__ = ["Inspector", "Options", "attach", "HIST_CAP", "HIST_BINS"]
 
 
-class Inspector(Rewinding, StepLifecycle, Dashboard):
-    """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`."""
+@dataclass(frozen=True)
+class Options:
+    """How an Inspector measures (the options of :func:`attach`, which documents each; checked when
+    made). The framework callbacks take the same options."""
+
+    budget: float = 0.03  # our cost as a fraction of the step: sample every k-th step to stay under it
+    every: int | None = None  # sample every N-th step instead of budgeting (1: every step)
+    hist_every: int = 10  # histograms every this many sampled steps
+    per_rank_stats: bool = True  # under DDP: each rank's local gradient norms (a hook per parameter)
+    dist_timeout: float = 60.0  # under torch.distributed: seconds a rank waits in our control collective
+    checkpoints: int = DEFAULT_KEEP  # checkpoints kept in host memory; 0 turns them off
+
+    def __post_init__(self) -> None:
+        check_cadence(self.budget, self.every, self.hist_every)
+
+
+class Inspector:
+    """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`.
+
+    A facade: it builds its parts, each the one owner of its state, and delegates to them (see
+    docs/ARCHITECTURE.md). The parts get their collaborators here, never the Inspector.
+    """
 
     def __init__(
         self,
@@ -72,94 +102,109 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         optimizer: torch.optim.Optimizer | None = None,
         *,
         scaler: Any = None,
-        budget: float = 0.03,
-        every: int | None = None,
-        hist_every: int = 10,
-        per_rank_stats: bool = True,
-        dist_timeout: float = 60.0,
-        checkpoints: int = DEFAULT_KEEP,
+        options: Options | None = None,
     ) -> None:
+        opts = options if options is not None else Options()
         if isinstance(optimizer, list | tuple):
             raise AttachError(
                 "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
                 "say) attach one Inspector per optimizer, each with the model part that optimizer steps"
             )
         optimizer = real_optimizer(optimizer) if optimizer is not None else None
-        check_cadence(budget, every, hist_every)
         named, module_objs = named_tensors(model)
-        self._root: nn.Module | None = model if isinstance(model, nn.Module) else None
-        self.params: list[str] = [n for n, _ in named]
-        self.modules: list[str] = list(module_objs)
-        self._tensors: list[Tensor] = [p for _, p in named]
-        self._layout = layout_of(model, self.params, self._tensors)  # FSDP2 (refuses what it cannot handle)
-        self._optimizer = optimizer
-        self._scaler = enabled_scaler(scaler)
-        amp.check_optimizer(optimizer, self._scaler)
-
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
+        params = [n for n, _ in named]
+        tensors = [p for _, p in named]
+        layout = layout_of(model, params, tensors)  # FSDP2 (refuses what it cannot handle)
+        scaler = enabled_scaler(scaler)
+        check_optimizer(optimizer, scaler)
         # under torch.distributed: a control plane shared by every rank (a collective call)
-        self._dist = distributed.ControlPlane(timeout=dist_timeout) if distributed.active() else None
-        self.rank = self._dist.rank if self._dist is not None else 0
-        self._reg = Registry(
-            self.params,
+        plane = distributed.ControlPlane(timeout=opts.dist_timeout) if distributed.active() else None
+        at = Attached(
+            root=model if isinstance(model, nn.Module) else None,
+            params=params,
+            tensors=tensors,
+            modules=module_objs,
+            optimizer=optimizer,
+            scaler=scaler,
+            layout=layout,
+            dist=plane,
+        )
+        self._at = at
+        self.params: list[str] = params
+        self.modules: list[str] = list(module_objs)
+        self.rank = at.rank
+
+        # the parts; the lock is the one of the Inspector's state (the gate's condition holds it)
+        self._lock = lock = threading.RLock()
+        self._feed = feed = Feed()
+        self._clock = clock = StepClock()
+        self._gate = gate = PauseGate(lock, clock, feed)
+        self._events = events = EventLog(lock, feed)
+        self._reg = reg = Registry(
+            params,
             self.modules,
-            scaler=self._scaler is not None,
-            distributed=self._dist is not None,
+            scaler=scaler is not None,
+            distributed=plane is not None,
             compiled=is_compiled(model),
-            is_script=lambda: threading.get_ident() == self._train_tid,
+            is_script=gate.on_training_thread,
         )
-        self._feed = Feed()
-        self._cadence = Cadence(float(budget), every)
-        self._hooks = TorchHooks(
-            self.params,
-            self._tensors,
+        self._cadence = cadence = Cadence(float(opts.budget), opts.every)
+        self._hooks = hooks = TorchHooks(
+            params,
+            tensors,
             module_objs,
-            is_sampled=lambda: self._sampled,
-            on_failure=self._hook_failed,
-            scaler=self._scaler,
-            per_rank=self._dist is not None and per_rank_stats,
-            layout=self._layout,
+            is_sampled=lambda: clock.sampled,
+            on_failure=lambda spec, param, err: self._lifecycle.hook_failed(spec, param, err),
+            scaler=scaler,
+            per_rank=plane is not None and opts.per_rank_stats,
+            layout=layout,
         )
-        self._edits = Edits(self._reg, self._hooks, self._feed, self._event, self._cond)
-        self._stats = StepStats(self.params, self._tensors, self._layout)
-        self._nonfinite = NonfiniteReport(self.params, self._event)
-        self._hist = HistSelection(self.params, hist_every)
+        self._edits = edits = Edits(reg, hooks, feed, events.emit, gate.cond)
+        self._stats = stats = StepStats(params, tensors, layout)
+        self._nonfinite = nonfinite = NonfiniteReport(params, events.emit)
+        self._hist = hist = HistSelection(params, opts.hist_every)
         # device values on their way to the host (NaN/Inf checks, records), under the Inspector's lock
-        self._deferred = Deferred(self._lock)
-        self._records = Recorder(self._feed, self._lock, self._deferred)
-        self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre)
+        self._deferred = deferred = Deferred(lock)
+        self._records = records = Recorder(feed, lock, deferred)
+        # checkpoint() and rewind(): inspector.whatif.checkpoints
+        self._branches = branches = Checkpoints(
+            opts.checkpoints,
+            at,
+            gate=gate,
+            clock=clock,
+            events=events,
+            reg=reg,
+            edits=edits,
+            hooks=hooks,
+            cadence=cadence,
+            nonfinite=nonfinite,
+            records=records,
+            deferred=deferred,
+            feed=feed,
+        )
+        self._lifecycle = StepLifecycle(
+            at,
+            lock=lock,
+            clock=clock,
+            gate=gate,
+            events=events,
+            feed=feed,
+            reg=reg,
+            hooks=hooks,
+            edits=edits,
+            stats=stats,
+            nonfinite=nonfinite,
+            hist=hist,
+            deferred=deferred,
+            records=records,
+            cadence=cadence,
+            scaler=ScalerWatch(scaler),
+            branches=branches,
+        )
+        self._dashboard = Dashboard(self, gate, lambda: self._lifecycle.apply_edits(torch_ok=True))
 
-        self._init_step_state()
-        self._branches = Checkpoints(
-            self, checkpoints
-        )  # checkpoint() and rewind(): inspector.whatif.checkpoints
-        self._server: Any = None
-        self._closer: int | None = None  # the thread inside close(), until it has finished
-
-        claim(self, self._tensors, optimizer)  # refuses a second attach to the same parameters
-        self._register_step_hooks()
-
-    def _register_step_hooks(self) -> None:
-        """The step hooks (optimizer pre/post, root forward pre, a backward hook where needed)."""
-        optimizer = self._optimizer
-        if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._on_step_pre))
-            self._handles.append(optimizer.register_step_post_hook(self._on_step_post))
-        if self._root is None or optimizer is None:
-            # a dict of tensors: its first backward of a step marks the step under way; without an
-            # optimizer, backward passes with no mark_step() are counted (to say what is missing)
-            first = next((t for t in self._tensors if t.requires_grad), None)
-            if first is not None:
-                self._handles.append(first.register_post_accumulate_grad_hook(OwnedHook(self._on_backward)))
-        if self._root is not None and getattr(self._root, "_compiled_call_impl", None) is None:
-            # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
-            # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
-            self._handles.append(self._root.register_forward_pre_hook(OwnedHook(self._on_forward_pre)))
-            # on sampled steps, a hook on the output's gradient (the backward's start) has the
-            # gradients' norm taken at the backward's end: no hook is kept on any parameter
-            self._handles.append(self._root.register_forward_hook(OwnedHook(self._on_forward_out)))
-            hide_from_copies(self._root)  # torch.save(model) and deepcopy carry none of our hooks
+        claim(self, tensors, optimizer)  # refuses a second attach to the same parameters
+        self._lifecycle.register()
 
     @contextlib.contextmanager
     def _stood_aside(self) -> Iterator[None]:
@@ -167,31 +212,29 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         the block runs (``inspector.compare`` trains the attached model with Inspectors of its own);
         then all back, this Inspector's state (step, hooks, noise streams, cadence) untouched.
         Between steps only."""
-        with self._cond:
+        with self._lock:
             self._check_open()
-            if self._under_way:
+            if self._clock.under_way:
                 raise InspectorError(
                     "compare() on an attached model runs between steps: a step is under way here"
                 )
-            for h in self._handles:
-                h.remove()
-            self._handles.clear()
+            self._lifecycle.detach()
             self._hooks.detach()
             release(self)
         try:
             yield
         finally:
-            with self._cond:
-                claim(self, self._tensors, self._optimizer)
-                self._register_step_hooks()
+            with self._lock:
+                claim(self, self._at.tensors, self._at.optimizer)
+                self._lifecycle.register()
                 self._hooks.sync()
-                self._last_boundary = None  # the comparison's time is no step of this run
+                self._clock.forget_gap()  # the comparison's time is no step of this run
 
     # ================================================================= public API
     def _check_open(self) -> None:
-        if self._closed:
+        if self._gate.closed:
             raise InspectorError("this Inspector is closed")
-        if self._dist is not None and self.rank != 0 and threading.get_ident() != self._train_tid:
+        if self._at.dist is not None and self.rank != 0 and not self._gate.on_training_thread():
             raise InspectorError(
                 "under torch.distributed, edits from another thread go to rank 0 (which serves "
                 f"the dashboard); this is rank {self.rank}"
@@ -200,7 +243,12 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
     @property
     def step(self) -> int:
         """Completed optimizer steps (the number of the last step boundary)."""
-        return self._step
+        return self._clock.step
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (every hook of ours is then gone)."""
+        return self._gate.closed
 
     @property
     def config_version(self) -> int:
@@ -214,7 +262,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         ``held`` is true once a pause has taken hold: the training thread waits at the boundary
         of step N (``state`` says "paused" as soon as it is asked for, while a step may still run).
         """
-        return self._training_state()
+        return self._gate.state()
 
     @property
     def cost(self) -> dict[str, Any]:
@@ -222,9 +270,20 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         "sampled_every": k, "step_s", "sampled_s", "unsampled_s"}`` (recent averages, seconds)."""
         return {"overhead": self._cadence.overhead, "sampled_every": self._cadence.k, **self._cadence.costs}
 
+    @property
+    def memory(self) -> dict[str, int]:
+        """Host and device bytes the inspector keeps between steps: ``{"update_sample"`` (the
+        parameters' sample for the update ratio, on their device), ``"snapshots"`` (the ring of
+        recent snapshots, approximate), ``"checkpoints"`` (host memory)``}``."""
+        return {
+            "update_sample": self._stats.resident_bytes,
+            "snapshots": self._feed.ring_bytes,
+            "checkpoints": self._branches.bytes,
+        }
+
     def param_info(self) -> list[dict[str, Any]]:
         """``[{"name", "shape", "numel", "module", "requires_grad", "dtype"}]`` in ``params`` order."""
-        return param_info(self.params, self._tensors, modules=self._root is not None)
+        return param_info(self.params, self._at.tensors, modules=self._at.root is not None)
 
     def match_targets(self, glob: str, point: str = "pre_step") -> list[str]:
         """The names ``glob`` matches at ``point`` (module names for "module", else parameter names)."""
@@ -275,7 +334,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             self._check_open()
             self._refuse_while_rewinding()
             spec, change = self._reg.add(kind, target, point, params, enabled, fn=fn)
-            self._submit(change)
+            self._lifecycle.submit(change)
             return HookHandle(self, spec.id, accepted=spec.to_dict())
 
     def update_hook(
@@ -295,12 +354,12 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
                 hook_id, params=params, enabled=enabled, target=target, position=position
             )
             if change is not None:
-                self._submit(change)
+                self._lifecycle.submit(change)
             return self.hook_spec(hook_id)
 
     def remove_hook(self, hook_id: str, *, missing_ok: bool = False) -> None:
         with self._lock:
-            if self._closed:
+            if self._gate.closed:
                 return
             self._refuse_while_rewinding()
             try:
@@ -309,7 +368,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
                 if missing_ok:
                     return
                 raise
-            self._submit(change)
+            self._lifecycle.submit(change)
 
     def _refuse_while_rewinding(self) -> None:
         """A hook change while a rewind waits for its boundary would be undone by it, unseen:
@@ -349,7 +408,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
             self._check_open()
             self._refuse_while_rewinding()
             change = self._reg.import_(preset)
-            self._submit(change)
+            self._lifecycle.submit(change)
             return self.hooks()
 
     # ----------------------------------------------------------------- data
@@ -365,23 +424,20 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         """
         vals = check_scalars(scalars)
         with self._lock:
-            late = not self._under_way and self._step > 0
+            late = not self._clock.under_way and self._clock.step > 0
             self._records.add(vals, late=late)
 
     def snapshots(self, since: int | None = None) -> list[dict[str, Any]]:
         """Snapshots still in the ring buffer with ``step > since``, as wire dicts."""
-        with self._feed._lock:
-            snaps = list(self._feed.snapshots)
-        return [s.to_dict() for s in snaps if since is None or s.step > since]
+        return [s.to_dict() for s in self._feed.snapshots_since(since)]
 
     def latest(self) -> dict[str, Any] | None:
-        with self._feed._lock:
-            return self._feed.snapshots[-1].to_dict() if self._feed.snapshots else None
+        snap = self._feed.latest()
+        return snap.to_dict() if snap is not None else None
 
     def events(self, since: int | None = None) -> list[dict[str, Any]]:
         """Events with ``seq > since``."""
-        with self._feed._lock:
-            return [e for e in self._feed.events if since is None or e["seq"] > since]
+        return self._feed.events_since(since)
 
     def subscribe(
         self, callback: Callable[[str, Any], None], *, lossless: bool = False
@@ -391,17 +447,23 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict, shared by every consumer:
         read-only), ``"scalars"`` (``{"step", "loss", "scalars"}``), ``"hooks"``
         (``{"config_version", "hooks"}``), ``"event"`` (an event dict) or ``"training"``
-        (``{"state", "step", "held"}``: after a pause, resume or single step, and when a pause
-        takes hold). Errors in the callback are caught and counted. Hooks and events always
+        (``{"state", "step", "held"}``: after a pause, resume or single step, when a pause
+        takes hold, and once when training ends: ``finish()``, ``wait()`` or ``close()``).
+        Errors in the callback are caught and counted. Hooks and events always
         arrive; snapshots and scalars are dropped for a callback more than 256 of them behind,
         unless ``lossless`` (then each arrives, late: keep such a callback quick). Returns a
         function that unsubscribes.
         """
         return self._feed.subscribe(callback, lossless=lossless)
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every record published so far has been handed to the subscribers (the
+        server's history among them); False when ``timeout`` seconds passed first."""
+        return self._feed.flush(timeout)
+
     def add_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record and broadcast an event (used by the server: ``server_error``, ``history_paused``...)."""
-        return self._event(kind, **fields)
+        return self._events.emit(kind, **fields)
 
     def set_hist_params(self, names: list[str]) -> None:
         """Parameters that get histograms (with the clients' subscriptions; capped at 8)."""
@@ -424,68 +486,216 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
     # ----------------------------------------------------------------- control
     def pause(self) -> dict[str, Any]:
         """Hold the training thread at the next step boundary."""
-        with self._cond:
-            self._paused, self._credit = True, 0
-            self._cond.notify_all()
-        return self._publish_training()
+        return self._gate.pause()
 
     def resume(self) -> dict[str, Any]:
-        with self._cond:
-            self._paused, self._credit = False, 0
-            self._cond.notify_all()
-        return self._publish_training()
+        return self._gate.resume()
 
     def step_once(self) -> dict[str, Any]:
         """Let exactly one more step run, then hold at its boundary."""
-        with self._cond:
-            self._paused = True
-            self._credit += 1
-            self._cond.notify_all()
-        return self._publish_training()
+        return self._gate.step_once()
 
+    # ----------------------------------------------------------------- loops that need telling
+    def begin_step(self) -> None:
+        """Mark a step as under way, as the root module's forward pre-hook does.
+
+        Only needed in loops that never call the attached root module itself (they call a
+        submodule): records made after this attach to the coming step, and edits that register
+        torch hooks are applied now, before the backward.
+        """
+        self._lifecycle.begin_step()
+
+    def mark_step(self) -> None:
+        """The step boundary for loops without a torch optimizer.
+
+        Call it after ``backward()`` and **before** your own update: it runs the ``pre_step`` hooks
+        on the gradients (so the update reads what they made), takes the statistics and publishes
+        the snapshot. Called after the update instead, the hooks would edit gradients nobody reads
+        while the page shows them applied. ``update_ratio`` is null in such a loop: the update
+        happens after the boundary, where we cannot see it.
+
+        Your update must skip a parameter whose gradient is None, as torch's optimizers do:
+        ``freeze`` sets its targets' gradients to None, and ``nan_guard`` ``skip`` every gradient
+        of the step.
+
+            for x, y in data:
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                insp.mark_step()                # hooks, statistics, snapshot
+                with torch.no_grad():
+                    for p in params:
+                        if p.grad is not None:  # None: frozen, or the step skipped
+                            p -= lr * p.grad    # your update sees the hooks' edits
+                        p.grad = None
+        """
+        self._lifecycle.mark_step()
+
+    def expect_last_step(self, step: int) -> None:
+        """Say that the run ends with step ``step`` (optimizer steps since ``attach``), so that step is
+        sampled: a run's final state is always shown, whatever the cadence. A loop that knows its
+        length (the framework callbacks do) calls it before training; a step that was not sampled
+        cannot be measured afterwards (its gradients are gone or edited by then).
+
+        Raises:
+            HookError: ``step`` is not a positive integer.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise HookError(("step",), f"must be a positive integer (got {shown(step)})")
+        self._cadence.last_step = step
+
+    def finish(self) -> None:
+        """Training is over (state ``finished``); edits from other threads apply at once from now.
+
+        ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
+        A last iteration that the scaler skipped is reported now (no forward comes after it).
+        """
+        self._lifecycle.finish()
+
+    def forget_gap(self) -> None:
+        """The time from now to the next step boundary is no step's (for a loop that runs
+        something else between two steps, a benchmark its other variants): the cadence, which
+        keeps the inspector's cost within ``budget`` of the step's wall time, does not count it."""
+        self._clock.forget_gap()
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self, label: str | None = None) -> str:
+        """Save the model's, the optimizer's (and scaler's) and the inspector's state to host memory.
+
+        Taken at the next step boundary, or at once when called from the training thread between
+        steps, while training is held at a boundary (paused), or after training finished. Only the
+        newest ``checkpoints`` (an ``attach`` option, default 3) are kept.
+
+        Returns:
+            The checkpoint's id (``"c1"``, ``"c2"``, ...), for :meth:`rewind`.
+
+        Raises:
+            CheckpointError: checkpoints cannot be right here (the message says why: under
+                torch.distributed, without a torch optimizer, ``checkpoints=0`` ...).
+        """
+        return self._branches.checkpoint(label)
+
+    def rewind(self, checkpoint: str) -> dict[str, Any]:
+        """Go back to a checkpoint: state, step counter and hook config become the checkpoint's.
+
+        Carried out by the training thread at the next step boundary (at once from the training
+        thread between steps, or while held at a boundary). Your data loader goes on: the next
+        batches are not those that followed the checkpoint the first time. Subscribers get a
+        ``rewind`` event (the server keeps the abandoned steps as a branch run of their own).
+
+        Returns:
+            ``{"checkpoint", "step", "done"}``: ``done`` is true when it was carried out already.
+
+        Raises:
+            CheckpointNotFound: no such checkpoint kept. CheckpointError: refused (see checkpoint()).
+        """
+        return self._branches.rewind(checkpoint)
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """The checkpoints: ``.list()``, ``.summary()``, ``.bytes``, ``.keep``, ``.add_state(...)``."""
+        return self._branches
+
+    # ----------------------------------------------------------------- the dashboard
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        token: str | None = None,
+        read_only: bool = False,
+        db: str | os.PathLike[str] | bool | None = None,
+        *,
+        frame_ancestors: Sequence[str] = (),
+    ) -> str | None:
+        """Serve the dashboard from a background thread of this process; returns its URL.
+
+        Loads the ``server`` package shipped with ``inspector`` (even when the working
+        directory has a ``server.py`` of its own). Under ``torch.distributed`` only rank 0
+        serves; on the other ranks this returns None.
+
+        Args:
+            host: bind address; anything but loopback requires a token (generated when None and
+                printed once in the returned URL).
+            port: TCP port. None (the default): 8000, or when that is taken (a second run on the
+                same box) the next free one of the 50 after it, printed as Jupyter does; an explicit
+                port that is taken raises ``PortInUse``; 0 picks any free one.
+            token: the access token.
+            read_only: serve the dashboard and the stream, refuse every command (403).
+            db: the history file: None for ``./gradient-inspector.sqlite``, a path for that
+                file, False for no history on disk.
+            frame_ancestors: origins whose pages may show the dashboard in a frame, e.g.
+                ``["https://hub.example.com"]``; none by default (no other page can frame it).
+                :meth:`show` allows a notebook's own.
+        """
+        self._check_open()
+        return self._dashboard.serve(
+            host=host, port=port, token=token, read_only=read_only, db=db, frame_ancestors=frame_ancestors
+        )
+
+    @property
+    def url(self) -> str | None:
+        """The dashboard's URL while it is served from this process (``serve()``), else None."""
+        return self._dashboard.url
+
+    def wait(self) -> None:
+        """Keep serving after training ended, until Ctrl-C; edits apply at once meanwhile.
+
+        Prints where it serves and how to stop it (a warning when nothing is served: then it
+        only holds the process until Ctrl-C). Returns once ``close()`` has finished.
+        """
+        self._dashboard.wait()
+
+    def show(self, height: int = 720, *, frame_ancestors: Sequence[str] = ()) -> Any:
+        """The dashboard inline in a notebook (an iframe; served first if need be), which it lets
+        frame it: loopback pages and VS Code's webviews, and ``frame_ancestors`` (your notebook
+        server's origin when it is not on loopback, e.g. ``["https://hub.example.com"]``).
+        See inspector/notebook.py."""
+        return self._dashboard.show(height, frame_ancestors=frame_ancestors)
+
+    def _repr_html_(self) -> str:  # a notebook's display: a link to the dashboard (inspector/notebook.py)
+        return self._dashboard.status_html()
+
+    def requested_config(self) -> tuple[int, list[dict[str, Any]]]:
+        """``(config_version, hooks)`` of the requested hook configuration, read together: the
+        hooks as ``hooks()`` lists them, and the ``config_version`` they have once every pending
+        change is applied (the applied count plus the changes pending). The server records it
+        before it acknowledges a change, so the change outlives a crash right after the reply."""
+        with self._lock:
+            return self._reg.version + len(self._reg.pending), [s.to_dict() for s in self._reg.view()]
+
+    # ----------------------------------------------------------------- closing
     def close(self) -> None:
         """Remove every hook of ours and stop the server; idempotent. A call while another thread
         is closing returns once that close has finished (so ``wait()`` never returns early)."""
-        with self._cond:
-            if self._closed:
-                closer = self._closer
-                if closer is not None and closer != threading.get_ident():
-                    self._cond.wait_for(lambda: self._closer is None, timeout=60.0)
-                return
-            self._closed = True
-            self._closer = threading.get_ident()
-            self._finished = True
-            self._cond.notify_all()
-        self._check_scaler_skip()  # the last iteration, when the scaler skipped it
+        closing, ended = self._gate.begin_close()
+        if not closing:
+            return
+        if ended:
+            self._gate.publish()  # training is over: subscribers learn it once, before the feed closes
+        lifecycle = self._lifecycle
+        lifecycle.check_scaler_skip()  # the last iteration, when the scaler skipped it
         release(self)
         try:
-            self._flush_late()
+            lifecycle.flush_late()
             self._records.flush_pending()
-            self._drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
+            lifecycle.drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
                 f"inspector: the last step's late records could not be sent ({shown(e)})",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        lifecycle.detach()
         self._hooks.remove_all()
-        if self._root is not None:
-            for m in self._root.modules():
+        if self._at.root is not None:
+            for m in self._at.root.modules():
                 unhide(m)
         self._feed.flush()  # deliver the last records to the server (and its history) before it stops
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        self._dashboard.stop()
         self._feed.close()
         self._reg.fns.clear()
         self._stats.close()
         self._branches.release()  # the checkpoints' host memory (a full copy of the state each)
-        with self._cond:
-            self._closer = None  # closed: whoever waits for it may go on
-            self._cond.notify_all()
+        self._gate.end_close()
 
     def __enter__(self) -> Inspector:
         return self
@@ -494,7 +704,7 @@ class Inspector(Rewinding, StepLifecycle, Dashboard):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Inspector {len(self.params)} params, step {self._step}, {len(self._reg.requested)} hooks>"
+        return f"<Inspector {len(self.params)} params, step {self._clock.step}, {len(self._reg.requested)} hooks>"
 
 
 def attach(
@@ -535,10 +745,7 @@ def attach(
     Returns:
         The :class:`Inspector`; also a context manager that closes it.
     """
-    return Inspector(
-        model,
-        optimizer,
-        scaler=scaler,
+    options = Options(
         budget=budget,
         every=every,
         hist_every=hist_every,
@@ -546,3 +753,4 @@ def attach(
         dist_timeout=dist_timeout,
         checkpoints=checkpoints,
     )
+    return Inspector(model, optimizer, scaler=scaler, options=options)

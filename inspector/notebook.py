@@ -1,9 +1,9 @@
 """The inspector in a Jupyter or VS Code notebook: a link to its dashboard, or the dashboard inline.
 
 A notebook displays any object with a ``_repr_html_`` method as that HTML. ``Inspector`` has
-two one-line methods that come here:
+two methods that come here (through :mod:`inspector.dashboard`, which owns the server):
 
-- ``insp`` as a cell's last expression shows `status_html(insp)`: a link to the dashboard when
+- ``insp`` as a cell's last expression shows `status_html`: a link to the dashboard when
   it is served (``insp.serve()``), else a line saying how to serve it;
 - ``insp.show(height=720)`` serves the dashboard if it is not served yet (loopback, the
   default port) and returns an `Embed`, which a notebook displays as an ``<iframe>`` of the
@@ -38,20 +38,12 @@ NOTEBOOK_FRAME_ANCESTORS = (
 )
 
 
-def served_url(insp: Any) -> str | None:
-    """The URL the dashboard is served at (with its ``#token=`` when one is in force), or None."""
-    server = getattr(insp, "_server", None)
-    return None if server is None else str(server.url)
-
-
-def status_html(insp: Any) -> str:
+def status_html(state: dict[str, Any], n_params: int, url: str | None) -> str:
     """One line of HTML: the inspector's state and a link to its dashboard (or how to serve it)."""
-    state = insp.state
     head = (
-        f"<b>gradient-inspector</b>: {len(insp.params)} parameters, "
+        f"<b>gradient-inspector</b>: {n_params} parameters, "
         f"{html.escape(str(state['state']))} at step {int(state['step'])}"
     )
-    url = served_url(insp)
     if url is None:
         return f"<div>{head}; not served: call <code>insp.serve()</code> or <code>insp.show()</code></div>"
     link = html.escape(url, quote=True)
@@ -67,7 +59,7 @@ class Embed:
     """
 
     def __init__(self, url: str, height: int = 720) -> None:
-        _check_height(height)
+        check_height(height)
         self.url = url
         self.height = height
 
@@ -83,23 +75,13 @@ class Embed:
         return f"Embed({self.url!r}, height={self.height})"
 
 
-def show(insp: Any, height: int = 720, *, frame_ancestors: Sequence[str] = ()) -> Embed | None:
-    """`Embed` of the dashboard, serving it first when it is not served, and letting the
-    notebook's origins (and ``frame_ancestors``) frame it; None where this rank does not serve
-    (under ``torch.distributed``, ranks other than 0)."""
-    _check_height(height)  # before anything is served
+def frame_origins(frame_ancestors: Sequence[str] | str) -> tuple[str, ...]:
+    """The origins ``show()`` lets frame the dashboard: the notebook's, and ``frame_ancestors``."""
     if isinstance(frame_ancestors, str):
         frame_ancestors = [frame_ancestors]
-    origins = (*NOTEBOOK_FRAME_ANCESTORS, *frame_ancestors)
-    server = getattr(insp, "_server", None)
-    if server is not None:
-        server.allow_frames(origins)
-        url: str | None = str(server.url)
-    else:
-        url = insp.serve(frame_ancestors=origins)
-    return None if url is None else Embed(url, height)
+    return (*NOTEBOOK_FRAME_ANCESTORS, *frame_ancestors)
 
 
-def _check_height(height: Any) -> None:
+def check_height(height: Any) -> None:
     if not isinstance(height, int) or isinstance(height, bool) or height <= 0:
         raise ValueError(f"height must be a positive number of pixels, got {height!r}")

@@ -9,11 +9,14 @@
 - Scaler: a disabled ``GradScaler`` is no scaler.
 
 One rule for every way in: ``inspector.attach`` and the framework callbacks both use these.
+:class:`Attached` is what an Inspector holds of them: the model, its names and tensors, the
+optimizer, the scaler, the FSDP2 layout and the distributed control plane.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +25,7 @@ from torch import Tensor, nn
 from .wire.errors import AttachError, shown
 
 __all__ = [
+    "Attached",
     "enabled_scaler",
     "named_tensors",
     "param_info",
@@ -134,3 +138,21 @@ def enabled_scaler(scaler: Any) -> Any:
         return None
     is_enabled = getattr(scaler, "is_enabled", None)
     return scaler if not callable(is_enabled) or is_enabled() else None
+
+
+@dataclass(frozen=True, eq=False)
+class Attached:
+    """What an Inspector is attached to, seen through its wrappers; fixed at ``attach()``."""
+
+    root: nn.Module | None  # the model (None for a dict of tensors)
+    params: list[str]  # parameter names, wrapper prefixes stripped, in named_parameters() order
+    tensors: list[Tensor]  # the parameters (or the dict's tensors), in that order
+    modules: dict[str, nn.Module]  # the root's submodules by name (empty for a dict of tensors)
+    optimizer: torch.optim.Optimizer | None  # its step() is the step boundary (None: mark_step())
+    scaler: Any  # an enabled GradScaler, or None
+    layout: Any  # stats.sharded.Layout under FSDP2, else None
+    dist: Any  # the job's distributed.ControlPlane under torch.distributed, else None
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank if self.dist is not None else 0

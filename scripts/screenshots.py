@@ -52,7 +52,7 @@ PLANS: dict[str, dict[str, Any]] = {
         "hist": "8.weight",
         "flow": "norm",
     },
-    # what-if (issue 16): the same run with its shadow, the run without the clip, dashed; the
+    # what-if: the same run with its shadow, the run without the clip, dashed; the
     # difference chart open. The other pictures are taken with --no-shadow.
     "exploding-whatif": {
         "scenario": "exploding",

@@ -1,4 +1,4 @@
-"""`gradient-inspector`: demo, replay, export (DESIGN.md "Python API and CLI")."""
+"""`gradient-inspector`: demo, replay, export (README.md "The two commands", "History, replay and export")."""
 
 from __future__ import annotations
 

@@ -8,14 +8,14 @@ Each message is serialized once (`protocol.dumps`) and the same text goes to
 every client. Each client has a `ClientQueue` and a sender task:
 
 - `hooks`, `event`, `ack`, `error` (control messages) wait in order and are
-  never dropped;
+  never dropped (only those `hello` already carried are skipped: see `forget_before`);
 - `snapshot` and `scalars` are coalesced: a client keeps at most one pending of
   each, the newest (latest wins), and snapshots go out at most `max_rate` per
   second when the client asked for a cap;
 - a client whose control backlog passes `max_backlog` messages or
   `max_backlog_bytes`, or whose socket accepted nothing for `stall_timeout`
-  seconds while messages wait, is closed (code 1013, "try again later"); it
-  backfills over HTTP when it reconnects.
+  seconds while messages wait, is closed (code 1013, "try again later"); when it
+  reconnects, its `hello` (or the HTTP API) brings what it missed.
 
 A stalled socket therefore costs one pending snapshot, one pending scalars and
 its bounded backlog; it slows neither training (which never waits for the hub)
@@ -39,16 +39,32 @@ TOO_FAR_BEHIND = WS_1013_TRY_AGAIN_LATER  # the close code of a client kicked fo
 SendText = Callable[[str], Awaitable[None]]  # a socket's send_text
 
 
-def message_text(kind: str, payload: dict[str, Any], data_text: str | None = None) -> str:
-    """The wire text of a core message (`kind` as given to the subscriber).
+def wire_snapshot(snap: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot as the websocket sends it: without `events` (each event goes out once, as an
+    `event` message or inside its `hooks` message; the history keeps them in the snapshot)."""
+    return {k: v for k, v in snap.items() if k != "events"} if "events" in snap else snap
 
-    `data_text` is the payload already encoded (`dumps(payload)`, done once per snapshot by the
-    source and shared with the history writer): it is wrapped, not encoded again."""
+
+def message_text(kind: str, payload: dict[str, Any], data_text: str | None = None) -> str:
+    """The wire text of a message (`kind` as the source publishes it).
+
+    `data_text` is the payload already encoded for the wire (for a snapshot, `dumps` of
+    `wire_snapshot(payload)`, done once per snapshot by the source, which shares it with the
+    history writer): it is wrapped, not encoded again."""
     if kind in ("snapshot", "event"):
         if data_text is not None:
             return f'{{"type":"{kind}","data":{data_text}}}'
-        return dumps({"type": kind, "data": payload})
+        data = wire_snapshot(payload) if kind == "snapshot" else payload
+        return dumps({"type": kind, "data": data})
     return dumps({"type": kind, **payload})
+
+
+def event_seq(kind: str, payload: dict[str, Any]) -> int | None:
+    """The event `seq` a message carries (an `event`, or a `hooks` message with its change's
+    `hook_applied` event), or None."""
+    ev = payload if kind == "event" else payload.get("event") if kind == "hooks" else None
+    seq = ev.get("seq") if isinstance(ev, dict) else None
+    return seq if isinstance(seq, int) else None
 
 
 class ClientQueue:
@@ -76,7 +92,7 @@ class ClientQueue:
         self.snapshot_step = -1
         self.scalars: str | None = None
         self.last_step = -1  # newest snapshot step queued or in hello (duplicates are skipped)
-        self.last_seq = -1  # newest event seq likewise
+        self.hello_seq = -1  # newest event seq `hello` carried: events up to it are skipped
         self.sent = 0
         self.coalesced = 0
         self.close_code: int | None = None
@@ -113,10 +129,8 @@ class ClientQueue:
                 self.coalesced += 1
             self.scalars = text
         else:
-            if seq is not None:
-                if seq <= self.last_seq:
-                    return
-                self.last_seq = seq
+            if seq is not None and seq <= self.hello_seq:
+                return
             self.controls.append((text, seq))
             self.backlog_bytes += len(text)
             if len(self.controls) > self.max_backlog or self.backlog_bytes > self.max_backlog_bytes:
@@ -137,14 +151,16 @@ class ClientQueue:
         self._wake.set()
 
     def forget_before(self, step: int, seq: int) -> None:
-        """Drop what `hello` already carried: snapshots up to `step`, events up to `seq`."""
+        """Drop what `hello` already carried (or the page had): snapshots up to `step`, events up
+        to `seq` (an `event`, or a `hooks` message whose `hook_applied` event it is: the hello's
+        session is at least as new as its events, so it has that change's hooks already)."""
         if self.snapshot is not None and self.snapshot_step <= step:
             self.snapshot = None
         kept = [(t, q) for t, q in self.controls if q is None or q > seq]
         self.controls = deque(kept)
         self.backlog_bytes = sum(len(t) for t, _ in kept)
         self.last_step = max(self.last_step, step)
-        self.last_seq = max(self.last_seq, seq)
+        self.hello_seq = max(self.hello_seq, seq)
 
     def kick(self, code: int, reason: str) -> None:
         """Stop sending: the endpoint sees the sender task end and closes the socket with `code`."""
@@ -220,7 +236,7 @@ class ClientHub:
             return
         text = message_text(kind, payload, data_text)
         step = payload.get("step") if kind == "snapshot" else None
-        seq = payload.get("seq") if kind == "event" else None
+        seq = event_seq(kind, payload)
         self.published += 1
         rewound = kind == "event" and payload.get("kind") == "rewind"
         for client in list(self.clients.values()):

@@ -5,7 +5,7 @@ Pydantic models exist only here, at the wire. They check the shape of a request
 validated by the core (`inspector.HookError`), never re-implemented here.
 
 Strict JSON: no `NaN`/`Infinity` literals go out. A non-finite float becomes the
-string "nan", "inf" or "-inf" (DESIGN.md "Wire format"), by the core's rule
+string "nan", "inf" or "-inf" (PROTOCOL.md "Conventions"), by the core's rule
 (`inspector.wire.records.jsonsafe`). `dumps` tries the fast path first and converts only
 when the payload really holds a non-finite float.
 """

@@ -1,4 +1,4 @@
-"""Request guards (DESIGN.md "Security"), as one pure ASGI middleware in front of the app.
+"""Request guards (PROTOCOL.md "Security, briefly"), as one pure ASGI middleware in front of the app.
 
 Order of checks, for HTTP and for the websocket handshake:
 

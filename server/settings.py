@@ -47,7 +47,8 @@ class Settings:
         max_frame: largest websocket text frame in bytes (the socket is closed with 1008 past it).
         commands_per_second: per-client command budget (HTTP: per address; websocket: per socket),
             sustained; bursts of twice that.
-        hello_history: snapshots sent in `hello`.
+        hello_history: snapshots sent in `hello` (the page keeps 600: frontend/state.js).
+        hello_events: events sent in `hello` (the page keeps 400).
         request_timeout: seconds a request may take to arrive whole (headers and body), from its
             first byte or the connection's opening; the connection is closed past it.
         connections_per_client: open HTTP connections per client address; more are closed at once.
@@ -67,7 +68,8 @@ class Settings:
     max_body: int = 1 << 20
     max_frame: int = 64 << 10
     commands_per_second: float = 50.0
-    hello_history: int = 200
+    hello_history: int = 600
+    hello_events: int = 400
     request_timeout: float = 5.0
     connections_per_client: int = 64
     trusted_proxy: str | None = None

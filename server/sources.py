@@ -2,7 +2,7 @@
 
 The same app serves three things through one interface:
 
-- `LiveSource` (live.py): an attached inspector, in demo mode (our own training
+- `LiveSource` (live/source.py): an attached inspector, in demo mode (our own training
   thread) or user mode (the user's script);
 - `ReplaySource` (here): a recorded run in a database, read-only.
 
@@ -17,7 +17,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .history.queries import ALL_STEPS, HistoryQuery
 from .history.storage import HistoryStore, StoreError
+from .hub import wire_snapshot
 from .protocol import error_detail
 
 log = logging.getLogger("gradient_inspector.server")
@@ -68,33 +70,11 @@ class Source:
     def param_names(self, run: int | None = None) -> list[str]:
         return [p["name"] for p in self.session(run)["params"]]
 
-    def snapshots(
-        self,
-        run: int | None = None,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
-        return self._store().snapshots(
-            self._run(run), since=since, until=until, limit=limit, points=points, buckets=buckets
-        )
+    def snapshots(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
+        return self._store().snapshots(self._run(run), query)
 
-    def scalars(
-        self,
-        run: int | None = None,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
-        return self._store().scalars(
-            self._run(run), since=since, until=until, limit=limit, points=points, buckets=buckets
-        )
+    def scalars(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
+        return self._store().scalars(self._run(run), query)
 
     def events(
         self, run: int | None = None, *, since: int | None = None, limit: int | None = None
@@ -145,12 +125,40 @@ class Source:
     def targets(self, glob: str, point: str | None) -> list[str]:
         raise read_only_error()
 
-    def hello(self, history: int = 200, events: int = 100) -> dict[str, Any]:
-        """The websocket's first message (without `type`)."""
+    def hello(
+        self,
+        history: int = 600,
+        events: int = 400,
+        *,
+        run: int | None = None,
+        step: int | None = None,
+        since: int | None = None,
+        seq: int | None = None,
+    ) -> dict[str, Any]:
+        """The websocket's first message (without `type`): the session, the newest `history`
+        snapshots (as the socket sends them: without `events`) and the newest `events` events.
+
+        A page that reconnects says what it has: its `run`, its newest `step`, its newest
+        snapshot's step (`since`) and event's `seq`. When `run` is still the session's and the
+        step did not go back (the same process, no rewind meanwhile), `resumed` is true and only
+        what came after `since` and `seq` is sent. The session is at least as new as the events
+        (read again when a change they hold was applied after it), so it holds their changes."""
+        session = self.session()
+        now = session["training"].get("step")
+        now = now if isinstance(now, int) else 0
+        resumed = run is not None and run == session["run_id"] and (step or 0) <= now
+        evs = self.events(since=seq if resumed else None, limit=events)
+        snaps = self.snapshots(None, HistoryQuery(since=since if resumed else None, limit=history))
+        versions = [e.get("config_version") for e in evs if e.get("kind") == "hook_applied"]
+        newest = max((v for v in versions if isinstance(v, int)), default=0)
+        version = session.get("config_version")
+        if isinstance(version, int) and newest > version:
+            session = self.session()
         return {
-            "session": self.session(),
-            "history": self.snapshots(limit=history),
-            "events": self.events(limit=events),
+            "session": session,
+            "resumed": resumed,
+            "history": [wire_snapshot(s) for s in snaps],
+            "events": evs,
         }
 
     # commands: every one is refused by a read-only source

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..wire.errors import AttachError
 
-__all__ = ["check_optimizer", "fused_scaling", "scale_mark", "scale_written", "unscale_"]
+__all__ = ["ScalerWatch", "check_optimizer", "fused_scaling", "scale_mark", "scale_written", "unscale_"]
 
 
 def scale_mark(scaler: Any) -> tuple[int, int] | None:
@@ -105,3 +105,49 @@ def unscale_(optimizer: Any, grad_scale: Tensor) -> None:
     for device, grads in groups.items():
         torch._foreach_div_(grads, grad_scale.to(device))
     optimizer.grad_scale = None  # GradScaler.step deletes the attribute after the step
+
+
+class ScalerWatch:
+    """What the attached scaler did to the iteration under way, told without a device read: a
+    fused optimizer's skip (its ``found_inf``, read at the step), and an unfused skip (the scale
+    written by ``update()`` with no boundary since: :func:`scale_mark`)."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self._mark: tuple[int, int] | None = None  # which write of the scale the last check saw
+        self._fused_skip = False  # the scaler told the fused optimizer stepping now to skip its update
+        self._skip_known = False  # the iteration under way was skipped, and reported at its boundary
+
+    def fused_skip(self) -> None:
+        """The fused optimizer stepping now skips its update (told at its step pre-hook)."""
+        self._fused_skip = True
+
+    def take_fused_skip(self) -> bool:
+        """At the step post-hook: whether no update ran (then it is no boundary, and the skip is
+        reported there: :meth:`check` does not report it again)."""
+        skipped, self._fused_skip = self._fused_skip, False
+        if skipped:
+            self._skip_known = True
+        return skipped
+
+    @property
+    def skip_known(self) -> bool:
+        return self._skip_known
+
+    def check(self, under_way: bool) -> str | None:
+        """At a forward, ``finish()`` and ``close()``: ``"reported"`` when the iteration that ended
+        was a fused skip reported at its boundary, ``"skipped"`` when the scaler's ``update()``
+        wrote its scale with no boundary since (an unfused skip), else None."""
+        written = False
+        if self.scaler is not None:
+            mark = scale_mark(self.scaler)
+            last, self._mark = self._mark, mark
+            written = under_way and scale_written(last, mark)
+        if self._skip_known:
+            self._skip_known = False
+            return "reported"
+        return "skipped" if written else None
+
+    def remark(self) -> None:
+        """The scale was written by us (a rewind's scaler state): no skipped step."""
+        self._mark = scale_mark(self.scaler)

@@ -1,9 +1,9 @@
 """Applying validated hook changes, and announcing each one.
 
 The :class:`~inspector.hooks.registry.Registry` validates an edit at once and queues a
-:class:`~inspector.hooks.registry.Change`; *when* a queued change may be applied is the Inspector's
-decision (DESIGN.md "Steps": at once on the training thread, between steps for ``pre_step``-only
-changes, else at the next root forward or boundary). :class:`Edits` does the applying: it
+:class:`~inspector.hooks.registry.Change`; *when* a queued change may be applied is decided by
+:class:`~inspector.step.lifecycle.StepLifecycle` (``submit``, ``apply_edits``: at once on the training
+thread, between steps for ``pre_step``-only changes, else at the next root forward or boundary). :class:`Edits` does the applying: it
 drains the queue, rebuilds the plan, registers or removes torch hooks where the caller allows
 it (``torch_ok``: only the training thread, or while it is held), and announces every applied
 change with a ``hook_applied`` event and a ``hooks`` message, each with its own

@@ -1,8 +1,16 @@
-"""The handle ``Inspector.add_hook`` returns."""
+"""The handle ``Inspector.add_hook`` returns.
+
+It holds its Inspector weakly, as torch's ``RemovableHandle`` holds its hook table: a handle kept
+around (in a list, a closure, a notebook's history) never keeps an Inspector, and through it the
+model, the optimizer and the checkpoints, alive.
+"""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
+
+from ..wire.errors import InspectorError
 
 if TYPE_CHECKING:
     from ..inspector import Inspector
@@ -13,18 +21,27 @@ __all__ = ["HookHandle"]
 class HookHandle:
     """A live hook. Every method is a validated edit (see ``Inspector.update_hook``).
 
-    ``remove()`` twice is harmless; so is using the handle after ``Inspector.close()``.
+    ``remove()`` twice is harmless; so is using the handle after ``Inspector.close()``, or after
+    the Inspector itself is gone (``remove()`` then does nothing; the other methods raise
+    :class:`~inspector.wire.errors.InspectorError`).
     """
 
-    __slots__ = ("_insp", "id", "accepted")
+    __slots__ = ("_ref", "id", "accepted")
 
     def __init__(self, insp: Inspector, hook_id: str, accepted: dict[str, Any] | None = None) -> None:
-        self._insp = insp
+        self._ref = weakref.ref(insp)
         self.id = hook_id
         # the spec as the edit that made it was accepted (``add_hook``'s reply; None for a handle
         # of an existing hook): unlike ``spec`` it never changes, and stays readable after a
         # rewind or a removal took the hook away
         self.accepted = accepted
+
+    @property
+    def _insp(self) -> Inspector:
+        insp = self._ref()
+        if insp is None:
+            raise InspectorError(f"hook {self.id}: its Inspector is gone (closed and collected)")
+        return insp
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -45,7 +62,9 @@ class HookHandle:
         return self
 
     def remove(self) -> None:
-        self._insp.remove_hook(self.id, missing_ok=True)
+        insp = self._ref()
+        if insp is not None:
+            insp.remove_hook(self.id, missing_ok=True)
 
     def __enter__(self) -> HookHandle:
         return self

@@ -130,7 +130,7 @@ def _holder(obj: Any) -> Any:
     if entry is None or entry[0]() is not obj:  # a dead object whose id was reused
         return None
     insp = entry[1]()
-    return insp if insp is not None and not getattr(insp, "_closed", True) else None
+    return insp if insp is not None and not insp.closed else None
 
 
 def claim(insp: Any, tensors: list[Any], optimizer: Any) -> None:

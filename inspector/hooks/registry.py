@@ -2,12 +2,13 @@
 
 Edits are validated at once against the requested configuration (so an invalid edit
 changes nothing) and become a :class:`Change` that carries the whole requested config
-after it. The training thread applies pending changes in order (or the caller does,
-where DESIGN.md allows it); applying one makes its config the applied config and bumps
-``version`` (``config_version``).
+after it. The training thread applies pending changes in order (or the caller does, between
+steps, when no pending change registers a torch hook: ``StepLifecycle.submit``); applying one
+makes its config the applied config and bumps ``version`` (``config_version``).
 
-The registry does no locking and registers no torch hooks: :class:`inspector.Inspector`
-holds the lock and owns the torch side.
+The registry does no locking and registers no torch hooks: its callers hold the Inspector's
+lock, and :class:`~inspector.hooks.edits.Edits` with :class:`~inspector.hooks.torch_hooks.TorchHooks`
+do the torch side.
 
 Hook ids: ``h1``, ``h2``, ... in the order hooks are added. Under ``torch.distributed`` every rank
 runs the same script, so the hooks the script adds (on the training thread) get ``h`` ids from a

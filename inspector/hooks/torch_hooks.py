@@ -24,7 +24,8 @@ keeps torch's registrations in line with the plan:
 
 Only the training thread calls :meth:`TorchHooks.sync` and :meth:`TorchHooks.remove_all`
 (torch hooks are registered and removed there, never from the server's threads). The step
-hooks (optimizer step pre/post, root forward pre) are the Inspector's own.
+hooks (optimizer step pre/post, root forward pre/post) are
+:class:`~inspector.step.lifecycle.StepLifecycle`'s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the framework callbacks share: the options, presets, serving, the end (wrapped optimizers and
-scalers are seen through by `inspector.wrappers`, the rule `attach` itself uses).
+"""What the framework callbacks share: the options, presets, serving, the end, and the members a
+callback shows (`SessionCallback`); wrapped optimizers and scalers are seen through by
+`inspector.wrappers`, the rule `attach` itself uses.
 
 No framework is imported here.
 """
@@ -114,6 +115,27 @@ class Session:
         insp, self.inspector, self.url = self.inspector, None, None
         if insp is not None:
             insp.close()
+
+
+class SessionCallback:
+    """The members every framework callback has, served by its ``Session`` (``_session``); a base
+    class listed before the framework's own callback class."""
+
+    _session: Session
+
+    @property
+    def inspector(self) -> Inspector | None:
+        """The attached inspector (None before training starts and once closed)."""
+        return self._session.inspector
+
+    @property
+    def url(self) -> str | None:
+        """The dashboard's URL while serving, else None."""
+        return self._session.url
+
+    def close(self) -> None:
+        """Close the inspector: our hooks are removed and the server stops. Idempotent."""
+        self._session.close()
 
 
 def begin_step(insp: Inspector, root: nn.Module) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..inspector import Inspector
 from ..wrappers import enabled_scaler
-from ._common import Session
+from ._common import Session, SessionCallback
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -31,7 +31,7 @@ except ImportError as e:
 __all__ = ["GradientInspectorCallback"]
 
 
-class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
+class GradientInspectorCallback(SessionCallback, TrainerCallback):  # type: ignore[misc]
     """Attaches an inspector to the Trainer's model and optimizer when training begins.
 
     Args:
@@ -115,20 +115,10 @@ class GradientInspectorCallback(TrainerCallback):  # type: ignore[misc]
         self._model_gives_loss = False
         self._loss_scale = 1
 
-    @property
-    def inspector(self) -> Inspector | None:
-        """The attached inspector (None before training begins and once closed)."""
-        return self._session.inspector
-
-    @property
-    def url(self) -> str | None:
-        """The dashboard's URL while serving, else None."""
-        return self._session.url
-
     def close(self) -> None:
         """Close the inspector: our hooks are removed and the server stops. Idempotent."""
         self._remove_forward_hook()
-        self._session.close()
+        super().close()
 
     # ------------------------------------------------------------------ Trainer events
     def on_train_begin(

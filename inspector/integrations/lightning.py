@@ -19,7 +19,7 @@ import torch
 from ..inspector import Inspector
 from ..wire.errors import AttachError
 from ..wrappers import enabled_scaler
-from ._common import Session, begin_step
+from ._common import Session, SessionCallback, begin_step
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -35,7 +35,7 @@ except ImportError:  # the older, standalone package
 __all__ = ["GradientInspectorCallback"]
 
 
-class GradientInspectorCallback(Callback):  # type: ignore[misc]
+class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc]
     """Attaches an inspector to the LightningModule and its optimizer when training starts.
 
     Args:
@@ -117,20 +117,6 @@ class GradientInspectorCallback(Callback):  # type: ignore[misc]
         self.optimizer_index = optimizer_index
         self._losses: list[torch.Tensor] = []
         self._recorded_step = 0
-
-    @property
-    def inspector(self) -> Inspector | None:
-        """The attached inspector (None before training starts and once closed)."""
-        return self._session.inspector
-
-    @property
-    def url(self) -> str | None:
-        """The dashboard's URL while serving, else None."""
-        return self._session.url
-
-    def close(self) -> None:
-        """Close the inspector: our hooks are removed and the server stops. Idempotent."""
-        self._session.close()
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

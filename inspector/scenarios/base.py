@@ -1,4 +1,5 @@
-"""The :class:`Scenario` base class: a model, its optimizer and its data, one step at a time.
+"""The :class:`Scenario` base class: a model, its optimizer and its data, one step at a time; and
+:class:`ReluTeacher`, the regression data stream that ``mlp`` and ``nan`` share.
 
 A scenario owns everything one training step needs, so the demo loop (and a test) is just::
 
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["Scenario"]
+__all__ = ["ReluTeacher", "Scenario"]
 
 
 @contextlib.contextmanager
@@ -162,3 +163,33 @@ class Scenario:
             f"{type(self).__name__}(name={self.name!r}, seed={self.seed}, device={str(self.device)!r}, "
             f"params={n}, steps_done={self.steps_done})"
         )
+
+
+class ReluTeacher(Scenario):
+    """A regression on a fixed random teacher, trained with MSE: targets ``relu(x @ W1) @ w2`` plus
+    N(0, ``noise_std``^2) noise, for inputs ``x`` of N(0, 1) features.
+
+    The teacher has the shape ``in_features -> hidden -> 1``; ``W1`` is drawn with std
+    ``1 / sqrt(in_features)`` and ``w2`` with std ``2 / sqrt(hidden)``, from the data generator.
+    Subclasses set ``in_features``, ``hidden``, ``batch_size`` and ``noise_std``, and build the
+    model and optimizer; a subclass may alter the batch after ``super().next_batch(gen)``.
+    """
+
+    in_features: ClassVar[int]
+    hidden: ClassVar[int]
+    batch_size: ClassVar[int]
+    noise_std: ClassVar[float]
+
+    def setup_data(self, gen: torch.Generator) -> None:
+        # The teacher: fixed random weights, kept on the CPU.
+        self._w1 = torch.randn(self.in_features, self.hidden, generator=gen) / self.in_features**0.5
+        self._w2 = torch.randn(self.hidden, 1, generator=gen) / self.hidden**0.5 * 2.0
+
+    def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(self.batch_size, self.in_features, generator=gen)
+        noise = torch.randn(self.batch_size, 1, generator=gen) * self.noise_std
+        y = torch.relu(x @ self._w1) @ self._w2 + noise
+        return x, y
+
+    def compute_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.model(x), y)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Scenario
+from .base import ReluTeacher
 
 __all__ = ["MLP"]
 
 
-class MLP(Scenario):
+class MLP(ReluTeacher):
     """``nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1))``, MSE loss, SGD lr 0.01.
 
     The model, loss, optimizer and batch size (32) are those of the seed example. Its data
@@ -41,17 +41,3 @@ class MLP(Scenario):
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.lr)
-
-    def setup_data(self, gen: torch.Generator) -> None:
-        # The teacher: the same architecture with fixed random weights, kept on the CPU.
-        self._w1 = torch.randn(self.in_features, self.hidden, generator=gen) / self.in_features**0.5
-        self._w2 = torch.randn(self.hidden, 1, generator=gen) / self.hidden**0.5 * 2.0
-
-    def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(self.batch_size, self.in_features, generator=gen)
-        noise = torch.randn(self.batch_size, 1, generator=gen) * self.noise_std
-        y = torch.relu(x @ self._w1) @ self._w2 + noise
-        return x, y
-
-    def compute_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.mse_loss(self.model(x), y)

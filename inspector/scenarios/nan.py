@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Scenario
+from .base import ReluTeacher
 
 __all__ = ["NaNBatch"]
 
 
-class NaNBatch(Scenario):
+class NaNBatch(ReluTeacher):
     """A 3-layer ReLU MLP (8 -> 32 -> 32 -> 1), MSE loss, SGD lr 0.02 with momentum 0.9.
 
     The batch of step ``bad_step`` (30, counting the first step as 1) and of every
@@ -61,17 +61,8 @@ class NaNBatch(Scenario):
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum)
 
-    def setup_data(self, gen: torch.Generator) -> None:
-        self._w1 = torch.randn(self.in_features, self.hidden, generator=gen) / self.in_features**0.5
-        self._w2 = torch.randn(self.hidden, 1, generator=gen) / self.hidden**0.5 * 2.0
-
     def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(self.batch_size, self.in_features, generator=gen)
-        noise = torch.randn(self.batch_size, 1, generator=gen) * self.noise_std
-        y = torch.relu(x @ self._w1) @ self._w2 + noise
+        x, y = super().next_batch(gen)
         if self.is_bad_step(self.step_under_way):
             x[0] = float("inf")  # the corrupted record; its target stays finite
         return x, y
-
-    def compute_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.mse_loss(self.model(x), y)

@@ -1,14 +1,15 @@
-"""FSDP2's half of a sampled step's statistics (a base of :class:`~inspector.stats.step_stats.StepStats`):
-every gradient there is this rank's shard, so the snapshot combines every rank's partial results
-into the full tensors' statistics in **one** collective (:meth:`ShardedStats._combine`, by
-:meth:`sharded.Layout.combine`) before its one transfer, and a sharded parameter's histogram
-takes its range across the ranks from one collective of its own first (:meth:`_hist_spans`).
+"""FSDP2's half of a sampled step's statistics (a part of :class:`~inspector.stats.step_stats.StepStats`,
+present under FSDP2 only): every gradient there is this rank's shard, so the snapshot combines
+every rank's partial results into the full tensors' statistics in **one** collective
+(:meth:`ShardedStats.combine`, by :meth:`sharded.Layout.combine`) before its one transfer, and a
+sharded parameter's histogram takes its range across the ranks from one collective of its own
+first (:meth:`ShardedStats.hist_spans`).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -17,48 +18,48 @@ from .sharded import Layout
 from .telemetry import Pack
 from .tensor_stats import device_constant, value_range
 
-if TYPE_CHECKING:
-    from .step_stats import RawRead
-
 __all__ = ["ShardedStats"]
 
 
 class ShardedStats:
-    """The FSDP2 combination of a sampled step's statistics; the state is StepStats'."""
+    """The FSDP2 combination of a sampled step's statistics, over the model's ``layout``."""
 
-    params: list[str]
-    tensors: list[Tensor]
-    layout: Layout | None
-    _part: dict[str, Any]
+    def __init__(self, layout: Layout, params: list[str], tensors: list[Tensor]) -> None:
+        self.layout = layout
+        self.params = params
+        self.tensors = tensors
 
-    def _hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None]]) -> dict[int, Tensor]:
+    def hist_spans(self, hist_in: list[tuple[int, Tensor, Tensor | None]]) -> dict[int, Tensor]:
         """FSDP2: the global ``[-min, max]`` of each sharded parameter's histogram, in one collective
         (every rank takes the same histograms: the exchange carries rank 0's choice)."""
         lay = self.layout
-        mine = [h for h in hist_in if lay is not None and lay.sharded[h[0]]]
-        if lay is None or not mine:
+        mine = [h for h in hist_in if lay.sharded[h[0]]]
+        if not mine:
             return {}
         ranges = torch.cat([value_range(g, f) for _, g, f in mine])
         ranges = lay.combine(ranges, (False,) * ranges.numel())
         return {h[0]: ranges[2 * k : 2 * k + 2] for k, h in enumerate(mine)}
 
-    def _combine(
+    def combine(
         self,
         pack: Pack,
-        raw: RawRead | None,
+        raw: Any,
+        part: dict[str, Any],
         meta: dict[str, Any],
         pnorms: list[Tensor],
         unorms: list[Tensor] | None,
         effs: list[tuple[str, list[Tensor]]],
     ) -> None:
-        """FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
+        """``raw``: the step's raw read (``step_stats.RawRead``, or None); ``part``: this rank's
+        partial final statistics (``fnorms``, ``fabsmax``, ``sums``, ``hist``).
+
+        FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
         results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
         unsharded path uses. Every rank builds the same columns (the same config and sampling, the
         same histograms): a sharded parameter's sums of squares, sums and histogram counts
         are summed, abs-max and a histogram's range maxed; a parameter that is not sharded keeps
         its own values (the max of equal ones)."""
         lay = self.layout
-        assert lay is not None
         n = len(self.params)
         dev = pnorms[0].device if pnorms else torch.device("cpu")
         # (masks and indices are host data: on the device once, stats.device_constant; a tensor
@@ -77,7 +78,6 @@ class ShardedStats:
             cols.append((name, v, sharded if summed else unsummed))
 
         raw_idx = raw.index if raw is not None else []
-        part = self._part
         fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
         part_sums = part.get("sums", [])
         column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)

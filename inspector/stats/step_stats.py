@@ -22,7 +22,7 @@ the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
 
 Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the snapshot
 combines every rank's partial results (sums of squares, abs-max, sums, counts) into the full
-tensors' statistics in one collective (``_combine``, :mod:`inspector.stats.sharded_stats`) before its
+tensors' statistics in one collective (:class:`~inspector.stats.sharded_stats.ShardedStats`) before its
 transfer; a histogram of a sharded parameter takes its range from one collective of its own first.
 """
 
@@ -86,13 +86,15 @@ def _backward_total(data: dict[str, list[float]]) -> float | None:
     return total / scale if scale else total
 
 
-class StepStats(ShardedStats):
+class StepStats:
     """The statistics of the step under way; see the module docstring for the order."""
 
     def __init__(self, params: list[str], tensors: list[Tensor], layout: Layout | None = None) -> None:
         self.params = params
         self.tensors = tensors
-        self.layout = layout  # FSDP2: statistics of sharded parameters combine across the mesh
+        self.layout = layout
+        # FSDP2: statistics of sharded parameters combine across the mesh
+        self._sharded = ShardedStats(layout, params, tensors) if layout is not None else None
         self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
         self.raw_read: RawRead | None = None
         self._all_index = list(range(len(tensors)))
@@ -226,7 +228,7 @@ class StepStats(ShardedStats):
         for i, g_raw in raw.hist_raw.items():
             g = self.tensors[i].grad
             hist_in.append((i, g_raw, dense(local(g)) if g is not None else None))
-        spans = self._hist_spans(hist_in)
+        spans = self._sharded.hist_spans(hist_in) if self._sharded is not None else {}
         for i, g_raw, g_fin in hist_in:
             h = histograms(g_raw, g_fin, HIST_BINS, span=spans.get(i))
             if i in spans:  # a sharded parameter's counts: summed across the mesh in the snapshot
@@ -246,7 +248,7 @@ class StepStats(ShardedStats):
         """The histograms of gradients that hold NaN or Inf (the transfer showed a non-finite
         abs-max), taken again without them (``stats.exact_histograms``). Rare: one more read, only
         then. Not for a sharded parameter under FSDP2, whose histogram is exact already (taken
-        over its global range, ``_hist_spans``)."""
+        over its global range, ``ShardedStats.hist_spans``)."""
         if not indices or raw is None:
             return {}
         out = {}
@@ -396,8 +398,9 @@ class StepStats(ShardedStats):
         pack.add("modules", [hooks.mod_sq[k] for k in mod_keys])
         rec_keys = [k for k, v in records.items() if isinstance(v[0], Tensor)]
         pack.add("rec", [records[k][0] for k in rec_keys])
-        if self.layout is not None:
-            self._combine(pack, raw, meta, pnorms, unorms, list(zip(eff_ids, effs, strict=True)))
+        if self._sharded is not None:
+            effs_by_id = list(zip(eff_ids, effs, strict=True))
+            self._sharded.combine(pack, raw, self._part, meta, pnorms, unorms, effs_by_id)
         data = pack.transfer()  # the one host transfer of this snapshot
         local_norms = None
         if raw is not None and (raw.local_index or "shard_norm" in data):

@@ -108,6 +108,10 @@ class Cadence:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.next_sampled, self.k = state["next_sampled"], state["k"]
 
+    def restart_at(self, step: int) -> None:
+        """Sample ``step`` and go on from there (a shadow branch's first step)."""
+        self.next_sampled = step
+
     def is_sampled(self, step: int) -> bool:
         return step >= self.next_sampled or step == self.last_step
 

@@ -1,21 +1,30 @@
-"""The step lifecycle of an :class:`~inspector.Inspector`: when edits apply, the step hooks, the
-``pre_step`` work and the boundary (with its pause hold, and its exchange under ``torch.distributed``).
+"""The step lifecycle: what runs inside the user's root forward and ``optimizer.step()``, the
+boundary that ends a step, and where and when edits apply.
 
-:class:`StepLifecycle` is the Inspector's base class: the Inspector (``inspector.py``) holds
-most of the public API and builds its parts; this class declares and initialises the step and
-control state, holds what runs inside the user's ``optimizer.step()`` and root forward, and the
-public calls for loops that must tell us where a step starts or ends (``begin_step``,
-``mark_step``, ``finish``). In order, one step:
+:class:`StepLifecycle` is built by the Inspector from its parts and owns the step hooks it
+registers on the model and the optimizer. It keeps no run state of its own beyond one step's
+scratch (the backward's norms, the histograms chosen for the step under way): the step number
+and sampling are the :class:`~inspector.step.clock.StepClock`'s, the pause and the training
+thread the :class:`~inspector.step.gate.PauseGate`'s, events the
+:class:`~inspector.step.events.EventLog`'s, the scaler's skips the
+:class:`~inspector.hooks.amp.ScalerWatch`'s, the exchange under ``torch.distributed`` the
+:class:`~inspector.step.dist_sync.DistributedSync`'s. In order, one step:
 
-1. ``_on_forward_pre`` (the root module's forward pre-hook): the step is under way; late
-   records of the previous step are flushed; pending edits that register torch hooks apply.
+1. ``on_forward_pre`` (the root module's forward pre-hook): the step is under way; late records
+   of the previous step are flushed; pending edits that register torch hooks apply.
 2. the backward: our ``post_accumulate`` and ``module`` hooks (:mod:`inspector.hooks.torch_hooks`).
-3. ``_on_step_pre`` (the optimizer's step pre-hook): ``_pre_step_work``, after the closure's
+3. ``on_step_pre`` (the optimizer's step pre-hook): ``pre_step_work``, after the closure's
    backward when there is one: raw statistics and NaN/Inf findings, every ``pre_step`` hook,
    final statistics (:mod:`inspector.stats.step_stats`).
 4. the optimizer's update.
-5. ``_boundary`` (its step post-hook, :mod:`inspector.step.boundary`): the cadence accounts the step,
-   the snapshot is built and published, pending edits apply, a pause holds the thread.
+5. ``boundary`` (its step post-hook): earlier steps' deferred checks are read, the cadence
+   accounts the step, a sampled step's snapshot is built and published (under
+   ``torch.distributed`` every step's exchange runs), pending edits apply, a pause holds the thread.
+
+Edits: :meth:`StepLifecycle.submit` decides where a validated change applies (now, or at the next
+safe point); :meth:`StepLifecycle.apply_edits` is the one place they apply, and the one rule of
+their order with checkpoints: a change from the dashboard waits for its automatic checkpoint,
+then applies; requests (checkpoint, rewind) are carried out after it where no step is under way.
 """
 
 from __future__ import annotations
@@ -29,23 +38,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .. import distributed
 from ..feed import Feed
 from ..hooks import amp
 from ..hooks.edits import Edits
 from ..hooks.ops import GuardResult, apply_pre_step
+from ..hooks.owned import OwnedHook, hide_from_copies
 from ..hooks.registry import Change, Registry
 from ..hooks.torch_hooks import TorchHooks
 from ..stats.deferred import Check, Deferred, build_check
-from ..stats.histsel import HistSelection
+from ..stats.histsel import HistSelection, learning_rates
 from ..stats.nonfinite import NO_FINDINGS, NonfiniteReport
 from ..stats.step_stats import RawRead, StepStats
 from ..stats.telemetry import Cadence
 from ..stats.tensor_stats import foreach_norm
 from ..whatif.checkpoints import Checkpoints
-from ..wire.errors import HookError, InspectorError, describe_error, shown
-from ..wire.records import HookSpec, event_fields
-from .boundary import StepBoundary
+from ..wire.errors import InspectorError, describe_error
+from ..wire.records import HookSpec
+from ..wrappers import Attached
+from .clock import StepClock
+from .dist_sync import DistributedSync
+from .events import EventLog
+from .gate import PauseGate
 from .scalars import Recorder
 
 __all__ = ["StepLifecycle", "NO_BOUNDARY_AFTER"]
@@ -65,219 +78,203 @@ def _output_tensors(out: Any) -> list[Tensor]:
 NO_BOUNDARY_AFTER = 50  # backward passes with no step boundary at all before a loop is told it lacks one
 
 
-class StepLifecycle(StepBoundary):
-    """The step-time half of an Inspector (see the module docstring); state set by ``Inspector.__init__``."""
+class StepLifecycle:
+    """The step hooks, the ``pre_step`` work, the boundary and the edit rule (module docstring)."""
 
-    params: list[str]
-    rank: int
-    _root: nn.Module | None
-    _tensors: list[Tensor]
-    _optimizer: torch.optim.Optimizer | None
-    _scaler: Any
-    _lock: threading.RLock
-    _cond: threading.Condition
-    _dist: distributed.ControlPlane | None
-    _reg: Registry
-    _feed: Feed
-    _cadence: Cadence
-    _hooks: TorchHooks
-    _edits: Edits
-    _stats: StepStats
-    _nonfinite: NonfiniteReport
-    _hist: HistSelection
-    _layout: Any  # sharded.Layout under FSDP2, else None
-    # step state
-    _step: int  # completed optimizer steps
-    _under_way: bool  # between the first root forward with gradients on of a step and its boundary
-    _sampled: bool  # the step under way takes the full statistics
-    _sampled_count: int  # sampled steps so far, the one under way included
-    _train_tid: int  # the training thread: the one that runs optimizer.step()
-    _t_ours: float  # seconds inside the inspector during the step under way
-    _last_boundary: float | None  # perf_counter() at the last boundary (None after a pause)
-    _seq: int  # the last event's seq
-    _step_events: list[dict[str, Any]]  # events of the step under way
-    _scale_mark: tuple[int, int] | None  # which write of the scaler's scale the last check saw
-    _branches: Checkpoints  # the Inspector's checkpoints (scaler state they read or load late)
-    _fused_skip: bool  # the scaler told the fused optimizer stepping now to skip this update
-    _skip_known: bool  # the iteration under way was skipped, and reported at its boundary
-    _deferred: Deferred  # device values on their way to the host (NaN/Inf checks, records)
-    _dist_checks: list[Check]  # under torch.distributed: checks read at this boundary, for the exchange
-    _hist_next: list[int]  # under FSDP2: the histograms of the next step, rank 0's choice (exchanged)
-    _hist_chosen: list[int] | None  # the step under way's histograms, once chosen (closures or not)
-    _records: Recorder  # recorded scalars: the step under way's, late ones, unsampled steps' waiting
-    _telemetry_seen: set[str]  # statistics failures reported so far (each part and error type once)
-    # control
-    _paused: bool
-    _credit: int  # single steps still allowed while paused
-    _waiting: bool  # the training thread is held at a boundary
-    _finished: bool
-    _closed: bool
-
-    def _init_step_state(self) -> None:
-        """The state declared above, as it is before the first step."""
-        self._step = 0
-        self._under_way = False
-        self._sampled = True  # step 1 is always sampled
-        self._sampled_count = 1
-        self._train_tid = threading.get_ident()
-        self._t_ours = 0.0
-        self._last_boundary = None
-        self._seq = 0
-        self._step_events = []
-        self._scale_mark = None
+    def __init__(
+        self,
+        attached: Attached,
+        *,
+        lock: threading.RLock,
+        clock: StepClock,
+        gate: PauseGate,
+        events: EventLog,
+        feed: Feed,
+        reg: Registry,
+        hooks: TorchHooks,
+        edits: Edits,
+        stats: StepStats,
+        nonfinite: NonfiniteReport,
+        hist: HistSelection,
+        deferred: Deferred,
+        records: Recorder,
+        cadence: Cadence,
+        scaler: amp.ScalerWatch,
+        branches: Checkpoints,
+    ) -> None:
+        self._at = attached
+        self._lock = lock
+        self._clock = clock
+        self._gate = gate
+        self._events = events
+        self._feed = feed
+        self._reg = reg
+        self._hooks = hooks
+        self._edits = edits
+        self._stats = stats
+        self._nonfinite = nonfinite
+        self._hist = hist
+        self._deferred = deferred
+        self._records = records
+        self._cadence = cadence
+        self._scaler = scaler
+        self._branches = branches
+        # under torch.distributed: every boundary's exchange, the held boundary, script edits
+        self.sync: DistributedSync | None = None
+        if attached.dist is not None:
+            self.sync = DistributedSync(
+                attached.dist,
+                n_params=len(attached.params),
+                sharded=attached.layout is not None,
+                gate=gate,
+                clock=clock,
+                reg=reg,
+                cadence=cadence,
+                hooks=hooks,
+                hist=hist,
+                nonfinite=nonfinite,
+                events=events,
+                apply_edits=lambda: self.apply_edits(torch_ok=True),
+            )
+        self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre/post)
+        # one step's scratch
         self._unmarked = 0  # backward passes before the first boundary, without an optimizer
         self._bw_queued = False  # a callback at the end of the backward under way is queued
         # the norms the last backward left, and the scale they are scaled by (sampled steps)
         self._bw: tuple[list[Tensor], Tensor | None] | None = None
-        self._fused_skip = False
-        self._skip_known = False
-        self._dist_checks = []
-        self._hist_next = []
-        self._hist_chosen = None
-        self._telemetry_seen = set()
-        self._paused = False
-        self._credit = 0
-        self._waiting = False
-        self._finished = False
-        self._closed = False
+        self._hist_chosen: list[int] | None = None  # the step under way's histograms, once chosen
+        self._telemetry_seen: set[str] = set()  # statistics failures reported so far (each once)
+
+    @property
+    def _distributed(self) -> bool:
+        """Under torch.distributed with the control collective working."""
+        return self.sync is not None and self.sync.active
+
+    # ================================================================= the step hooks
+    def register(self) -> None:
+        """Register the step hooks (optimizer pre/post, root forward pre/post, a backward hook where
+        needed); :meth:`detach` removes them."""
+        at = self._at
+        optimizer = at.optimizer
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self.on_step_pre))
+            self._handles.append(optimizer.register_step_post_hook(self.on_step_post))
+        if at.root is None or optimizer is None:
+            # a dict of tensors: its first backward of a step marks the step under way; without an
+            # optimizer, backward passes with no mark_step() are counted (to say what is missing)
+            first = next((t for t in at.tensors if t.requires_grad), None)
+            if first is not None:
+                self._handles.append(first.register_post_accumulate_grad_hook(OwnedHook(self.on_backward)))
+        if at.root is not None and getattr(at.root, "_compiled_call_impl", None) is None:
+            # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
+            # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
+            self._handles.append(at.root.register_forward_pre_hook(OwnedHook(self.on_forward_pre)))
+            # on sampled steps, a hook on the output's gradient (the backward's start) has the
+            # gradients' norm taken at the backward's end: no hook is kept on any parameter
+            self._handles.append(at.root.register_forward_hook(OwnedHook(self.on_forward_out)))
+            hide_from_copies(at.root)  # torch.save(model) and deepcopy carry none of our hooks
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     # ================================================================= loops that need telling
     def begin_step(self) -> None:
-        """Mark a step as under way, as the root module's forward pre-hook does.
-
-        Only needed in loops that never call the attached root module itself (they call a
-        submodule): records made after this attach to the coming step, and edits that register
-        torch hooks are applied now, before the backward.
-        """
-        self._on_forward_pre(self._root, ())  # type: ignore[arg-type]
+        """Mark a step as under way, as the root module's forward pre-hook does."""
+        self.on_forward_pre(self._at.root, ())  # type: ignore[arg-type]
 
     def finish(self) -> None:
-        """Training is over (state ``finished``); edits from other threads apply at once from now.
-
-        ``wait()`` does this and then blocks; call ``finish()`` to keep serving without blocking.
-        A last iteration that the scaler skipped is reported now (no forward comes after it).
-        """
-        self._check_scaler_skip()
-        with self._cond:
-            self._finished = True
-            self._train_tid = threading.get_ident()
-            self._drain_locked(torch_ok=True)
-        self._flush_late()
+        """Training is over: edits from other threads apply at once from now; the last steps'
+        checks and records are sent. A last iteration that the scaler skipped is reported now."""
+        self.check_scaler_skip()
+        with self._gate.cond:
+            ended = self._gate.finish()
+            self.apply_edits(torch_ok=True)
+        if ended:
+            self._gate.publish()  # subscribers learn it at once (a ``training`` record: finished)
+        self.flush_late()
         self._records.flush_pending()
-        self._drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
-
-    def expect_last_step(self, step: int) -> None:
-        """Say that the run ends with step ``step`` (optimizer steps since ``attach``), so that step is
-        sampled: a run's final state is always shown, whatever the cadence. A loop that knows its
-        length (the framework callbacks do) calls it before training; a step that was not sampled
-        cannot be measured afterwards (its gradients are gone or edited by then).
-
-        Raises:
-            HookError: ``step`` is not a positive integer.
-        """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise HookError(("step",), f"must be a positive integer (got {shown(step)})")
-        self._cadence.last_step = step
+        self.drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
 
     def mark_step(self) -> None:
-        """The step boundary for loops without a torch optimizer.
-
-        Call it after ``backward()`` and **before** your own update: it runs the ``pre_step`` hooks
-        on the gradients (so the update reads what they made), takes the statistics and publishes
-        the snapshot. Called after the update instead, the hooks would edit gradients nobody reads
-        while the page shows them applied. ``update_ratio`` is null in such a loop: the update
-        happens after the boundary, where we cannot see it.
-
-        Your update must skip a parameter whose gradient is None, as torch's optimizers do:
-        ``freeze`` sets its targets' gradients to None, and ``nan_guard`` ``skip`` every gradient
-        of the step.
-
-            for x, y in data:
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                insp.mark_step()                # hooks, statistics, snapshot
-                with torch.no_grad():
-                    for p in params:
-                        if p.grad is not None:  # None: frozen, or the step skipped
-                            p -= lr * p.grad    # your update sees the hooks' edits
-                        p.grad = None
-        """
-        if self._optimizer is not None:
+        """The step boundary for a loop without a torch optimizer (see ``Inspector.mark_step``)."""
+        if self._at.optimizer is not None:
             raise InspectorError(
                 "mark_step() is for loops without a torch optimizer: here optimizer.step() is the boundary"
             )
-        self._train_tid = threading.get_ident()
-        self._pre_step_work()
-        self._boundary()
-
-    def _training_state(self) -> dict[str, Any]:
-        with self._lock:
-            s = "finished" if (self._finished or self._closed) else ("paused" if self._paused else "running")
-            return {"state": s, "step": self._step, "held": self._waiting}
-
-    def _publish_training(self) -> dict[str, Any]:
-        """Tell subscribers the training state changed (a ``training`` record: ``state``, ``step``, ``held``)."""
-        state = self._training_state()
-        self._feed.publish("training", state)
-        return state
+        self._gate.claim_thread()
+        self.pre_step_work()
+        self.boundary()
 
     # ================================================================= edits: where and when they apply
-    def _submit(self, change: Change) -> None:
-        """A validated change was queued: apply it now where DESIGN.md allows (lock held)."""
-        on_train = threading.get_ident() == self._train_tid
-        if self._dist is not None and not self._dist.broken:
+    def submit(self, change: Change) -> None:
+        """A validated change was queued: apply it now where that is safe, else wake whoever
+        applies it (lock held)."""
+        gate = self._gate
+        on_train = gate.on_training_thread()
+        if self._distributed:
             # one config for the job: an edit from the training thread is made on every rank (the
             # script is the same everywhere), so it is a collective: rank 0's pending changes (its
             # dashboard's, then this one) go to every rank and apply now, in the same order
             # everywhere; rank 0's other edits travel at the next boundary
             if on_train:
-                self._dist_sync_edits()
-            elif self._waiting:
-                self._cond.notify_all()
+                self.sync.sync_edits()  # type: ignore[union-attr]
+            elif gate.held:
+                gate.cond.notify_all()
             return
-        if on_train or (self._finished and not self._closed):
-            self._drain_locked(torch_ok=True)
-        elif self._waiting:
-            self._cond.notify_all()  # the paused training thread applies it
+        if on_train or (gate.finished and not gate.closed):
+            self.apply_edits(torch_ok=True)
+        elif gate.held:
+            gate.cond.notify_all()  # the paused training thread applies it
         elif (
-            self._root is not None
-            and not self._under_way
+            self._at.root is not None
+            and not self._clock.under_way
             and not any(c.touches_torch() for c in self._reg.pending)
         ):
-            self._drain_locked(torch_ok=False)  # pre_step only, between steps: safe from this thread
+            self.apply_edits(torch_ok=False)  # pre_step only, between steps: safe from this thread
 
-    def _drain_locked(self, *, torch_ok: bool) -> None:
-        self._edits.drain(self._step + 1, torch_ok=torch_ok)
+    def apply_edits(self, *, torch_ok: bool) -> None:
+        """Apply the pending edits here (lock held): the one place they apply, in this order.
 
-    def _hook_failed(self, spec: HookSpec, param: str | None, err: BaseException) -> None:
+        1. A change from the dashboard first waits for its automatic checkpoint: while one is
+           queued, nothing applies until it is taken, which needs the torch hooks in reach
+           (``torch_ok``) and no step under way.
+        2. The pending changes apply (``torch_ok``: those that register torch hooks too; else
+           only ``pre_step`` ones).
+        3. Where no step is under way and torch hooks are in reach, queued checkpoint and rewind
+           requests are carried out (:meth:`Checkpoints.service`).
+        """
+        branches, under_way = self._branches, self._clock.under_way
+        if branches.holds_changes:
+            if not torch_ok or under_way:
+                return
+            branches.service()
+        self._edits.drain(self._clock.step + 1, torch_ok=torch_ok)
+        if torch_ok and branches.queued and not under_way:
+            branches.service()
+
+    def hook_failed(self, spec: HookSpec, param: str | None, err: BaseException) -> None:
         """A hook raised: disable it at once, report it, and let training go on."""
         with self._lock:
-            self._edits.disable_failed(spec, param, describe_error(err), self._step + 1)
+            self._edits.disable_failed(spec, param, describe_error(err), self._clock.step + 1)
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        with self._lock:
-            self._seq += 1
-            ev = {"seq": self._seq, "kind": kind, "time": time.time(), **event_fields(fields)}
-            self._step_events.append(ev)
-        self._feed.publish("event", ev)
-        return ev
-
-    # ================================================================= the step hooks
+    # ================================================================= the step hooks' callbacks
     def _mark_under_way(self) -> None:
         with self._lock:
-            self._under_way = True
-        self._flush_late()
+            self._clock.begin()
+        self.flush_late()
 
-    def _on_backward(self, param: Tensor) -> None:
+    def on_backward(self, param: Tensor) -> None:
         """A backward pass (a hook on one parameter). A dict of tensors has no forward of ours: its
         first backward of a step marks it under way. On a sampled step, the gradients' norm as the
         backward leaves them is taken at its end (``_at_backward_end``). Without an optimizer,
         backward passes that no step boundary ever follows are a loop that does not call
         ``mark_step()``: said once."""
-        if not self._under_way and self._root is None:
+        if not self._clock.under_way and self._at.root is None:
             self._mark_under_way()
         self._backward_started()
-        if self._optimizer is None and self._step == 0 and not self._closed:
+        if self._at.optimizer is None and self._clock.step == 0 and not self._gate.closed:
             self._unmarked += 1
             if self._unmarked == NO_BOUNDARY_AFTER:
                 message = (
@@ -285,13 +282,17 @@ class StepLifecycle(StepBoundary):
                     "call insp.mark_step() after backward() and before your own update (help(insp.mark_step) "
                     "shows the loop); until then no statistics are taken and no pre_step hook runs"
                 )
-                self._event("no_step_boundary", message=message, step=0)
+                self._events.emit("no_step_boundary", message=message, step=0)
                 warnings.warn(f"gradient-inspector: {message}", RuntimeWarning, stacklevel=2)
 
-    def _on_forward_out(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _backward_norm_wanted(self) -> bool:
+        """The norm at the backward's end: on sampled steps, single process, unsharded."""
+        return self._clock.sampled and self._at.dist is None and self._at.layout is None
+
+    def on_forward_out(self, module: nn.Module, args: Any, output: Any) -> None:
         """The root's forward returned: on a sampled step, its output's gradient hook tells when
         the backward starts (``_backward_started``). Nothing on other steps."""
-        if not (self._sampled and self._dist is None and self._layout is None and torch.is_grad_enabled()):
+        if not (self._backward_norm_wanted() and torch.is_grad_enabled()):
             return
         for t in _output_tensors(output):
             if t.requires_grad:
@@ -304,7 +305,7 @@ class StepLifecycle(StepBoundary):
     def _backward_started(self) -> None:
         """A backward is running (the engine is): on a sampled step, queue ``_at_backward_end``
         once, to run when this backward has accumulated every gradient."""
-        if self._sampled and not self._bw_queued and self._dist is None and self._layout is None:
+        if self._backward_norm_wanted() and not self._bw_queued:
             self._bw_queued = True
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
@@ -321,144 +322,125 @@ class StepLifecycle(StepBoundary):
         self._bw_queued = False
         try:
             grads = [
-                g for g in (t.grad for t in self._tensors) if g is not None and g.layout == torch.strided
+                g for g in (t.grad for t in self._at.tensors) if g is not None and g.layout == torch.strided
             ]
-            scale = getattr(self._scaler, "_scale", None)  # the scale this backward's loss was scaled by
+            scale = getattr(self._at.scaler, "_scale", None)  # the scale this backward's loss was scaled by
             self._bw = (foreach_norm(grads), scale if isinstance(scale, Tensor) else None) if grads else None
         except Exception as e:  # never take training down for telemetry
             self._telemetry_failed("the gradient norm at the end of backward", e)
 
-    def _claim_training_thread(self) -> None:
-        """This thread trains. Set under the lock: an edit from another thread holds the lock while it
-        decides whether it is on the training thread (and then registers torch hooks), so it can never
-        register one while this thread's forward runs (the model may have been attached elsewhere)."""
-        tid = threading.get_ident()
-        if self._train_tid != tid:
-            with self._lock:
-                self._train_tid = tid
-
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+    def on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        clock = self._clock
         if (
-            self._under_way
-            and self._scaler is None
-            and not self._skip_known
+            clock.under_way
+            and self._at.scaler is None
+            and not self._scaler.skip_known
             and not (self._reg.pending or self._hooks.dirty)
         ):
             return  # a later forward of the step under way (accumulation): nothing to do
         t0 = time.perf_counter()
-        self._claim_training_thread()
-        self._check_scaler_skip()
+        self._gate.claim_thread()
+        self.check_scaler_skip()
         # a forward with gradients off (validation under no_grad or inference_mode) is no step:
         # between two steps it leaves training between steps (a checkpoint is taken at once, a
         # record() still belongs to the step just completed)
-        if not self._under_way and torch.is_grad_enabled():
+        if not clock.under_way and torch.is_grad_enabled():
             self._mark_under_way()
             if self._hooks.watches_frozen:  # a parameter unfrozen since (gradual unfreezing)
                 with self._lock:
                     self._hooks.unfrozen(self._reg.applied, self._reg.fns)
-        if self._dist is not None and not self._dist.broken:
+        if self._distributed:
             if self._hooks.dirty:  # pending edits wait for the boundary exchange
                 with self._lock:
                     self._hooks.sync()
         elif self._reg.pending or self._hooks.dirty:
             with self._lock:
-                self._drain_locked(torch_ok=True)
-        self._t_ours += time.perf_counter() - t0
+                self.apply_edits(torch_ok=True)
+        clock.spend(time.perf_counter() - t0)
 
-    def _on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def on_step_pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
-        self._claim_training_thread()
+        clock = self._clock
+        self._gate.claim_thread()
         fused = amp.fused_scaling(optimizer)
         if fused is not None:  # a fused optimizer under a GradScaler (see inspector.hooks.amp)
             grad_scale, skipped = fused
             if skipped:  # its kernel skips this update, as GradScaler skips an unfused step(): so do we
-                self._fused_skip = True
-                self._t_ours += time.perf_counter() - t0
+                self._scaler.fused_skip()
+                clock.spend(time.perf_counter() - t0)
                 return None  # (GradScaler refuses closures)
             if grad_scale is not None:
                 amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
-                if self._bw is not None and self._scaler is None:  # (an attached one's is taken already)
+                if self._bw is not None and self._at.scaler is None:  # (an attached one's is taken already)
                     self._bw = (self._bw[0], grad_scale)
-        if not self._under_way:
+        if not clock.under_way:
             # nothing marked this step (a loop that calls a submodule, Lightning's training_step, a
             # root compiled in place): records made since the last boundary were late ones
             self._mark_under_way()
-        if self._sampled:
+        if clock.sampled:
             try:
                 self._stats.keep_params()  # for the update-to-parameter ratio
             except Exception as e:  # never take training down for telemetry
                 self._telemetry_failed("the parameters' sample for the update ratio", e)
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        self._t_ours += time.perf_counter() - t0
+        clock.spend(time.perf_counter() - t0)
         if closure is None:
-            self._pre_step_work()
+            self.pre_step_work()
             return None
 
         def wrapped_closure() -> Any:
             out = closure()
-            self._pre_step_work()  # after the closure's backward, once per evaluation
+            self.pre_step_work()  # after the closure's backward, once per evaluation
             return out
 
         if len(args) > 1:
             return (args[0], wrapped_closure, *args[2:]), kwargs
         return args, {**kwargs, "closure": wrapped_closure}
 
-    def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._fused_skip:  # no update ran: not a step boundary
-            self._fused_skip = False
+    def on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._scaler.take_fused_skip():  # no update ran: not a step boundary
             self._skip_iteration()
-            self._skip_known = True
             return
-        self._boundary()
+        self.boundary()
 
-    def _check_scaler_skip(self) -> None:
-        """At a forward, ``finish()`` and ``close()``: was the iteration under way skipped by the scaler?
-
-        It was when no boundary came since the last check and the scaler's ``update()`` wrote its
-        scale meanwhile (see :mod:`inspector.hooks.amp`): told by the scale tensor's version counter, with
-        no read of the device.
-        """
-        written = False
-        if self._scaler is not None:
-            mark = amp.scale_mark(self._scaler)
-            last, self._scale_mark = self._scale_mark, mark
-            written = self._under_way and amp.scale_written(last, mark)
-        if self._skip_known:  # a fused optimizer's skip, reported at its boundary
-            self._skip_known = False
-            with self._lock:
-                self._records.current = {}  # what was recorded after that boundary belongs to the skipped iteration
-        elif written:
+    def check_scaler_skip(self) -> None:
+        """At a forward, ``finish()`` and ``close()``: was the iteration under way skipped by the
+        scaler (:class:`~inspector.hooks.amp.ScalerWatch`)? Then a rewind's scaler state waiting
+        for this iteration's ``update()`` is loaded."""
+        what = self._scaler.check(self._clock.under_way)
+        if what == "reported":  # a fused optimizer's skip, reported at its boundary: what was
+            self._records.forget_current()  # recorded after that boundary belongs to the skipped iteration
+        elif what == "skipped":
             self._skip_iteration()
         if self._branches.scaler_pending and self._branches.settle_scaler():
             # a rewind's scaler state, loaded now that the abandoned iteration's update() ran: a
             # write of the scale that is no skipped step
-            self._scale_mark = amp.scale_mark(self._scaler)
+            self._scaler.remark()
 
     def _skip_iteration(self) -> None:
         """The iteration under way made no update (the scaler found inf/NaN): it is no step. Report it,
         and forget what it recorded and what its backward collected, so the next step shows its own."""
-        with self._lock:
-            self._records.current = {}
+        self._records.forget_current()
         self._hooks.end_step()
         self._stats.end_step()
-        self._event("step_skipped", step=self._step + 1, reason="scaler")
+        self._events.emit("step_skipped", step=self._clock.step + 1, reason="scaler")
 
     # ================================================================= the step's work
-    def _pre_step_work(self) -> None:
+    def pre_step_work(self) -> None:
         """Raw statistics, every pre_step hook, final statistics and the step's deferred NaN/Inf
         check (once per step or per closure call); nothing is read on the host here, except by an
         enabled ``nan_guard`` ``skip`` (see :mod:`inspector.hooks.ops`)."""
         t0 = time.perf_counter()
-        hooks = self._hooks
-        plan, sampled = hooks.plan, self._sampled
+        at, clock, hooks = self._at, self._clock, self._hooks
+        plan, sampled = hooks.plan, clock.sampled
         if not (
             sampled
             or plan.pre
             or hooks.mod_bad
             or hooks.post_found
             or hooks.per_rank
-            or self._layout is not None
-            or self._dist is not None
+            or at.layout is not None
+            or self.sync is not None
         ):
             # the usual unsampled step: nothing but the probe to check (the same check build_check
             # makes, without its segments)
@@ -468,8 +450,9 @@ class StepLifecycle(StepBoundary):
                 self._telemetry_failed("the NaN/Inf probe", e)
                 probe = None
             if probe is not None:
-                self._deferred.submit_flat(self._step + 1, probe[1], _ProbeCheck(self, probe[0]))
-                self._t_ours += time.perf_counter() - t0
+                check = _ProbeCheck(self._nonfinite, clock.step + 1, probe[0])
+                self._deferred.submit_flat(clock.step + 1, probe[1], check)
+                clock.spend(time.perf_counter() - t0)
                 return
         touched: set[int] = set()  # sampled steps: the parameters a pre_step hook may edit in place
         if sampled:
@@ -481,17 +464,17 @@ class StepLifecycle(StepBoundary):
         with self._lock:
             if not sampled:
                 hist = []
-            elif self._layout is not None and self._dist is not None and not self._dist.broken:
-                hist = self._hist_next  # every rank takes the same histograms (collectives under FSDP2)
+            elif at.layout is not None and self._distributed:
+                hist = self.sync.hist_next  # type: ignore[union-attr]  # every rank the same (FSDP2 collectives)
             elif self._hist_chosen is not None:  # a closure's second evaluation: the same
                 hist = self._hist_chosen
             else:
-                hist = self._hist.due(self._sampled_count)
-                if hist and touched and self._layout is None:  # (an edited one's raw histogram is of a copy)
-                    hist = self._hist.within_budget(hist, touched, self._tensors)
+                hist = self._hist.due(clock.sampled_count)
+                if hist and touched and at.layout is None:  # (an edited one's raw histogram is of a copy)
+                    hist = self._hist.within_budget(hist, touched, at.tensors)
                 self._hist_chosen = hist
         try:
-            raw = self._stats.raw(self._hooks, sampled, hist, touched)
+            raw = self._stats.raw(hooks, sampled, hist, touched)
         except Exception as e:  # never take training down for telemetry: the hooks still run
             self._telemetry_failed("the raw gradient statistics", e)
             raw, sampled = RawRead([], [], False), False
@@ -502,7 +485,7 @@ class StepLifecycle(StepBoundary):
             try:
                 res = apply_pre_step(state, list(targets), sampled)
             except Exception as e:
-                self._hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
+                self.hook_failed(state.spec, ",".join(t.name for t in targets[:3]), e)
                 continue
             if res is not None:
                 guards.append(res)
@@ -512,20 +495,20 @@ class StepLifecycle(StepBoundary):
         if skip:
             # the whole step: the optimizer's parameters that are not watched here too (a scalar
             # outside the model, the rest of a model of which a part was attached)
-            for p in self._tensors:
+            for p in at.tensors:
                 p.grad = None
-            if self._optimizer is not None:
-                for group in self._optimizer.param_groups:
+            if at.optimizer is not None:
+                for group in at.optimizer.param_groups:
                     for p in group["params"]:
                         p.grad = None
-            self._event("step_skipped", step=self._step + 1, reason="nan_guard")
+            self._events.emit("step_skipped", step=clock.step + 1, reason="nan_guard")
         self._submit_check(raw, guards, skip)
         if sampled:
             try:
                 self._stats.final(raw, hooks_ran=bool(plan.pre) or skip, guards=guards, touched=touched)
             except Exception as e:  # the snapshot then shows what it has (nulls)
                 self._telemetry_failed("the final gradient statistics", e)
-        self._t_ours += time.perf_counter() - t0
+        clock.spend(time.perf_counter() - t0)
 
     def _telemetry_failed(self, what: str, err: BaseException) -> None:
         """Our statistics raised inside the user's ``optimizer.step()``: report it (once per part and
@@ -534,16 +517,16 @@ class StepLifecycle(StepBoundary):
         if key not in self._telemetry_seen:
             self._telemetry_seen.add(key)
             message = f"{what} could not be taken: {describe_error(err)}"
-            self._event("telemetry_error", message=message, step=self._step + 1)
+            self._events.emit("telemetry_error", message=message, step=self._clock.step + 1)
 
     def _submit_check(self, raw: RawRead, guards: list[GuardResult], skipped: bool) -> None:
         """Start this step's NaN/Inf check on its way to the host (read at a later boundary)."""
-        check, pack = build_check(self._step + 1, raw, guards, skipped, self._hooks, self._layout)
+        check, pack = build_check(self._clock.step + 1, raw, guards, skipped, self._hooks, self._at.layout)
 
         def consume(values: dict[str, list[float]]) -> None:
             check.values = values
-            if self._dist is not None and not self._dist.broken:
-                self._dist_checks.append(check)  # reported after the exchange, with the ranks
+            if self._distributed:
+                self.sync.add_check(check)  # type: ignore[union-attr]  # reported after the exchange
             elif check.plain and math.isfinite(sum(values.get("probe", ()))):
                 self._nonfinite.step(NO_FINDINGS, check.step)  # the usual case: every gradient finite
             else:
@@ -551,31 +534,139 @@ class StepLifecycle(StepBoundary):
 
         self._deferred.submit(check.step, pack if pack else None, consume)
 
-    def _drain_deferred(self, *, wait: bool = False, before: int | None = None) -> None:
+    def drain_deferred(self, *, wait: bool = False, before: int | None = None) -> None:
         """Consume what reached the host: earlier steps' NaN/Inf checks and records (``wait``: all)."""
         try:
             self._deferred.drain(before=before, wait=wait)
         except Exception as e:  # never take training down for telemetry
             self._deferred.clear()
-            self._event("telemetry_error", message=f"a deferred check could not be read: {describe_error(e)}")
+            self._events.emit(
+                "telemetry_error", message=f"a deferred check could not be read: {describe_error(e)}"
+            )
 
-    def _flush_late(self) -> None:
+    def flush_late(self) -> None:
         """Send the records made after step N's boundary (before the next forward) as step N's."""
-        self._records.flush_late(self._step)
+        self._records.flush_late(self._clock.step)
+
+    # ================================================================= the boundary
+    def boundary(self) -> None:
+        """Step N is complete: report earlier steps' deferred checks, publish its snapshot, apply
+        pending edits, honour a pause."""
+        t0 = time.perf_counter()
+        clock, gate = self._clock, self._gate
+        dist = self._distributed
+        # steps before this one whose check reached the host (never a wait, except under
+        # torch.distributed: every rank reads the previous step's, for the exchange)
+        if self._deferred:
+            self.drain_deferred(before=clock.step + 1, wait=dist)
+        with self._lock:
+            step, sampled = clock.complete()
+            self._hist_chosen = None  # (the next step chooses its own, even under a rewound number)
+            events = self._events.take_step()
+            rec = self._records.take_current()
+            if sampled:
+                # the config this step ran with: once the lock is released, a pre_step-only edit
+                # from another thread may apply (no step is under way) and must not reach this
+                # step's snapshot
+                version, states = self._reg.version, list(self._hooks.states.values())
+        now = time.perf_counter()
+        spent = clock.take_spent() + self._hooks.take_spent() + (now - t0)
+        self._cadence.observe(step, sampled, spent, clock.wall(now))
+        t1 = time.perf_counter()
+        hold = False
+        if sampled or dist:
+            hold = self._publish_step(
+                step, sampled, dist, events, rec, version if sampled else 0, states if sampled else []
+            )
+        else:  # an unsampled step: its records wait (scalars.Recorder), its check is on its way
+            self._stats.end_step()
+            self._hooks.end_step()
+            if rec:
+                self._records.defer(step, rec)
+        clock.spend(time.perf_counter() - t1)  # counted with the next step
+        if dist:
+            self.sync.hold(step, hold)  # type: ignore[union-attr]
+        else:
+            if gate.should_hold():
+                # about to hold: what this step found and recorded is shown now (before the wait,
+                # which holds the lock; the drain takes it itself, and waits for a copy without it)
+                self._records.flush_pending()
+                self.drain_deferred(wait=True)
+            with gate.cond:
+                # the next step's sampling is decided before edits and requests are carried out:
+                # a checkpoint taken here holds it, as one taken between steps does, and a rewind
+                # here restores it, nothing deciding again after it
+                clock.decide_next(self._cadence.is_sampled(step + 1))
+                self.apply_edits(torch_ok=True)
+                gate.hold(lambda: self.apply_edits(torch_ok=True))
+        clock.mark_boundary()
+
+    def _publish_step(
+        self,
+        step: int,
+        sampled: bool,
+        dist: bool,
+        events: list[dict[str, Any]],
+        rec: Any,
+        version: int,
+        states: list[Any],
+    ) -> bool:
+        """A sampled step's snapshot (under torch.distributed, every step's exchange); returns
+        whether the exchange says to hold (a pause under torch.distributed)."""
+        exchanged: list[tuple[dict[str, Any] | None, bool]] = []
+
+        def exchange(local_norms: list[float] | None) -> dict[str, Any] | None:
+            sync = self.sync
+            assert sync is not None
+            exchanged.append(sync.exchange(step, sampled, first=True, local_norms=local_norms))
+            events.extend(self._events.take_step())  # events the exchange produced belong to this step
+            return exchanged[0][0]
+
+        snap = None
+        if sampled:
+            try:
+                snap = self._stats.snapshot(
+                    step=step,
+                    config_version=version,
+                    records=rec,
+                    events=events,
+                    ranks=exchange if dist else None,
+                    states=states,
+                    hooks=self._hooks,
+                    lr=learning_rates(self._at.optimizer),
+                    sampled_every=self._cadence.k,
+                    overhead=self._cadence.overhead,
+                )
+            except Exception as e:  # never take training down for telemetry
+                self._events.emit(
+                    "telemetry_error",
+                    message=f"the snapshot could not be built: {describe_error(e)}",
+                    step=step,
+                )
+        if dist and not exchanged:
+            exchange(None)
+        self._stats.end_step()
+        self._hooks.end_step()
+        if snap is not None:
+            self._feed.publish("snapshot", snap)
+            self._records.published(snap, rec)  # every step's records reach the scalars stream
+        elif rec:
+            self._records.defer(step, rec)
+        return exchanged[0][1] if exchanged else False
 
 
 class _ProbeCheck:
-    """Consumes an unsampled step's probe (see ``_pre_step_work``): the step's NaN/Inf findings."""
+    """Consumes an unsampled step's probe (see ``pre_step_work``): the step's NaN/Inf findings."""
 
-    __slots__ = ("insp", "step", "index")
+    __slots__ = ("nonfinite", "step", "index")
 
-    def __init__(self, insp: StepLifecycle, index: list[int]) -> None:
-        self.insp, self.step, self.index = insp, insp._step + 1, index
+    def __init__(self, nonfinite: NonfiniteReport, step: int, index: list[int]) -> None:
+        self.nonfinite, self.step, self.index = nonfinite, step, index
 
     def __call__(self, probe: list[float]) -> None:
         if math.isfinite(sum(probe)):  # the usual case: every gradient finite
-            self.insp._nonfinite.step(NO_FINDINGS, self.step)
+            self.nonfinite.step(NO_FINDINGS, self.step)
             return
         check = Check(step=self.step, index=self.index, exact=False)
         check.values = {"probe": probe}
-        self.insp._nonfinite.step(check.findings(), self.step)
+        self.nonfinite.step(check.findings(), self.step)

@@ -109,6 +109,23 @@ class Recorder:
     def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
         accumulate(self.late if late else self.current, vals)
 
+    def take_current(self) -> Records:
+        """The step under way's records, at its boundary; the next step starts with none (lock held)."""
+        rec, self.current = self.current, {}
+        return rec
+
+    def forget_current(self) -> None:
+        """The iteration under way made no update (a skipped step): its records go with it."""
+        with self._lock:
+            self.current = {}
+
+    def abandon(self) -> None:
+        """A rewind abandons the step just completed: its records, and the late ones still to come,
+        belong to the branch left behind."""
+        with self._lock:
+            self.current = {}
+            self.discard_late = True
+
     def _send(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
         payload = {
             "step": step,
@@ -195,8 +212,7 @@ class Recorder:
         """A sampled step's late records: averaged with the records its snapshot already holds
         (``published`` kept how many of each), so a step's value is the mean of all its records
         whichever side of ``step()`` they were made on, as for an unsampled step."""
-        with self._feed._lock:
-            snap = next((s for s in reversed(self._feed.snapshots) if s.step == step), None)
+        snap = self._feed.find(step)
         if snap is None:
             vals = dict(means)
             self._send(step, vals.pop("loss", None), vals)

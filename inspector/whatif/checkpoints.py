@@ -21,8 +21,8 @@ When things happen: a request (a checkpoint, a rewind) is carried out by the tra
 a **step boundary**, never while a step is under way: at the next boundary, or at once when the
 caller is the training thread between two steps, when training is held at a boundary (paused:
 the held thread does it), or when training has finished. :meth:`Checkpoints.service` is that
-safe point; the Inspector calls it wherever it applies edits with the torch hooks in reach
-(``_drain_locked``), and a loop that owns its thread (the demo) may call it between steps.
+safe point; ``StepLifecycle.apply_edits`` calls it wherever it applies edits with the torch hooks in
+reach, and a loop that owns its thread (the demo) may call it between steps.
 
 Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
 turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
@@ -57,7 +57,6 @@ checkpoint.
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -71,7 +70,18 @@ from ..wire.errors import CheckpointBusy, CheckpointError, CheckpointNotFound, I
 from ..wire.records import HookSpec
 
 if TYPE_CHECKING:
-    from ..inspector import Inspector
+    from ..feed import Feed
+    from ..hooks.edits import Edits
+    from ..hooks.registry import Registry
+    from ..hooks.torch_hooks import TorchHooks
+    from ..stats.deferred import Deferred
+    from ..stats.nonfinite import NonfiniteReport
+    from ..stats.telemetry import Cadence
+    from ..step.clock import StepClock
+    from ..step.events import EventLog
+    from ..step.gate import PauseGate
+    from ..step.scalars import Recorder
+    from ..wrappers import Attached
 
 __all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "DEFAULT_KEEP"]
 
@@ -157,14 +167,47 @@ class Checkpoint:
 
 
 class Checkpoints:
-    """An Inspector's checkpoints and its queue of checkpoint and rewind requests (its lock)."""
+    """An Inspector's checkpoints and its queue of checkpoint and rewind requests.
 
-    def __init__(self, insp: Inspector, keep: int) -> None:
+    Built from the parts whose state a checkpoint holds and a rewind restores, each through its
+    own ``state_dict()``/``load_state_dict()`` or methods: the step clock, the hook registry and
+    the edits that apply it, the torch hooks' noise streams, the cadence, the non-finite report,
+    the records, the feed's rings, the event log; the pause gate's condition is the lock.
+    """
+
+    def __init__(
+        self,
+        keep: int,
+        attached: Attached,
+        *,
+        gate: PauseGate,
+        clock: StepClock,
+        events: EventLog,
+        reg: Registry,
+        edits: Edits,
+        hooks: TorchHooks,
+        cadence: Cadence,
+        nonfinite: NonfiniteReport,
+        records: Recorder,
+        deferred: Deferred,
+        feed: Feed,
+    ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             from ..wire.errors import HookError
 
             raise HookError(("checkpoints",), f"must be a non-negative integer (got {shown(keep)})")
-        self._insp = insp
+        self._at = attached
+        self._gate = gate
+        self._clock = clock
+        self._events = events
+        self._reg = reg
+        self._edits = edits
+        self._hooks = hooks
+        self._cadence = cadence
+        self._nonfinite = nonfinite
+        self._records = records
+        self._deferred = deferred
+        self._feed = feed
         self.keep = keep
         self._items: OrderedDict[str, Checkpoint] = OrderedDict()
         self._queue: deque[tuple[str, Checkpoint]] = deque()  # ("checkpoint" | "rewind", cp)
@@ -183,15 +226,15 @@ class Checkpoints:
     # ------------------------------------------------------------ refusals
     def refusal(self) -> str | None:
         """Why checkpoints cannot be right for this Inspector, or None."""
-        insp = self._insp
+        at = self._at
         if self.keep == 0:
             return "checkpoints are off for this Inspector (attach(..., checkpoints=0))"
-        if insp._dist is not None or insp._layout is not None:
+        if at.dist is not None or at.layout is not None:
             return (
                 "under torch.distributed (DDP, FSDP) every rank would have to restore at the same step "
                 "boundary: checkpoints and rewind are single-process only for now"
             )
-        opt = insp._optimizer
+        opt = at.optimizer
         if opt is None:
             return (
                 "without a torch optimizer (a mark_step() loop) the update's own state is yours: "
@@ -201,12 +244,12 @@ class Checkpoints:
             getattr(opt, "load_state_dict", None)
         ):
             return f"the optimizer {type(opt).__name__} has no state_dict()/load_state_dict()"
-        sc = insp._scaler
+        sc = at.scaler
         if sc is not None and not (
             callable(getattr(sc, "state_dict", None)) and callable(getattr(sc, "load_state_dict", None))
         ):
             return f"the scaler {type(sc).__name__} has no state_dict()/load_state_dict(): its scale would be lost"
-        root = insp._root
+        root = at.root
         if root is not None and not callable(getattr(root, "load_state_dict", None)):
             return f"the model {type(root).__name__} has no load_state_dict()"
         return None
@@ -222,7 +265,7 @@ class Checkpoints:
         (the training thread, at a boundary). What ``save`` returns is copied (tensors to host
         memory, the rest deep-copied), so a live ``state_dict()`` will do: for an LR scheduler,
         ``add_state("scheduler", sched.state_dict, sched.load_state_dict)``."""
-        with self._insp._lock:
+        with self._gate.cond:
             self._states[key] = (save, load)
 
     def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
@@ -241,9 +284,8 @@ class Checkpoints:
             from ..wire.errors import HookError
 
             raise HookError(("label",), f"must be a string or None (got {shown(label)})")
-        insp = self._insp
-        with insp._cond:
-            if insp._closed:
+        with self._gate.cond:
+            if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
             self._bound("checkpoint")
@@ -257,9 +299,8 @@ class Checkpoints:
         """Request a rewind to checkpoint ``cp_id``; returns ``{"checkpoint", "step", "done"}``
         (``done``: carried out already; else at the next boundary). A rewind to ``cp_id`` that
         waits already is this request too (a double click rewinds once)."""
-        insp = self._insp
-        with insp._cond:
-            if insp._closed:
+        with self._gate.cond:
+            if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
             cp = self._find(cp_id)
@@ -282,7 +323,7 @@ class Checkpoints:
 
     def pending_rewind(self) -> Checkpoint | None:
         """The checkpoint of the first rewind waiting for a boundary, or None."""
-        with self._insp._lock:
+        with self._gate.cond:
             return next((cp for kind, cp in self._queue if kind == "rewind"), None)
 
     def _find(self, cp_id: Any) -> Checkpoint:
@@ -295,28 +336,22 @@ class Checkpoints:
 
     def _kick(self) -> None:
         """Carry the queue out now where that is safe; else wake whoever will (lock held)."""
-        insp = self._insp
-        if self._safe_here():
+        if self._gate.safe_point():
             self._run_queue()
         else:
-            insp._cond.notify_all()  # a training thread held at a boundary carries it out
+            self._gate.cond.notify_all()  # a training thread held at a boundary carries it out
             for fn in list(self.on_request):
                 try:
                     fn()
                 except Exception:  # a waker's bug must not fail the request
                     pass
 
-    def _safe_here(self) -> bool:
-        insp = self._insp
-        on_train = threading.get_ident() == insp._train_tid
-        return (insp._finished and not insp._closed) or (on_train and not insp._under_way)
-
     def wait(self, cp_id: str, timeout: float) -> bool:
         """Block until checkpoint ``cp_id`` is taken (True) or ``timeout`` s pass (False)."""
-        insp = self._insp
-        with insp._cond:
+        cond = self._gate.cond
+        with cond:
             return bool(
-                insp._cond.wait_for(
+                cond.wait_for(
                     lambda: (
                         (cp_id in self._items and self._items[cp_id].step is not None)
                         or not any(c.id == cp_id for _, c in self._queue)
@@ -327,23 +362,23 @@ class Checkpoints:
 
     def cancel(self, cp_id: str) -> None:
         """Forget a checkpoint request not carried out yet (a waiter gave up on it)."""
-        with self._insp._cond:
+        with self._gate.cond:
             self._queue = deque((k, c) for k, c in self._queue if not (k == "checkpoint" and c.id == cp_id))
 
     def discard(self, cp_id: str) -> None:
         """Forget a checkpoint (taken or not): the change it was taken for was refused."""
         self.cancel(cp_id)
-        with self._insp._cond:
+        with self._gate.cond:
             self._items.pop(cp_id, None)
 
     def release(self) -> None:
         """Forget every checkpoint and request (``close()``): their host memory goes with them,
         even while the Inspector object lives on."""
-        with self._insp._cond:
+        with self._gate.cond:
             self._items.clear()
             self._queue.clear()
             self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
-            self._insp._cond.notify_all()  # a wait() for a request gives up on it
+            self._gate.cond.notify_all()  # a wait() for a request gives up on it
 
     @property
     def queued(self) -> bool:
@@ -351,7 +386,8 @@ class Checkpoints:
 
     @property
     def holds_changes(self) -> bool:
-        """An automatic checkpoint waits for a boundary: hook changes wait for it (see Rewinding)."""
+        """An automatic checkpoint waits for a boundary: hook changes wait for it
+        (``StepLifecycle.apply_edits``)."""
         return any(kind == "checkpoint" and cp.auto for kind, cp in self._queue)
 
     # ------------------------------------------------------------ the safe point
@@ -359,17 +395,15 @@ class Checkpoints:
         """Carry queued requests out now, if this is a safe point: the training thread between steps
         (``owner``: the caller owns the training loop and says it is between steps, e.g. the demo's
         thread before its first step), training finished, or held at a boundary on this thread."""
-        insp = self._insp
         if not self._queue:
             return
-        with insp._cond:
-            if insp._closed or not (owner or self._safe_here()):
+        with self._gate.cond:
+            if self._gate.closed or not (owner or self._gate.safe_point()):
                 return
             self._run_queue()
 
     def _run_queue(self) -> None:
         """Carry out the queue (the caller holds the lock, at a safe point)."""
-        insp = self._insp
         last: Checkpoint | None = None  # the one taken last in this pass
         while self._queue:
             kind, cp = self._queue.popleft()
@@ -383,19 +417,21 @@ class Checkpoints:
             except Exception as e:  # never take training down: report it
                 from ..wire.errors import describe_error
 
-                insp._event(f"{kind}_error", message=describe_error(e), checkpoint=cp.id, step=insp._step)
-        insp._cond.notify_all()
+                self._events.emit(
+                    f"{kind}_error", message=describe_error(e), checkpoint=cp.id, step=self._clock.step
+                )
+        self._gate.cond.notify_all()
 
     # ------------------------------------------------------------ taking
     def _update_to_come(self) -> bool:
         """Whether the attached scaler's ``update()`` for this iteration is still to come: inside
         ``scaler.step()`` (our boundary), its per-optimizer record holds the iteration's inf checks;
         ``update()`` clears it (no device read)."""
-        insp = self._insp
-        states = getattr(insp._scaler, "_per_optimizer_states", None)
-        if insp._scaler is None or insp._optimizer is None or not isinstance(states, dict):
+        at = self._at
+        states = getattr(at.scaler, "_per_optimizer_states", None)
+        if at.scaler is None or at.optimizer is None or not isinstance(states, dict):
             return False
-        st = states.get(id(insp._optimizer))
+        st = states.get(id(at.optimizer))
         return bool(st and st.get("found_inf_per_device"))
 
     def settle_scaler(self) -> bool:
@@ -404,9 +440,8 @@ class Checkpoints:
         the scaler was written."""
         if not self.scaler_pending:
             return False
-        insp = self._insp
-        with insp._cond:
-            sc, later, restore = insp._scaler, self._scaler_later, self._scaler_restore
+        with self._gate.cond:
+            sc, later, restore = self._at.scaler, self._scaler_later, self._scaler_restore
             self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
             if sc is None:
                 return False
@@ -423,35 +458,36 @@ class Checkpoints:
         """Take ``cp`` now. Requests carried out together at one safe point (``last``: the one
         taken just before, nothing changed since) share one copy of the state: a burst of
         requests costs the training thread one copy, not one each."""
-        insp = self._insp
-        cp.step, cp.time = insp._step, time.time()
-        if last is not None and last.step == cp.step and last.config_version == insp._reg.version:
+        at, reg = self._at, self._reg
+        cp.step, cp.time = self._clock.step, time.time()
+        if last is not None and last.step == cp.step and last.config_version == reg.version:
             # the stored states are never changed (a rewind loads fresh() copies of them)
             cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
             cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
             cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
         else:
-            if insp._root is not None:
-                cp.model = host_copy(insp._root.state_dict())
+            if at.root is not None:
+                cp.model = host_copy(at.root.state_dict())
             else:
-                cp.model = [host_copy(t) for t in insp._tensors]
-            cp.optim = host_copy(insp._optimizer.state_dict())  # type: ignore[union-attr]
-            cp.scaler = host_copy(insp._scaler.state_dict()) if insp._scaler is not None else None
-            cp.hooks = tuple(insp._reg.applied)
-            cp.fns = {s.id: insp._reg.fns[s.id] for s in cp.hooks if s.id in insp._reg.fns}
+                cp.model = [host_copy(t) for t in at.tensors]
+            cp.optim = host_copy(at.optimizer.state_dict())  # type: ignore[union-attr]
+            cp.scaler = host_copy(at.scaler.state_dict()) if at.scaler is not None else None
+            cp.hooks = tuple(reg.applied)
+            cp.fns = {s.id: reg.fns[s.id] for s in cp.hooks if s.id in reg.fns}
             cp.generators = {
                 hid: {key: gen.get_state() for key, gen in st.generators.items()}
-                for hid, st in insp._hooks.states.items()
+                for hid, st in self._hooks.states.items()
                 if st.generators
             }
             cp.extra = {key: host_copy(save()) for key, (save, _) in self._states.items()}
+            clock = self._clock.state_dict()
             cp.cadence = {
-                **insp._cadence.state_dict(),
-                "sampled": insp._sampled,  # whether the step after cp.step is sampled
-                "sampled_count": insp._sampled_count,
+                **self._cadence.state_dict(),
+                "sampled": clock["sampled"],  # whether the step after cp.step is sampled
+                "sampled_count": clock["sampled_count"],
             }
-            cp.nonfinite = insp._nonfinite.state_dict()
-        cp.config_version = insp._reg.version
+            cp.nonfinite = self._nonfinite.state_dict()
+        cp.config_version = reg.version
         if self._update_to_come():
             cp.scaler = None  # read after this iteration's update() (settle_scaler)
             self._scaler_later.append(cp)
@@ -462,7 +498,7 @@ class Checkpoints:
         self._items[cp.id] = cp
         while len(self._items) > self.keep:
             self._items.popitem(last=False)
-        insp._event(
+        self._events.emit(
             "checkpoint",
             checkpoint=cp.id,
             step=cp.step,
@@ -475,33 +511,30 @@ class Checkpoints:
             + (f" ({cp.label})" if cp.label else "")
             + f": {_size(cp.bytes)}; {len(self._items)} kept, {_size(self.bytes)} in host memory",
         )
-        cp.seq = insp._seq  # its own event included: it belongs to every branch that starts here
+        cp.seq = self._events.seq  # its own event included: it belongs to every branch that starts here
 
     # ------------------------------------------------------------ restoring
     def _restore(self, cp: Checkpoint) -> None:
-        insp = self._insp
         if cp.dropped is not None:
             raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
-        check_restorable(insp, cp)  # all or nothing: refused before anything is changed
-        from_step = insp._step
+        check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
+        from_step = self._clock.step
         abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
         # the abandoned branch's records go out as its own first; later late ones are dropped
         # (nothing abandoned: the late records of the checkpoint's own step still belong to it)
-        insp._flush_late()
-        insp._records.flush_pending()
-        insp._deferred.drain(wait=True)  # the abandoned steps' deferred checks and records, now
+        self._records.flush_late(from_step)
+        self._records.flush_pending()
+        self._deferred.drain(wait=True)  # the abandoned steps' deferred checks and records, now
         if abandoned:
-            insp._records.current = {}
-            insp._records.discard_late = True
-        insp._edits.drain(from_step + 1, torch_ok=True)  # edits queued before the rewind
+            self._records.abandon()
+        self._edits.drain(from_step + 1, torch_ok=True)  # edits queued before the rewind
         # the abandoned branch's events: seq_after < seq <= seq_until (none when nothing is abandoned)
-        seq_until = insp._seq
+        seq_until = self._events.seq
         seq_after = cp.seq if abandoned else seq_until
         self._load(cp)
-        reg = insp._reg
-        insp._feed.drop_after(cp.step, (seq_after, seq_until))
+        self._feed.drop_after(cp.step, (seq_after, seq_until))
         if abandoned:
             for other in [c for c in self._items.values() if c.seq > cp.seq]:
                 # taken on the abandoned branch: not on this one's timeline; a rewind to it that
@@ -512,7 +545,7 @@ class Checkpoints:
                 )
                 del self._items[other.id]
         self.rewinds += 1
-        insp._event(
+        self._events.emit(
             "rewind",
             step=cp.step,
             from_step=from_step,
@@ -521,7 +554,7 @@ class Checkpoints:
             rewinds=self.rewinds,
             seq_after=seq_after,
             seq_until=seq_until,
-            config_version=reg.version,
+            config_version=self._reg.version,
             message=f"rewound from step {from_step} to step {cp.step} (checkpoint {cp.id}"
             + (f": {cp.label}" if cp.label else "")
             + (
@@ -530,17 +563,16 @@ class Checkpoints:
                 else "); no step abandoned: state and hooks are the checkpoint's again"
             ),
         )
-        insp._publish_training()
+        self._gate.publish()
 
     def adopt(self, cp: Checkpoint) -> None:
         """Start this Inspector's run from another Inspector's checkpoint of the same model (a
         shadow copy): state, step, hooks and noise streams; no event. Call on its training thread."""
-        insp = self._insp
-        with insp._cond:
-            if not self._safe_here():
+        with self._gate.cond:
+            if not self._gate.safe_point():
                 raise InspectorError("adopt() is for this Inspector's training thread, between steps")
             if cp.step is not None:
-                check_restorable(insp, cp)
+                check_restorable(self._at, cp)
             self._load(cp, exact=False)
 
     def _load(self, cp: Checkpoint, *, exact: bool = True) -> None:
@@ -548,31 +580,29 @@ class Checkpoints:
         noise streams, cadence, non-finite streak and registered states of ``cp`` (lock held, at a
         safe point). ``exact``: the cadence as it was (a rewind: the same steps are sampled, and
         get histograms, as the first time); else the next step is sampled (a shadow's start)."""
-        insp = self._insp
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
         if self._update_to_come():
             # this iteration's update() would run on the restored scaler: load it after that
-            restore_state(insp, cp, scaler=False)
+            restore_state(self._at, cp, scaler=False)
             if any(c is cp for c in self._scaler_later):
                 self._scaler_restore = None  # taken at this boundary: the update makes its state
             elif cp.scaler is not None:
                 self._scaler_restore, self.scaler_pending = cp.scaler, True
         else:
-            restore_state(insp, cp)
-        insp._step = cp.step
-        reg = insp._reg
-        reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
-        insp._edits.drain(cp.step + 1, torch_ok=True)
-        set_generators(insp._hooks.states, cp.generators)
+            restore_state(self._at, cp)
+        clock = self._clock
         if exact and cp.cadence:
-            insp._cadence.load_state_dict(cp.cadence)
-            insp._sampled, insp._sampled_count = cp.cadence["sampled"], cp.cadence["sampled_count"]
+            self._cadence.load_state_dict(cp.cadence)
+            sampling = {"sampled": cp.cadence["sampled"], "sampled_count": cp.cadence["sampled_count"]}
         else:
-            insp._cadence.next_sampled = cp.step + 1  # the first step of the branch is sampled
-            insp._sampled = True
-        insp._nonfinite.load_state_dict(cp.nonfinite or {"last": None, "streak": 0})
-        insp._last_boundary = None
+            self._cadence.restart_at(cp.step + 1)  # the first step of the branch is sampled
+            sampling = {"sampled": True, "sampled_count": clock.sampled_count}
+        clock.load_state_dict({"step": cp.step, **sampling})  # (the time since the boundary is no step's)
+        self._reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
+        self._edits.drain(cp.step + 1, torch_ok=True)
+        set_generators(self._hooks.states, cp.generators)
+        self._nonfinite.load_state_dict(cp.nonfinite or {"last": None, "streak": 0})
         for key, (_, load) in self._states.items():
             if key in cp.extra:
                 load(fresh(cp.extra[key]))
@@ -584,18 +614,18 @@ class Checkpoints:
         return sum({id(c.model): c.bytes for c in self._items.values()}.values())
 
     def get(self, cp_id: str) -> Checkpoint:
-        with self._insp._lock:
+        with self._gate.cond:
             return self._find(cp_id)
 
     def list(self) -> list[dict[str, Any]]:
         """The checkpoints kept, oldest first, then the requested ones not taken yet."""
-        with self._insp._lock:
+        with self._gate.cond:
             out = [c.info() for c in self._items.values()]
             return out + [c.info() for kind, c in self._queue if kind == "checkpoint"]
 
     def summary(self) -> dict[str, Any]:
         """``{"checkpoints": [...], "bytes", "keep", "rewinds", "refused"}`` (refused: the reason, or None)."""
-        with self._insp._lock:
+        with self._gate.cond:
             return {
                 "checkpoints": self.list(),
                 "bytes": self.bytes,
@@ -605,12 +635,12 @@ class Checkpoints:
             }
 
 
-def check_restorable(insp: Any, cp: Checkpoint) -> None:
+def check_restorable(at: Attached, cp: Checkpoint) -> None:
     """Raise CheckpointError, changing nothing, when ``cp``'s state no longer fits the model or the
     optimizer (a parameter or a parameter group added since, a shape changed): loading it would
     fail half-way, with the model's weights replaced and the optimizer's not."""
-    if insp._root is not None:
-        now = insp._root.state_dict()
+    if at.root is not None:
+        now = at.root.state_dict()
         missing, extra = sorted(set(now) - set(cp.model)), sorted(set(cp.model) - set(now))
         if missing or extra:
             raise CheckpointError(
@@ -626,18 +656,18 @@ def check_restorable(insp: Any, cp: Checkpoint) -> None:
             )
         pairs = [(k, now[k], cp.model[k]) for k in now]
     else:
-        if len(cp.model) != len(insp._tensors):
+        if len(cp.model) != len(at.tensors):
             raise CheckpointError(
-                f"checkpoint {cp.id} holds {len(cp.model)} tensors, the run {len(insp._tensors)}"
+                f"checkpoint {cp.id} holds {len(cp.model)} tensors, the run {len(at.tensors)}"
             )
-        pairs = [(str(i), t, saved) for i, (t, saved) in enumerate(zip(insp._tensors, cp.model, strict=True))]
+        pairs = [(str(i), t, saved) for i, (t, saved) in enumerate(zip(at.tensors, cp.model, strict=True))]
     for key, t, saved in pairs:
         if isinstance(t, Tensor) and isinstance(saved, Tensor) and t.shape != saved.shape:
             raise CheckpointError(
                 f"checkpoint {cp.id} no longer fits the model: {key} is {tuple(t.shape)}, "
                 f"{tuple(saved.shape)} in the checkpoint"
             )
-    groups, saved_groups = insp._optimizer.param_groups, cp.optim.get("param_groups", [])
+    groups, saved_groups = at.optimizer.param_groups, cp.optim.get("param_groups", [])
     if len(groups) != len(saved_groups):
         raise CheckpointError(
             f"checkpoint {cp.id} no longer fits the optimizer: it has {len(groups)} parameter groups, "
@@ -651,21 +681,21 @@ def check_restorable(insp: Any, cp: Checkpoint) -> None:
             )
 
 
-def restore_state(insp: Any, cp: Checkpoint, *, scaler: bool = True) -> None:
-    """Load ``cp``'s model, optimizer and scaler state into ``insp``'s (in place; gradients None).
+def restore_state(at: Attached, cp: Checkpoint, *, scaler: bool = True) -> None:
+    """Load ``cp``'s model, optimizer and scaler state into ``at``'s (in place; gradients None).
     The optimizer's first: ``Optimizer.load_state_dict`` checks its input before it changes
     anything, and the model's was checked (:func:`check_restorable`)."""
-    insp._optimizer.load_state_dict(fresh(cp.optim))
+    at.optimizer.load_state_dict(fresh(cp.optim))
     with torch.no_grad():
-        if insp._root is not None:
-            insp._root.load_state_dict(fresh(cp.model))
+        if at.root is not None:
+            at.root.load_state_dict(fresh(cp.model))
         else:
-            for t, saved in zip(insp._tensors, cp.model, strict=True):
+            for t, saved in zip(at.tensors, cp.model, strict=True):
                 t.copy_(saved)
-        for t in insp._tensors:
+        for t in at.tensors:
             t.grad = None
-    if scaler and cp.scaler is not None and insp._scaler is not None:
-        insp._scaler.load_state_dict(fresh(cp.scaler))
+    if scaler and cp.scaler is not None and at.scaler is not None:
+        at.scaler.load_state_dict(fresh(cp.scaler))
 
 
 def set_generators(states: dict[str, Any], saved: dict[str, dict[Any, Tensor]]) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..server_loader import load_server_module
+from ..dashboard import save_comparison, serve_comparison
 from ..wire.errors import HookError, InspectorError, shown
 from .checkpoints import fresh, host_copy
 
@@ -72,7 +72,7 @@ class Comparison:
     def save(self, db: str | os.PathLike[str]) -> tuple[int, int]:
         """Write both branches to a history database: run A, and run B as its branch from step 0.
         Returns ``(run_a, run_b)``; ``gradient-inspector replay DB`` shows them."""
-        return load_server_module("history.comparison").save(self, os.fspath(db))  # type: ignore[no-any-return]
+        return save_comparison(self, db)
 
     def serve(
         self,
@@ -86,9 +86,7 @@ class Comparison:
         ``db``: where to write them (default: a temporary file). ``port`` 0 picks a free one.
         """
         if self._server is None:
-            self._server = load_server_module("history.comparison").serve(
-                self, host=host, port=port, token=token, db=db
-            )
+            self._server = serve_comparison(self, host=host, port=port, token=token, db=db)
         return str(self._server.url)
 
     def close(self) -> None:

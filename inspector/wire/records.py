@@ -88,7 +88,7 @@ class Snapshot:
     """Telemetry of one sampled step, published at that step's boundary.
 
     Per-parameter lists are aligned to ``Inspector.params``; ``None`` means no value (no
-    gradient, or the std of one element). See DESIGN.md "Wire format" for every key.
+    gradient, or the std of one element). server/PROTOCOL.md ("A snapshot") shows every key.
     """
 
     step: int

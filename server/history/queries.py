@@ -13,6 +13,7 @@ import logging
 import math
 import sqlite3
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from .schema import StoreError
@@ -131,6 +132,47 @@ def merge_scalars(snap: dict[str, Any], late: dict[str, Any] | None) -> dict[str
         if late.get("scalars"):
             snap["scalars"] = {**(snap.get("scalars") or {}), **late["scalars"]}
     return snap
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """Which recorded steps a `snapshots` or `scalars` query returns: those with since < step <=
+    until, oldest first; of them the newest `limit`, then `points` spread evenly, or with `buckets`
+    the steps of each bucket's extremes (`bucket_extremes`). Built once from the request (the
+    routes check the bounds, and that `points` and `buckets` are not both given) and passed
+    through to the source and the reader."""
+
+    since: int | None = None
+    until: int | None = None
+    limit: int | None = None
+    points: int | None = None
+    buckets: int | None = None
+
+    def covers(self, step: int) -> bool:
+        """since < step <= until."""
+        return (self.since is None or step > self.since) and (self.until is None or step <= self.until)
+
+    def choose(
+        self,
+        table: str,
+        reader: HistoryReader | None,
+        run: int,
+        recent: dict[int, dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The steps of `table` ("snapshots" or "scalars") this query returns: `run`'s stored in
+        `reader` (none without one) before the oldest of `recent`, then those of `recent` (steps
+        still held in memory, all of them `covers`ed, their snapshot or scalars dicts)."""
+        recent = recent or {}
+        before = min(recent) if recent else None
+        if self.buckets is not None:
+            stored = [] if reader is None else reader.values(table, run, self.since, before, self.until)
+            rows = stored + [values_of(table, s, recent[s]) for s in sorted(recent)]
+            return select_buckets(rows, self.limit, self.buckets)
+        steps = [] if reader is None else reader.steps(table, run, self.since, before, until=self.until)
+        return select(steps + sorted(recent), self.limit, self.points)
+
+
+ALL_STEPS = HistoryQuery()  # every recorded step (up to MAX_ROWS)
 
 
 def _chunks(seq: list[int], n: int = 500) -> list[list[int]]:
@@ -348,47 +390,13 @@ class HistoryReader:
                     out.append({"step": step, **data})
         return out
 
-    def snapshots(
-        self,
-        run: int,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points`
-        spread evenly, or with `buckets` the extremes of each bucket (`bucket_extremes`)."""
-        return self.snapshots_at(run, self.chosen("snapshots", run, since, until, limit, points, buckets))
+    def snapshots(self, run: int, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
+        """The snapshots of the steps `query` chooses (`HistoryQuery`), oldest first."""
+        return self.snapshots_at(run, query.choose("snapshots", self, run))
 
-    def scalars(
-        self,
-        run: int,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """`{"step", "loss", "scalars"}` of recorded steps, selected like `snapshots`."""
-        return self.scalars_at(run, self.chosen("scalars", run, since, until, limit, points, buckets))
-
-    def chosen(
-        self,
-        table: str,
-        run: int,
-        since: int | None,
-        until: int | None,
-        limit: int | None,
-        points: int | None,
-        buckets: int | None,
-    ) -> list[int]:
-        """The steps a `snapshots` or `scalars` query returns."""
-        if buckets is not None:
-            return select_buckets(self.values(table, run, since, until=until), limit, buckets)
-        return select(self.steps(table, run, since, until=until), limit, points)
+    def scalars(self, run: int, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
+        """`{"step", "loss", "scalars"}` of the recorded steps `query` chooses, oldest first."""
+        return self.scalars_at(run, query.choose("scalars", self, run))
 
     # -- events and hooks ----------------------------------------------------------------------------
 

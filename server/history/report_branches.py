@@ -1,5 +1,5 @@
 """The branches of a run for the HTML report (report.py): each shadow or abandoned branch's loss and
-global gradient norms, drawn dashed over the run's own (what-if, issue 16)."""
+global gradient norms, drawn dashed over the run's own (what-if)."""
 
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Any
 
+from ..core import Core
+
 log = logging.getLogger("gradient_inspector.demo")
 
 
@@ -51,7 +53,7 @@ class Trainer:
     def __init__(
         self,
         scenario: Any,
-        insp: Any,
+        insp: Core,
         *,
         steps_per_second: float | None = 10.0,
         reset_after: int = 30,

@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from ..app import create_app
+from ..core import Core
 from ..history.storage import DEFAULT_DB, HistoryStore
 from ..serving import PortInUse, ThreadedServer
 from ..settings import DEFAULT_HOST, DEFAULT_PORT, Settings
@@ -67,7 +68,7 @@ class EmbeddedServer:
 
 
 def start(
-    insp: Any,
+    insp: Core,
     *,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,

@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..core import Core, CoreCheckpoint
+
 log = logging.getLogger("gradient_inspector.demo")
 
 MAX_POINTS = 3000  # shadow points kept in memory for a page's backfill (GET /api/shadow)
@@ -65,12 +67,12 @@ def describe_difference(main: list[dict[str, Any]], shadow: list[dict[str, Any]]
 class Shadow:
     """One running shadow: its scenario copy and Inspector (made and stepped on the training thread)."""
 
-    def __init__(self, scenario: Any, cp: Any, run: int | None) -> None:
+    def __init__(self, scenario: Any, cp: CoreCheckpoint, run: int | None) -> None:
         import inspector
         from inspector import scenarios
 
         self.sc = scenarios.make(scenario.name, seed=scenario.seed, device=scenario.device)
-        self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=1, checkpoints=0)
+        self.insp: Core = inspector.attach(self.sc.model, self.sc.optimizer, every=1, checkpoints=0)
         self.insp.checkpoints.add_state("scenario", self.sc.data_state, self.sc.set_data_state)
         self.insp.checkpoints.adopt(cp)
         self.run = run
@@ -106,7 +108,7 @@ class ShadowHost:
         give_up_after: end a shadow whose loss has been non-finite for this many steps.
     """
 
-    def __init__(self, insp: Any, scenario: Any, *, auto: bool = True, give_up_after: int = 30) -> None:
+    def __init__(self, insp: Core, scenario: Any, *, auto: bool = True, give_up_after: int = 30) -> None:
         self.insp = insp
         self.scenario = scenario
         self.auto = auto
@@ -210,7 +212,7 @@ class ShadowHost:
         if cp.step is None:
             return None  # not taken yet: at the next boundary
         run = None
-        hooks = [s.to_dict() for s in cp.hooks]
+        hooks = cp.info()["hooks"]
         self._main_hooks = self.insp.hooks()
         label = "shadow: " + describe_difference(self._main_hooks, hooks)
         if self.store is not None and self.parent_run is not None:

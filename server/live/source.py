@@ -20,6 +20,11 @@ A hook change (add, update, remove, import; over HTTP or the websocket) returns
 only once it is durable: the core has accepted it, and the requested configuration
 is committed to the history (`HistoryStore.record_request`). The core announces
 the change when it is applied, possibly a step later, and that is recorded too.
+
+What the websocket gets (`_send`) is each fact once: a snapshot without its `events` (they
+go out as `event` messages), and an applied hook change as one `hooks` message carrying its
+`hook_applied` event. Training-state changes (pause, resume, single steps, a pause taking
+hold, the end of training) come from the core as `training` messages, pushed as they are.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..history.queries import select, select_buckets, values_of
+from ..core import Core
+from ..history.queries import ALL_STEPS, HistoryQuery
 from ..history.storage import HistoryStore
+from ..hub import wire_snapshot
 from ..protocol import dumps
 from ..sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
 from . import whatif
@@ -57,7 +64,7 @@ class LiveSource(Source):
 
     def __init__(
         self,
-        insp: Any,
+        insp: Core,
         *,
         mode: str = "user",
         store: HistoryStore | None = None,
@@ -88,6 +95,7 @@ class LiveSource(Source):
         self._lock = threading.Lock()
         self._hist_lock = threading.Lock()
         self._hist_subs: dict[str, list[str]] = {}  # client id -> its histogram parameters
+        self._applied: dict[str, Any] | None = None  # a hook_applied event, until its hooks message
         self.callback_errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -126,6 +134,9 @@ class LiveSource(Source):
         if self.trainer is not None:
             self.trainer.start()
 
+    def _training(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "steps_per_second": self.trainer.rate if self.trainer is not None else None}
+
     def stop(self) -> None:
         """The app stops: the hub is disconnected; the recording too unless it outlives the server."""
         self._publish = None
@@ -162,12 +173,14 @@ class LiveSource(Source):
                     self._recent_scalars[int(payload["step"])] = payload
                     while len(self._recent_scalars) > 4096:
                         self._recent_scalars.popitem(last=False)
-            text = (
-                dumps(payload) if kind == "snapshot" else None
-            )  # one encoding, for the history and the sockets
+            text = stored = None
+            if kind == "snapshot":  # one encoding, for the sockets (no events) and the history
+                text = dumps(wire_snapshot(payload))
+                events = payload.get("events")
+                stored = text if events is None else f'{text[:-1]},"events":{dumps(events)}}}'
             if store is not None and run is not None:
                 if kind == "snapshot":
-                    store.add_snapshot(run, payload, text)
+                    store.add_snapshot(run, payload, stored)
                 elif kind == "scalars":
                     store.add_scalars(run, payload)
                 elif kind == "event":
@@ -187,12 +200,26 @@ class LiveSource(Source):
                 self.whatif.stop("the main run was rewound")
             elif kind == "hooks" and self.whatif is not None:
                 self.whatif.hooks_changed(payload["hooks"])
-            if self._publish is not None:
-                self._publish(kind, payload, text)
+            self._send(kind, payload, text)
         except Exception:  # never raise into the core's dispatcher
             self.callback_errors += 1
             if self.callback_errors == 1:
                 log.exception("gradient-inspector server: failed to handle a %r message", kind)
+
+    def _send(self, kind: str, payload: dict[str, Any], text: str | None) -> None:
+        """Hand a core message to the hub (dispatcher thread). The core announces an applied hook
+        change with a `hook_applied` event and, next in its stream, the `hooks` message of the same
+        `config_version` (both under its lock): the event waits here and goes out inside that
+        message (`event`), so the change is one websocket message."""
+        if kind == "event" and payload.get("kind") == "hook_applied":
+            held, self._applied = self._applied, payload
+            if held is not None:  # its hooks message never came (not the core's order): as it is
+                self._publish_now("event", held, None)
+            return
+        if kind == "hooks" and self._applied is not None:
+            payload = {**payload, "event": self._applied}
+            self._applied = None
+        self._publish_now(kind, payload, text)
 
     def _rewound(self, ev: dict[str, Any]) -> None:
         """A rewind (the core's `rewind` event): the steps past the checkpoint's are an abandoned
@@ -226,15 +253,18 @@ class LiveSource(Source):
     def _is_current(self, run: int | None) -> bool:
         return run is None or run == self.run_id
 
-    def hello(self, history: int = 200, events: int = 100) -> dict[str, Any]:
+    def hello(self, history: int = 600, events: int = 400, **resume: Any) -> dict[str, Any]:
         if self.trainer is not None:
             self.trainer.client_arrived()  # a demo waiting for its first page trains from now on
-        return super().hello(history, events)
+        return super().hello(history, events, **resume)
 
     def session(self, run: int | None = None) -> dict[str, Any]:
         if not self._is_current(run):
             return self.stored_session(self._run(run), read_only=self.read_only, live=False)
         insp = self.insp
+        # the version first: the hooks read after it are at least as new (a `hooks` message of a
+        # later version, applied meanwhile, is then newer than this session for the page)
+        version = insp.config_version
         return {
             "run_id": self.run_id,
             "mode": self.mode,
@@ -243,7 +273,7 @@ class LiveSource(Source):
             "modules": list(insp.modules),
             "hook_kinds": hook_kinds(),
             "hooks": insp.hooks(),
-            "config_version": insp.config_version,
+            "config_version": version,
             "training": {
                 **insp.state,
                 "scenario": self.scenario["name"] if self.scenario else None,
@@ -266,48 +296,22 @@ class LiveSource(Source):
             return list(self.insp.params)
         return super().param_names(run)
 
-    def snapshots(
-        self,
-        run: int | None = None,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
+    def snapshots(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
         if not self._is_current(run):
-            return super().snapshots(
-                run, since=since, until=until, limit=limit, points=points, buckets=buckets
-            )
+            return super().snapshots(run, query)
         # the core's ring: each snapshot's dict converted once, late scalars already merged in
-        ring = {s["step"]: s for s in self.insp.snapshots(since) if until is None or s["step"] <= until}
-        first = min(ring) if ring else None
-        chosen = self._chosen("snapshots", ring, since, first, until, limit, points, buckets)
+        ring = {s["step"]: s for s in self.insp.snapshots(query.since) if query.covers(s["step"])}
+        chosen = query.choose("snapshots", self.store, self.run_id, ring)
         old = [s for s in chosen if s not in ring]
         out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
         return out + [ring[s] for s in chosen if s in ring]
 
-    def scalars(
-        self,
-        run: int | None = None,
-        *,
-        since: int | None = None,
-        until: int | None = None,
-        limit: int | None = None,
-        points: int | None = None,
-        buckets: int | None = None,
-    ) -> list[dict[str, Any]]:
+    def scalars(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
         if not self._is_current(run):
-            return super().scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+            return super().scalars(run, query)
         with self._lock:
-            recent = {
-                s: p
-                for s, p in self._recent_scalars.items()
-                if (since is None or s > since) and (until is None or s <= until)
-            }
-        first = min(recent) if recent else None
-        chosen = self._chosen("scalars", recent, since, first, until, limit, points, buckets)
+            recent = {s: p for s, p in self._recent_scalars.items() if query.covers(s)}
+        chosen = query.choose("scalars", self.store, self.run_id, recent)
         old = [s for s in chosen if s not in recent]
         out = self.store.scalars_at(self.run_id, old) if (old and self.store is not None) else []
         return out + [
@@ -315,28 +319,6 @@ class LiveSource(Source):
             for s in chosen
             if s in recent
         ]
-
-    def _chosen(
-        self,
-        table: str,
-        recent: dict[int, dict[str, Any]],
-        since: int | None,
-        first: int | None,
-        until: int | None,
-        limit: int | None,
-        points: int | None,
-        buckets: int | None,
-    ) -> list[int]:
-        """The steps a query returns: the stored ones before `first` (the oldest held in memory),
-        then those in memory (`recent`)."""
-        if buckets is not None:
-            stored_rows = (
-                [] if self.store is None else self.store.values(table, self.run_id, since, first, until)
-            )
-            rows = stored_rows + [values_of(table, s, recent[s]) for s in sorted(recent)]
-            return select_buckets(rows, limit, buckets)
-        stored = [] if self.store is None else self.store.steps(table, self.run_id, since, first, until=until)
-        return select(stored + sorted(recent), limit, points)
 
     def events(
         self, run: int | None = None, *, since: int | None = None, limit: int | None = None
@@ -489,8 +471,7 @@ class LiveSource(Source):
                 409, "the step rate is set by your own training loop: rate control is demo mode only"
             )
         self.trainer.set_rate(steps_per_second)
-        if self._publish is not None:  # every page learns the new rate at once
-            self._publish("training", {**self.insp.state, "steps_per_second": self.trainer.rate}, None)
+        self._publish_now("training", self._training(self.insp.state), None)  # every page learns it at once
         return {"steps_per_second": self.trainer.rate}
 
     def set_hist(self, client_id: str, names: list[str]) -> None:

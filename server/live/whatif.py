@@ -1,10 +1,10 @@
-"""What-if on a live source: checkpoints, rewind and the demo's shadow comparison (live.py calls here).
+"""What-if on a live source: checkpoints, rewind and the demo's shadow comparison (source.py calls here).
 
 A hook change made from the page (HTTP or websocket) is wrapped by `around_change`: first an
 automatic checkpoint is requested (`insp.checkpoints.checkpoint(label, auto=True)`), which the
 training thread takes at its next step boundary (the demo's thread between two steps; at once
 when training is held or finished); then the change is made as before, and the request returns
-at once. The change waits for the checkpoint: it applies right after it (inspector/whatif/rewinding.py),
+at once. The change waits for the checkpoint: it applies right after it (`StepLifecycle.apply_edits`),
 so the checkpoint holds the state and hooks from just before it. An invalid change leaves no
 checkpoint. In the demo, when no comparison runs, the change starts one from that checkpoint
 (shadow.py).
@@ -12,15 +12,18 @@ checkpoint. In the demo, when no comparison runs, the change starts one from tha
 Errors: a refused checkpoint or rewind (CheckpointError) is a 409 with the core's reason, an
 unknown checkpoint a 404, a request past the bounded queue (CheckpointBusy: `keep` requests of its
 kind already wait for the next boundary) a 429. A hook change while a rewind waits for its
-boundary is a 409 (RewindPending, live.py): the rewind would put its checkpoint's hooks back.
+boundary is a 409 (RewindPending, source.py): the rewind would put its checkpoint's hooks back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..sources import ApiError
+
+if TYPE_CHECKING:
+    from .source import LiveSource
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -38,7 +41,7 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
         raise ApiError(409, str(e)) from e
 
 
-def around_change(src: Any, label: str, do: Callable[[], Any]) -> Any:
+def around_change(src: LiveSource, label: str, do: Callable[[], Any]) -> Any:
     """`do()` (the change) after an automatic checkpoint; in the demo, a comparison from it."""
     mgr = src.insp.checkpoints
     cp = None
@@ -59,22 +62,22 @@ def around_change(src: Any, label: str, do: Callable[[], Any]) -> Any:
     return result
 
 
-def checkpoints(src: Any) -> dict[str, Any]:
+def checkpoints(src: LiveSource) -> dict[str, Any]:
     """`GET /api/checkpoints`: the core's summary."""
-    return src.insp.checkpoints.summary()  # type: ignore[no-any-return]
+    return src.insp.checkpoints.summary()
 
 
-def checkpoint(src: Any, label: str | None) -> dict[str, Any]:
+def checkpoint(src: LiveSource, label: str | None) -> dict[str, Any]:
     """`POST /api/checkpoints`: the checkpoint as requested (never read back: by the time a
     reply is made the checkpoint may be taken, and already dropped from the newest `keep`)."""
     return _call(src.insp.checkpoints.request, label)  # type: ignore[no-any-return]
 
 
-def rewind(src: Any, cp_id: str) -> dict[str, Any]:
+def rewind(src: LiveSource, cp_id: str) -> dict[str, Any]:
     return _call(src.insp.rewind, cp_id)  # type: ignore[no-any-return]
 
 
-def shadow_state(src: Any, points: bool) -> dict[str, Any] | None:
+def shadow_state(src: LiveSource, points: bool) -> dict[str, Any] | None:
     if src.whatif is None:
         return None
     state = src.whatif.state()
@@ -83,7 +86,7 @@ def shadow_state(src: Any, points: bool) -> dict[str, Any] | None:
     return state  # type: ignore[no-any-return]
 
 
-def _whatif(src: Any) -> Any:
+def _whatif(src: LiveSource) -> Any:
     if src.whatif is None:
         raise ApiError(
             409,
@@ -93,7 +96,7 @@ def _whatif(src: Any) -> Any:
     return src.whatif
 
 
-def shadow_start(src: Any) -> dict[str, Any]:
+def shadow_start(src: LiveSource) -> dict[str, Any]:
     """`POST /api/shadow` ("compare from here"): a checkpoint now, and a shadow from it."""
     wi = _whatif(src)
     if wi.busy:
@@ -104,7 +107,7 @@ def shadow_start(src: Any) -> dict[str, Any]:
     return {"checkpoint": cp_id, "active": False, "starting": True}
 
 
-def shadow_stop(src: Any) -> None:
+def shadow_stop(src: LiveSource) -> None:
     """`DELETE /api/shadow`: end the comparison (its recorded branch stays in the history)."""
     if not _whatif(src).stop("ended from the page"):
         raise ApiError(409, "no comparison is running")

@@ -1,4 +1,4 @@
-"""The HTTP routes under /api (DESIGN.md "Wire format"). PROTOCOL.md shows each with example JSON.
+"""The HTTP routes under /api. PROTOCOL.md ("HTTP") shows each with example JSON.
 
 Routes are plain `def`s: FastAPI runs them on its thread pool, so a core call that
 waits for a lock never blocks the event loop that feeds the websockets.
@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse
 
 from .. import protocol as p
 from ..history.export import python_code
-from ..history.queries import MAX_BUCKETS, MAX_ROWS
+from ..history.queries import MAX_BUCKETS, MAX_ROWS, HistoryQuery
 from ..sources import ApiError, Source
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -58,6 +58,20 @@ BucketsQuery = Annotated[
         " smallest and largest values kept (spikes survive); every step when there are no more than N",
     ),
 ]
+
+
+def history_query(
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    limit: LimitQuery = None,
+    points: PointsQuery = None,
+    buckets: BucketsQuery = None,
+) -> HistoryQuery:
+    """The query parameters of `/api/snapshots` and `/api/scalars`, validated, as one `HistoryQuery`."""
+    return HistoryQuery(since=since, until=until, limit=limit, points=points, buckets=buckets)
+
+
+HistoryQueryDep = Annotated[HistoryQuery, Depends(history_query)]
 
 
 @router.get("/health", response_model=p.Health, tags=["server"])
@@ -196,43 +210,28 @@ def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> d
     tags=["history"],
     responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN},
 )
-def snapshots(
-    source: SourceDep,
-    since: SinceQuery = None,
-    until: UntilQuery = None,
-    limit: LimitQuery = None,
-    points: PointsQuery = None,
-    buckets: BucketsQuery = None,
-    run: RunQuery = None,
-) -> dict[str, Any]:
+def snapshots(source: SourceDep, query: HistoryQueryDep, run: RunQuery = None) -> dict[str, Any]:
     """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points` spread
     evenly, or with `buckets` the steps of each bucket's smallest and largest global gradient norms
     (raw and final)."""
-    one_of(points, buckets)
-    rows = source.snapshots(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+    one_of(query)
+    rows = source.snapshots(run, query)
     return {"params": source.param_names(run), "snapshots": rows}
 
 
 @router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
-def scalars(
-    source: SourceDep,
-    since: SinceQuery = None,
-    until: UntilQuery = None,
-    limit: LimitQuery = None,
-    points: PointsQuery = None,
-    buckets: BucketsQuery = None,
-    run: RunQuery = None,
-) -> dict[str, Any]:
+def scalars(source: SourceDep, query: HistoryQueryDep, run: RunQuery = None) -> dict[str, Any]:
     """Loss and scalars of every recorded step (also the steps the sampler skipped); with `buckets`
     the steps of each bucket's smallest and largest loss."""
-    one_of(points, buckets)
-    rows = source.scalars(run, since=since, until=until, limit=limit, points=points, buckets=buckets)
+    one_of(query)
+    rows = source.scalars(run, query)
     return {"scalars": rows}
 
 
-def one_of(points: int | None, buckets: int | None) -> None:
-    """`points` and `buckets` are two ways of thinning a range: a query takes one."""
-    if points is not None and buckets is not None:
+def one_of(query: HistoryQuery) -> None:
+    """`points` and `buckets` are two ways of thinning a range: a query takes one. Checked in the
+    route, after every parameter (`run` too) passed validation."""
+    if query.points is not None and query.buckets is not None:
         raise ApiError(422, [{"loc": ["query", "buckets"], "msg": "give points or buckets, not both"}])
 
 

@@ -1,6 +1,8 @@
-"""The websocket endpoint `/ws` (DESIGN.md "Wire format"; PROTOCOL.md has examples).
+"""The websocket endpoint `/ws` (PROTOCOL.md "WebSocket `/ws`" has examples).
 
-One connection runs two tasks: the client's sender (`hub.ClientQueue.run`) and a
+The connection opens with `hello` (`Source.hello`): a page that reconnects names what it
+has in the query (`/ws?run=R&step=S&since=N&seq=Q`, `resume_of`) and gets only what came
+after. Then one connection runs two tasks: the client's sender (`hub.ClientQueue.run`) and a
 receive loop that answers commands. Either ending ends the connection:
 
 - the peer went away: the receive loop ends;
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import WebSocket
@@ -33,6 +36,20 @@ from ..settings import Settings
 from ..sources import ApiError, Source
 
 log = logging.getLogger("gradient_inspector.server")
+
+RESUME_KEYS = ("run", "step", "since", "seq")
+
+
+def resume_of(query: Any) -> dict[str, int]:
+    """What a reconnecting page says it has, from the websocket's query: its `run`, newest `step`,
+    newest snapshot's step (`since`) and newest event's `seq`. A value that is not a plain
+    non-negative integer is left out (without `run` the hello is a whole one, as for a new page)."""
+    out = {}
+    for key in RESUME_KEYS:
+        value = query.get(key)
+        if isinstance(value, str) and re.fullmatch(r"[0-9]{1,18}", value):
+            out[key] = int(value)
+    return out
 
 
 class Connection:
@@ -50,10 +67,15 @@ class Connection:
     async def run(self) -> None:
         client = self.client
         try:
-            hello = await asyncio.to_thread(self.source.hello, self.settings.hello_history)
+            resume = resume_of(self.ws.query_params)
+            hello = await asyncio.to_thread(
+                self.source.hello, self.settings.hello_history, self.settings.hello_events, **resume
+            )
+            had_step = resume.get("since", -1) if hello["resumed"] else -1
+            had_seq = resume.get("seq", -1) if hello["resumed"] else -1
             steps = [s.get("step", -1) for s in hello["history"]]
             seqs = [e.get("seq", -1) for e in hello["events"]]
-            client.forget_before(max(steps, default=-1), max(seqs, default=-1))
+            client.forget_before(max(steps, default=had_step), max(seqs, default=had_seq))
             await self.ws.send_text(dumps({"type": "hello", **hello}))
             if client.close_code is not None:  # kicked while hello was being built
                 return

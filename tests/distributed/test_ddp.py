@@ -47,7 +47,7 @@ def last_step(out: Path, rank: int) -> int:
 
 def assert_script_hook_agrees(rows0: list[dict], rows1: list[dict], at: int) -> None:
     """The hook the script added at step ``at`` while a dashboard edit was pending on rank 0 has the
-    same id on both ranks, and both ranks apply both hooks from that step (issue 13, point 7)."""
+    same id on both ranks, and both ranks apply both hooks from that step."""
     sid0 = {r["script_id"] for r in rows0 if r["step"] >= at}
     sid1 = {r["script_id"] for r in rows1 if r["step"] >= at}
     assert sid0 == sid1 and len(sid0) == 1 and None not in sid0, (sid0, sid1)

@@ -1,20 +1,24 @@
 """The dashboard in a real Chromium against a real `gradient-inspector demo` server.
 
-Issue 4, "What it must show": the page loads without console errors and its charts get
+What it must show: the page loads without console errors and its charts get
 points; a clip_value hook added through the form caps the flow chart's final abs-max bars
 while raw stays above; toggling it off restores them; removing it removes its row; a bad
 value shows the server's reason beside the field and changes nothing; pause holds the step
 counter and single step advances it by exactly one; after a server restart on the same
 database the page reconnects by itself, shows the new run, and opens the previous run.
+Also: a page gets its history in the websocket's `hello` (no HTTP backfill), each event and
+hook change once, and on a reconnection only what it missed.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import expect
@@ -243,6 +247,85 @@ def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothi
     expect(page.get_by_test_id("hook-row")).to_have_count(1)
     # Chromium logs every 4xx response; the refused requests are this test's point.
     assert [e for e in log.errors if "status of 422" not in e] == []
+
+
+class Wire:
+    """What one page sends and gets: its HTTP requests and each websocket's URL and messages."""
+
+    def __init__(self, page: Any) -> None:
+        self.requests: list[str] = []
+        self.sockets: list[tuple[str, list[dict[str, Any]]]] = []
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("websocket", self.socket)
+
+    def socket(self, ws: Any) -> None:
+        got: list[dict[str, Any]] = []
+        self.sockets.append((ws.url, got))
+        ws.on("framereceived", lambda payload: got.append(json.loads(payload)))
+
+    def api(self, path: str) -> list[str]:
+        return [u for u in self.requests if urlparse(u).path == path]
+
+
+def test_a_page_gets_each_fact_once_its_history_in_hello_and_on_a_reconnection_what_it_missed(
+    demo: support.ServerProcess, new_page: Any
+) -> None:
+    reset(demo)
+    page, log = new_page()
+    wire = Wire(page)
+    open_dashboard(page, demo)
+    # the first round: hello alone brings the history (no HTTP backfill, no session poll)
+    assert wire.api("/api/snapshots") == [] and wire.api("/api/events") == [], wire.requests
+    assert wire.api("/api/session") == [], wire.requests
+    url, got = wire.sockets[0]
+    assert urlparse(url).query == "", "a new page has nothing to resume"
+    hello = got[0]
+    assert hello["type"] == "hello" and hello["resumed"] is False
+    shown = page.evaluate("() => window.__dashboard.live.snapshots.map((r) => r.step)")
+    assert shown[: len(hello["history"])] == [s["step"] for s in hello["history"]]
+
+    # a hook change: one message, whose event the log shows once
+    hook = demo.client.post(
+        "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 9.0}}
+    )
+    assert hook.status_code == 201, hook.text
+    row = page.get_by_test_id("hook-row")
+    expect(row.get_by_test_id("hook-status")).to_contain_text("since step")
+    about = [
+        m
+        for m in got
+        if m["type"] == "hooks" or (m["type"] == "event" and m["data"]["kind"] == "hook_applied")
+    ]
+    assert [(m["type"], m["event"]["hook_id"]) for m in about] == [("hooks", hook.json()["id"])], about
+    items = page.get_by_test_id("event-item").filter(has_text=hook.json()["id"])
+    expect(items).to_have_count(1)
+    assert all("events" not in m["data"] for m in got if m["type"] == "snapshot")
+
+    # a reconnection names what the page has; the hello brings only what came after
+    with page.expect_websocket() as reconnected:
+        had = page.evaluate(
+            "() => { const d = window.__dashboard; d.conn.socket.close();"
+            " return {run: d.live.runId, since: d.live.latest.step, seq: d.live.lastSeq}; }"
+        )
+    reconnected.value.wait_for_event("framereceived")  # its hello
+    url, again = wire.sockets[1]
+    query = parse_qs(urlparse(url).query)
+    assert int(query["run"][0]) == had["run"] and int(query["since"][0]) >= had["since"]
+    assert again[0]["type"] == "hello" and again[0]["resumed"] is True
+    since, seq = int(query["since"][0]), int(query["seq"][0])
+    assert all(s["step"] > since for s in again[0]["history"])
+    assert all(e["seq"] > seq for e in again[0]["events"])
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+    page.wait_for_function("(s) => window.__dashboard.live.step > s + 3", arg=since)
+    steps = page.evaluate("() => window.__dashboard.live.snapshots.map((r) => r.step)")
+    assert steps == sorted(set(steps)), "no step twice"
+    seqs = page.evaluate(
+        "() => window.__dashboard.live.events.filter((e) => e.seq !== undefined).map((e) => e.seq)"
+    )
+    assert seqs == sorted(set(seqs)), "no event twice"
+    expect(items).to_have_count(1)
+    assert wire.api("/api/snapshots") == [] and wire.api("/api/events") == [], wire.requests
+    assert log.errors == []
 
 
 def test_pause_holds_the_step_counter_and_single_step_advances_it_by_one(

@@ -1,4 +1,4 @@
-"""The histogram chart of a frozen parameter in a real Chromium (issue 11, point 18).
+"""The histogram chart of a frozen parameter in a real Chromium.
 
 A parameter frozen by a `freeze` hook has no final gradient, so its snapshot histogram has
 `"final": null`: the page draws the raw series alone, says why, and logs no console error.

@@ -1,15 +1,14 @@
-"""Issue 14, part L: a layout that fits a laptop, and demos that can be followed.
+"""A layout that fits a laptop, and demos that can be followed.
 
-Point 10: at 1024x768 the add-hook button, the "try this" hint and the loss chart are in view
-together and the top bar is one line (also at 1440x900). Point 11: a demo trains only once the
-first page connects, and after a scenario reset the hint says it can be tried again. Point 12:
-a server restart that dropped the hooks says so and re-applies them in one click; while the
-server is down the controls are off and the state reads "disconnected". Point 14: the steps/s
-field takes 0 (no cap) and refuses negatives and text with a message. Point 15: the form
-describes the kind and the point from the schema, shows limits in words and the root module as
-"(root)", and warns before adding a duplicate. Points 16 and 17: a refused value goes back to
-the value in force beside the reason, and is refused in the page: no request fails, no console
-error.
+At 1024x768 the add-hook button, the "try this" hint and the loss chart are in view together
+and the top bar is one line (also at 1440x900). A demo trains only once the first page
+connects, and after a scenario reset the hint says it can be tried again. A server restart
+that dropped the hooks says so and re-applies them in one click; while the server is down the
+controls are off and the state reads "disconnected". The steps/s field takes 0 (no cap) and
+refuses negatives and text with a message. The form describes the kind and the point from the
+schema, shows limits in words and the root module as "(root)", and warns before adding a
+duplicate. A refused value goes back to the value in force beside the reason, and is refused
+in the page: no request fails, no console error.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the core measures, shown on the page (issue 14, part J: points 1, 2, 3, 4 and 18).
+"""What the core measures, shown on the page: module gradients, per-parameter statistics,
+histograms over steps, hook effects, and CSV and PNG export.
 
 A real `gradient-inspector demo` (mlp) and Debian's Chromium; every wait is on a condition.
 """

@@ -1,4 +1,4 @@
-"""The measured cards on the time charts' shared step axis (issue 14, point 5, for part J's cards).
+"""The measured cards on the time charts' shared step axis.
 
 The module, per-parameter statistics, histogram-over-steps and hook-effect charts show the same
 step range as the loss chart and the heatmap. A mouse zoom (a drag, as a user zooms) on the loss

@@ -1,4 +1,4 @@
-"""The shareable HTML report (issue 5, point 3) in a real Chromium, with every network request refused.
+"""The shareable HTML report in a real Chromium, with every network request refused.
 
 A real `gradient-inspector demo --scenario exploding` records a run; a `clip_norm` hook is added
 over HTTP mid-run, so the run has a hook change; then the real CLI exports it with

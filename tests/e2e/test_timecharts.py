@@ -1,4 +1,4 @@
-"""The whole run at any scale (issue 14, points 5, 6, 7, 8, 9 and 13), in a real Chromium.
+"""The whole run at any scale, in a real Chromium.
 
 Zooming out after 2,000 steps fetches a downsampled history and shows step 1 on every time
 chart, zooming into an old range shows it at full resolution, and the charts share one

@@ -1,4 +1,4 @@
-"""What-if on the page (issue 16): "compare from here" draws the shadow dashed on the loss chart,
+"""What-if on the page: "compare from here" draws the shadow dashed on the loss chart,
 and "rewind to before this change" on a hook-change marker moves the step counter back and adds
 a branch marker."""
 

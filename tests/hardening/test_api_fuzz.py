@@ -1,4 +1,4 @@
-"""API fuzzing (issue 7, point 2) with schemathesis against a real server's OpenAPI document.
+"""API fuzzing with schemathesis against a real server's OpenAPI document.
 
 Every operation in `/openapi.json`, with schema-conforming (positive) and schema-violating
 (negative) requests, bounded per operation (MAX_EXAMPLES each way). For every case:
@@ -55,7 +55,7 @@ VALID_HOOKS = [
 ]
 
 
-# Values that once answered 500 (issue 15, point 7): integers past the float (and SQLite) range,
+# Values that once answered 500: integers past the float (and SQLite) range,
 # and NUL bytes. schemathesis draws neither on its own, so they are mixed into the cases.
 EDGES = st.sampled_from([10**400, -(10**400), 2**63, 2**64, "\x00", "a\x00b", "*\x00"])
 NUMERIC_PARAMS = st.sampled_from(["threshold", "max_norm", "factor", "std", "seed", "lam", "position"])

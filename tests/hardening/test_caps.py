@@ -1,5 +1,6 @@
-"""Issue 15, caps on what a client can grow: the number of hooks (point 2) and the length of event
-strings (point 8). Traffic goes to 127.0.0.1 only."""
+"""Caps on what a client can grow: the number of hooks, the length of event strings, the
+histogram cap shared among clients, unfinished requests, and the numbers PROTOCOL.md states.
+Traffic goes to 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ HOOK = {"kind": "scale", "target": "*", "params": {"factor": 1.0}}
 
 
 def test_one_cap_on_hooks_for_add_and_import_alike(live):
-    """Point 2: the exported `{"hooks": [...]}` form, the bare list, POST and the socket all stop
+    """The exported `{"hooks": [...]}` form, the bare list, POST and the socket all stop
     at MAX_HOOKS, refused with a 422 that names the cap; nothing changes on a refusal."""
     assert MAX_HOOKS == 256
     srv = live(rate=None, commands_per_second=100_000)
@@ -44,7 +45,7 @@ def test_one_cap_on_hooks_for_add_and_import_alike(live):
 
 
 def test_an_oversized_event_string_is_truncated_live_and_stored(live, observer):
-    """Point 8: a hook raising with a 5 MB message, and an event added with a 5 MB field, give
+    """A hook raising with a 5 MB message, and an event added with a 5 MB field, give
     events of about 2 KB, with a note; every dashboard stays connected, a later hello stays
     small, and so does the stored copy."""
     srv = live(rate=50.0)
@@ -89,7 +90,7 @@ def test_event_fields_cut_every_string_at_any_depth():
 
 
 def test_a_viewer_cannot_deny_histograms_to_another(live):
-    """Point 9: a read-only viewer takes the whole histogram cap first; another client's own
+    """A read-only viewer takes the whole histogram cap first; another client's own
     subscription is still served (the cap is shared in turns)."""
     from inspector.stats.histsel import HIST_CAP
 
@@ -112,7 +113,7 @@ def test_a_viewer_cannot_deny_histograms_to_another(live):
 
 
 def test_partial_requests_are_closed_and_bounded_per_address(live):
-    """Point 3: 300 requests whose headers never finish, from one address (127.0.0.2, a loopback
+    """300 requests whose headers never finish, from one address (127.0.0.2, a loopback
     source): the server holds at most `connections_per_client` of them, closes each within its
     request timeout, and a complete request from another address is served meanwhile."""
     srv = live(rate=None, request_timeout=1.0, connections_per_client=16)
@@ -150,7 +151,7 @@ def test_partial_requests_are_closed_and_bounded_per_address(live):
 
 
 def test_protocol_md_states_the_real_frame_limit_and_seed_maximum():
-    """Point 12: PROTOCOL.md's numbers are the server's: uvicorn's frame limit, noise's seed range."""
+    """PROTOCOL.md's numbers are the server's: uvicorn's frame limit, noise's seed range."""
     from pathlib import Path
 
     from inspector.wire.kinds import KINDS

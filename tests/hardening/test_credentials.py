@@ -1,7 +1,6 @@
-"""Issue 15, credentials and addresses: the page's token is origin-scoped (point 1), the
-forwarded-for header is ignored unless a proxy is trusted (point 6), every loopback address is
-loopback (point 11), the Origin check compares the scheme and `Host: localhost:evil` is refused
-(point 12). Traffic goes to loopback only; the browser is Debian's Chromium, as in tests/e2e."""
+"""Credentials and addresses: the page's token is origin-scoped, the forwarded-for header is
+ignored unless a proxy is trusted, every loopback address is loopback, the Origin check compares
+the scheme and `Host: localhost:evil` is refused. Traffic goes to loopback only; the browser is Debian's Chromium, as in tests/e2e."""
 
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ def chromium() -> Iterator[Any]:
 
 @pytest.mark.parametrize("form", ["#token=", "?token="])
 def test_the_token_never_reaches_another_port_of_the_same_host(live, recorder, chromium, form):
-    """Point 1: after the token URL (fragment or query form), the page works, keeps the token in
+    """After the token URL (fragment or query form), the page works, keeps the token in
     its origin's sessionStorage, and another server on 127.0.0.1 receives no credential."""
     from playwright.sync_api import expect
 
@@ -102,7 +101,7 @@ def test_the_token_never_reaches_another_port_of_the_same_host(live, recorder, c
 
 
 def test_no_cookie_and_the_socket_takes_the_token_as_a_subprotocol(live):
-    """Point 1, the wire: `/?token=T` sets no cookie, the page shell needs no token, the API and
+    """On the wire: `/?token=T` sets no cookie, the page shell needs no token, the API and
     the socket still do, and a socket offering `gi-token.HEX` is accepted with our subprotocol."""
     srv = live(token=TOKEN)
     c = srv.http(follow_redirects=False)
@@ -121,7 +120,7 @@ def test_no_cookie_and_the_socket_takes_the_token_as_a_subprotocol(live):
 
 
 def test_forwarded_for_is_ignored_unless_a_proxy_is_trusted(live):
-    """Point 6: a forged X-Forwarded-For per request does not escape the per-address command
+    """A forged X-Forwarded-For per request does not escape the per-address command
     budget (uvicorn's proxy headers are off: the access log's address is the real one too)."""
     srv = live(rate=None, commands_per_second=5.0)  # bursts of 10
     c = srv.http()
@@ -145,7 +144,7 @@ def test_a_trusted_proxy_is_believed(live):
 
 @pytest.mark.parametrize("address", ["127.0.0.2", "127.1.2.3"])
 def test_every_loopback_address_serves_the_url_it_prints(live, address):
-    """Point 11: `--host 127.0.0.2` prints a URL its own Host guard accepts (no token needed)."""
+    """`--host 127.0.0.2` prints a URL its own Host guard accepts (no token needed)."""
     srv = live(rate=None, host=address)
     url = srv.server.url
     assert url.startswith(f"http://{address}:") and "token" not in url, url
@@ -167,14 +166,14 @@ def test_every_loopback_address_serves_the_url_it_prints(live, address):
     ],
 )
 def test_host_names_loopback_addresses_and_ports(live, host, status):
-    """Points 11 and 12: any plain 127.x.y.z counts as loopback; a port that is not digits does not."""
+    """Any plain 127.x.y.z counts as loopback; a port that is not digits does not."""
     srv = live(rate=None)
     r = srv.http().get("/api/session", headers={"host": host})
     assert r.status_code == status, (host, r.text[:200])
 
 
 def test_the_origin_check_compares_the_scheme(live):
-    """Point 12: `https://127.0.0.1:P` is not the origin of the plain-HTTP server on that port,
+    """`https://127.0.0.1:P` is not the origin of the plain-HTTP server on that port,
     for a command and for the websocket's handshake; nor is `Host: localhost:evil` its host."""
     from websockets.exceptions import InvalidStatus
 

@@ -1,4 +1,4 @@
-"""Issue 15, point 12: a hook change is acknowledged only once it is durable in the history.
+"""A hook change is acknowledged only once it is durable in the history.
 
 A real `gradient-inspector demo` subprocess is sent a hook change and killed with SIGKILL the
 moment its reply arrives; the database it leaves must hold the change. The demo waits for its

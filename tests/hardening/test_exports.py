@@ -1,5 +1,5 @@
-"""Issue 15, exports from a crafted database: "Copy as Python" writes no code it did not quote
-(point 5), and `export --format csv` quotes cells a spreadsheet would run (point 10)."""
+"""Exports from a crafted database: "Copy as Python" writes no code it did not quote, and
+`export --format csv` quotes cells a spreadsheet would run."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def only_add_hook_calls_with_literals(code: str) -> list[ast.Call]:
 
 
 def test_copy_as_python_from_a_crafted_replay_writes_no_code(tmp_path):
-    """Point 5: the replay's preset holds only hooks that validate (the crafted key is left out),
+    """The replay's preset holds only hooks that validate (the crafted key is left out),
     and python_code quotes whatever it is given, keys and names included."""
     db = tmp_path / "crafted.sqlite"
     crafted_db(db)
@@ -94,7 +94,7 @@ def test_copy_as_python_from_a_crafted_replay_writes_no_code(tmp_path):
 
 
 def test_csv_export_quotes_cells_a_spreadsheet_would_run(tmp_path, capsys):
-    """Point 10: names beginning with = + - @ or a tab get a leading quote (OWASP); numbers,
+    """Names beginning with = + - @ or a tab get a leading quote (OWASP); numbers,
     "-inf" included, are left as they are."""
     db = tmp_path / "crafted.sqlite"
     crafted_db(db)

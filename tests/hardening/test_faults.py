@@ -1,4 +1,4 @@
-"""Faults (issue 7, point 5): the database cannot be written or the disk fills, a replay reads
+"""Faults: the database cannot be written or the disk fills, a replay reads
 the file while a run records it, the server thread crashes in user mode.
 
 The faults are injected three ways (tests run as root, so file permissions cannot): the
@@ -30,6 +30,7 @@ from websockets.sync.client import connect
 
 import inspector
 import server.history.storage
+from server.history.queries import HistoryQuery
 from server.history.storage import HistoryStore
 from tests.support import repo_env, start_demo, wait_until
 
@@ -78,7 +79,7 @@ def run_through_a_write_fault(srv, observer, break_writes, mend_writes, reason: 
     last = srv.wait_step(srv.insp.step + 5)
     # what the core published so far reaches the store's writer first (the feed's dispatcher hands
     # it over on a thread of its own: store.flush() alone covers only what the writer already has)
-    assert srv.insp._feed.flush()
+    assert srv.insp.flush()
     assert store.flush()
     run = srv.source.run_id
     contiguous(store.steps("snapshots", run), 1, last - 1)
@@ -250,7 +251,7 @@ def test_replay_and_export_read_the_file_while_a_run_records_it(cli_server, tmp_
 def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
     """User mode: the server thread dies while a client is connected and history records; the
     user's loop never notices, `insp` reports it (a `server_error` event, the handle's error),
-    and the history goes on recording (issue 15, point 12): every step's snapshot and scalars,
+    and the history goes on recording: every step's snapshot and scalars,
     the server_error event and a hook change made after the crash."""
     crash = threading.Event()
     real_tick = uvicorn.Server.on_tick
@@ -279,7 +280,7 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
     try:
         url = insp.serve(port=0, db=db)
         train(insp, 3)
-        port = insp._server.port
+        port = insp._dashboard.server.port
         with connect(f"ws://127.0.0.1:{port}/ws", proxy=None, max_size=None) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "hello"
             at_crash = insp.step
@@ -292,7 +293,9 @@ def test_a_crash_of_the_server_thread_while_serving(tmp_path, monkeypatch):
             )
         event = next(e for e in insp.events() if e["kind"] == "server_error")
         assert "injected crash" in event["message"]
-        assert isinstance(insp._server.error, RuntimeError) and "injected crash" in str(insp._server.error)
+        assert isinstance(insp._dashboard.error, RuntimeError) and "injected crash" in str(
+            insp._dashboard.error
+        )
         before = insp.step
         train(insp, 10)
         assert insp.step == before + 10
@@ -333,6 +336,6 @@ def test_stopping_the_demo_records_the_last_steps(live):
     try:
         run = store.latest_run_id()
         assert store.steps("snapshots", run)[-1] == srv.insp.step
-        assert store.scalars(run, limit=1)[0]["step"] >= srv.insp.step - 1
+        assert store.scalars(run, HistoryQuery(limit=1))[0]["step"] >= srv.insp.step - 1
     finally:
         store.close()

@@ -1,4 +1,4 @@
-"""Load (issue 7, point 3), CI form: 20 websocket clients in another process against one server.
+"""Load, CI form: 20 websocket clients in another process against one server.
 
 CI runs the `mlp` scenario capped at RATE steps per second (a `tiny_gpt` step takes about a
 second of CPU here, too slow for a short test to say anything); `bench/load.py` has the

@@ -1,4 +1,4 @@
-"""Issue 15, point 4: markup in names is drawn as text, on the live dashboard and in the HTML report.
+"""Markup in names is drawn as text, on the live dashboard and in the HTML report.
 
 Parameter and module names are the user's (a model's attribute names, a dict's keys), and so are
 hook targets. Plotly draws a few HTML tags (`<b>`, `<br>`, `<a href>`, `<span style>`) and

@@ -1,4 +1,4 @@
-"""Issue 15, point 7: inputs that used to answer 500 (an `OverflowError` from a 401-digit integer,
+"""Inputs that used to answer 500 (an `OverflowError` from a 401-digit integer,
 a NUL byte in a static path) answer 4xx, over HTTP and the websocket, and the core's own API
 raises `HookError` for them. tests/hardening/test_api_fuzz.py draws such values too."""
 
@@ -86,7 +86,7 @@ def test_the_core_raises_hook_error_for_numbers_too_large_for_a_float(live):
 
 
 def test_error_details_never_echo_unbounded_input(live):
-    """Point 12: a 500 KB key or value, or a 60 KB id, comes back cut (a few KB at most) in a
+    """A 500 KB key or value, or a 60 KB id, comes back cut (a few KB at most) in a
     422 or 404, over HTTP and the websocket."""
     srv = live(rate=None)
     c = srv.http()

@@ -1,4 +1,4 @@
-"""Security extras (issue 7, point 6), beyond tests/server/test_security.py: more Host names for
+"""Security extras, beyond tests/server/test_security.py: more Host names for
 the DNS-rebinding guard, every token path decided by `hmac.compare_digest` alone, a chunked body
 past the limit, the websocket frame limit at its edge, the command budget per client address,
 no CORS header on any route, and the token kept out of the log however the query spells it.

@@ -1,4 +1,4 @@
-"""Soak (issue 7, point 4), CI form: 5,000 uncapped steps of the `mlp` demo with history on and
+"""Soak, CI form: 5,000 uncapped steps of the `mlp` demo with history on and
 four websocket clients in another process; bench/soak.py runs the same for 100,000 steps.
 
 The same checks, scaled to the shorter run (tools.check_soak): rows within the store's thinning
@@ -64,7 +64,7 @@ def synthetic_snapshot(step: int, n_params: int) -> dict:
 
 @pytest.mark.slow
 def test_a_long_history_keeps_the_wal_and_the_file_bounded(tmp_path):
-    """Issue 15, point 12: 20,000 steps of a 4-tensor model's snapshots and scalars, committed in
+    """20,000 steps of a 4-tensor model's snapshots and scalars, committed in
     batches of 200 steps. The WAL is checkpointed and truncated, so it never holds more than
     WAL_LIMIT (before: it stayed at its high-water mark, 6.8 MiB here, more on a real run); the file
     holds at most twice what it stores, plus 1 MiB (before: 18 MiB for 4.3 MiB of rows, as every

@@ -1,4 +1,4 @@
-"""WebSocket fuzzing (issue 7, point 2): malformed and binary frames, huge frames, deeply nested
+"""WebSocket fuzzing: malformed and binary frames, huge frames, deeply nested
 JSON, wrong types, unknown fields, bursts, and random commands from hypothesis.
 
 Each case: the server answers `error` (the socket stays open) or closes that one socket; it

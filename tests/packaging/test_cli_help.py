@@ -19,7 +19,7 @@ import inspector
 from server import cli
 
 SUBCOMMANDS = ("demo", "replay", "export")
-# the options DESIGN.md's CLI section promises, per subcommand
+# the options each subcommand must offer (its documented interface)
 PROMISED = {
     "demo": (
         "--scenario",

@@ -1,4 +1,4 @@
-"""Issue 14, point 11: `gradient-inspector demo` trains only once the first page (websocket)
+"""`gradient-inspector demo` trains only once the first page (websocket)
 connects, so a scenario's hint can be followed from step 0; `--no-wait` starts at once."""
 
 from __future__ import annotations

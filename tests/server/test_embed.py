@@ -102,7 +102,7 @@ def test_a_crash_of_the_server_thread_is_reported_and_training_goes_on(monkeypat
         wait_until(lambda: any(e["kind"] == "server_error" for e in insp.events()), what="server_error event")
         event = next(e for e in insp.events() if e["kind"] == "server_error")
         assert "boom" in event["message"]
-        assert insp._server.error is not None
+        assert insp._dashboard.error is not None
         train(model, opt, insp, 3)
         assert insp.step == 3
 

@@ -1,4 +1,4 @@
-"""Downsampled history (issue 14, point 5): `buckets=N` on /api/snapshots and /api/scalars keeps
+"""Downsampled history: `buckets=N` on /api/snapshots and /api/scalars keeps
 each bucket's smallest and largest values, so a spike survives where `points` (evenly spaced
 steps) would miss it; `until` bounds a range from above, for zooming in at full resolution."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, point 19: the inspector in a notebook: `_repr_html_` links to its dashboard and
+"""The inspector in a notebook: `_repr_html_` links to its dashboard and
 `insp.show()` embeds the served page in an iframe (rendered here as a notebook would: no
 nbclient in this environment, so the HTML a notebook displays is checked directly)."""
 

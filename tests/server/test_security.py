@@ -1,4 +1,5 @@
-"""DESIGN.md "Security" against real servers. Traffic goes to 127.0.0.1 only, even for 0.0.0.0 binds."""
+"""The security rules (server/PROTOCOL.md "Security, briefly") against real servers. Traffic goes
+to 127.0.0.1 only, even for 0.0.0.0 binds."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def test_foreign_origin_is_refused_on_commands_and_the_socket(live):
         ("LOCALHOST:80", True),
         ("evil.example", False),
         ("evil.example:8000", False),
-        ("127.0.0.2:8000", True),  # all of 127.0.0.0/8 is loopback (issue 15, point 11)
+        ("127.0.0.2:8000", True),  # all of 127.0.0.0/8 is loopback
         ("127.1:8000", False),
         ("localhost.:80", False),
         ("", False),

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from server.history import schema
-from server.history.queries import pick_even, select
+from server.history.queries import HistoryQuery, pick_even, select
 from server.history.storage import HistoryStore, StoreError
 
 PARAMS = [{"name": "w", "shape": [2], "numel": 2, "module": ""}]
@@ -42,10 +42,10 @@ def test_runs_snapshots_scalars_events_hooks(tmp_path):
     rows = store.snapshots(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[1]["loss"] == 0.5 and rows[1]["scalars"] == {"acc": 0.5}, "late scalars merged on read"
-    assert [r["step"] for r in store.snapshots(run, since=3)] == [4, 5]
-    assert [r["step"] for r in store.snapshots(run, limit=2)] == [4, 5]
-    assert [r["step"] for r in store.snapshots(run, points=3)] == [1, 3, 5]
-    assert store.scalars(run, since=4) == [{"step": 5, "loss": 0.2, "scalars": {"acc": 0.5}}]
+    assert [r["step"] for r in store.snapshots(run, HistoryQuery(since=3))] == [4, 5]
+    assert [r["step"] for r in store.snapshots(run, HistoryQuery(limit=2))] == [4, 5]
+    assert [r["step"] for r in store.snapshots(run, HistoryQuery(points=3))] == [1, 3, 5]
+    assert store.scalars(run, HistoryQuery(since=4)) == [{"step": 5, "loss": 0.2, "scalars": {"acc": 0.5}}]
     assert store.events(run)[0]["hook_id"] == "h1"
     assert store.hooks(run) == (1, [{"id": "h1", "kind": "freeze"}])
     runs = store.runs(live_run=run)
@@ -184,7 +184,7 @@ def test_step_selection_helpers():
 
 
 def test_a_database_of_the_earlier_layout_is_read_and_written(tmp_path):
-    """Databases made before snapshots became a rowid table (issue 15, point 12) keep their
+    """Databases made before snapshots became a rowid table keep their
     WITHOUT ROWID table and no auto_vacuum: the store reads, writes, replaces and thins them alike."""
     path = tmp_path / "old.sqlite"
     old_schema = schema._SCHEMA.replace(
@@ -204,7 +204,7 @@ def test_a_database_of_the_earlier_layout_is_read_and_written(tmp_path):
     assert store.flush()
     steps = store.steps("snapshots", run)
     assert steps[-1] == 300 and len(steps) < 300, "thinned"
-    assert store.snapshots(run, limit=1)[0]["loss"] == 0.5
+    assert store.snapshots(run, HistoryQuery(limit=1))[0]["loss"] == 0.5
     store.close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0

@@ -1,4 +1,4 @@
-"""What-if over HTTP (issue 16): the demo's shadow at a hook change, checkpoints and rewind in a
+"""What-if over HTTP: the demo's shadow at a hook change, checkpoints and rewind in a
 user's loop with both branches in the history, and the routes' refusals."""
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_two_rewinds_before_one_boundary_leave_one_consistent_history(served):
 def test_a_hook_change_asked_for_while_a_rewind_waits_is_refused_with_409(served):
     loop, c = served
     insp = loop.insp
-    store = insp._server._source.store
+    store = insp._dashboard.server._source.store
     loop.run(range(3))
     cp = insp.checkpoint()
     loop.run(range(3, 6))

@@ -1,4 +1,4 @@
-"""The budgeted cadence (issue 11, point 19): short runs are dense, and nothing latches.
+"""The budgeted cadence: short runs are dense, and nothing latches.
 
 The :class:`~inspector.stats.telemetry.Cadence` is driven with synthetic timings (seconds of the
 inspector's own work and of the wall-clock step), so these tests do not depend on the machine;

@@ -1,4 +1,4 @@
-"""Hooks do exactly what they say (issue 11, points 7, 10, 11, 12): sparse gradients, per-step
+"""Hooks do exactly what they say: sparse gradients, per-step
 hook effects, the post-accumulate NaN guard's report rate, and ``grad_input`` of in-place modules."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, point 5: count the blocking host reads the inspector makes in each step.
+"""Count the blocking host reads the inspector makes in each step.
 
 On CUDA a host read of a tensor waits for the kernels that write it, so a read of anything
 written during the step under way stalls the CPU until the device has drained that step's queue.

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import inspector
+from tests.support import wait_until
 from tests.unit.conftest import batch, loss_of, seed_mlp, train_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,7 +262,7 @@ def test_every_n_and_budgeted_cadence(mlp):
         for s in range(150):
             train_step(model, opt, *batch(seed=s))
         snaps = insp.snapshots()
-        k = insp._cadence.k
+        k = insp.cost["sampled_every"]
     assert 2 < len(snaps) < 75 and k > 1
     assert snaps[-1]["sampled_every"] > 1 and snaps[-1]["overhead"] is not None
 
@@ -276,8 +277,7 @@ def test_pause_and_step_once_hold_the_training_thread(mlp):
             train_step(mlp, opt, *batch())
 
     def held_at(step):
-        with insp._cond:
-            return insp._cond.wait_for(lambda: insp._waiting and insp.step == step, timeout=10)
+        return wait_until(lambda: insp.state["held"] and insp.step == step, what=f"held at step {step}")
 
     insp.pause()  # holds at the first boundary
     t = threading.Thread(target=train, daemon=True)
@@ -285,8 +285,7 @@ def test_pause_and_step_once_hold_the_training_thread(mlp):
     assert held_at(1)
     assert insp.state == {"state": "paused", "step": 1, "held": True}
     insp.add_hook("scale", target="*", point="post_accumulate", factor=1.0)  # applied by the waiting thread
-    with insp._cond:
-        assert insp._cond.wait_for(lambda: insp.config_version == 1, timeout=10)
+    wait_until(lambda: insp.config_version == 1, what="the change applied by the held thread")
     assert insp.hooks()[0]["applied_step"] == 2
     insp.step_once()
     assert held_at(2)
@@ -310,7 +309,7 @@ def test_subscriber_errors_are_counted_not_raised(mlp):
         with pytest.warns(RuntimeWarning, match="consumer bug"):
             for s in range(3):
                 train_step(mlp, opt, *batch(seed=s))
-            assert insp._feed.flush()
+            assert insp.flush()
         assert insp._feed.callback_errors >= 3
     assert good.count("snapshot") == 3
 
@@ -371,7 +370,7 @@ def test_each_snapshot_is_converted_once_and_shared(mlp):
         insp.subscribe(lambda kind, payload: got.append(payload) if kind == "snapshot" else None)
         x, y = batch()
         train_step(mlp, opt, x, y)
-        assert insp._feed.flush()
+        assert insp.flush()
         assert got and got[0] is insp.latest() is insp.snapshots()[0]
 
 
@@ -423,7 +422,7 @@ def test_close_says_when_the_last_late_records_are_lost(mlp, monkeypatch):
     def broken() -> None:
         raise RuntimeError("transfer failed")
 
-    monkeypatch.setattr(insp, "_flush_late", broken)
+    monkeypatch.setattr(insp._lifecycle, "flush_late", broken)
     with pytest.warns(RuntimeWarning, match="late records could not be sent"):
         insp.close()
     assert our_hook_count(mlp, opt) == 0
@@ -468,7 +467,7 @@ def test_close_on_another_thread_drains_under_the_inspectors_lock(mlp):
         inside.set()
         checked.wait(timeout=30)  # set by the main thread once it has tried the lock
 
-    insp._deferred.submit_flat(insp._step + 1, torch.zeros(1), consume)  # (what a step's check does)
+    insp._deferred.submit_flat(insp.step + 1, torch.zeros(1), consume)  # (what a step's check does)
     closer = threading.Thread(target=insp.close, daemon=True)
     closer.start()
     try:

@@ -1,5 +1,5 @@
 """Attaching never breaks a real training run: copies, pickles, compiled models, a second attach,
-and user objects whose formatting fails (issue 11)."""
+and user objects whose formatting fails."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_a_loss_recorded_before_step_reaches_the_scalars_stream_for_every_step_s
             opt.step()
             losses[step] = float(loss.detach())
         insp.finish()  # what wait() does first: the last steps' records go out while it serves
-        assert insp._feed.flush()
+        assert insp.flush()
         assert sorted(got) == list(range(1, 51))
         assert all(got[s]["loss"] == pytest.approx(losses[s]) for s in got)
         assert {s["step"] for s in insp.snapshots()} == set(range(1, 51, 7))
@@ -186,7 +186,7 @@ def test_with_a_dict_of_tensors_a_record_after_step_lands_on_the_step_just_compl
             opt.step()
             insp.record(after=float(step))  # after step(): still this step's, not the next
         insp.finish()
-        assert insp._feed.flush()
+        assert insp.flush()
         snaps = {s["step"]: s for s in insp.snapshots()}
     assert snaps[1]["scalars"] == {"during": 1.0, "after": 1.0}
     assert snaps[2]["scalars"] == {"during": 2.0, "after": 2.0}
@@ -303,7 +303,7 @@ def test_wait_says_where_it_serves_warns_when_nothing_is_and_returns_only_once_c
     insp = inspector.attach(model)
     url = insp.serve(port=0, db=False)
     order: list[str] = []
-    real_stop = insp._server.stop
+    real_stop = insp._dashboard.server.stop
     gate = threading.Event()
 
     def slow_stop():  # the closing thread is still stopping the server when wait() notices the close
@@ -312,9 +312,9 @@ def test_wait_says_where_it_serves_warns_when_nothing_is_and_returns_only_once_c
         real_stop()
         order.append("stop ends")
 
-    insp._server.stop = slow_stop
+    insp._dashboard.server.stop = slow_stop
     closer = threading.Thread(
-        target=lambda: (wait_until(lambda: insp._finished, what="wait()"), insp.close())
+        target=lambda: (wait_until(lambda: insp.state["state"] == "finished", what="wait()"), insp.close())
     )
     closer.start()
     waiter = threading.Thread(target=lambda: (insp.wait(), order.append("wait returns")))
@@ -329,7 +329,7 @@ def test_wait_says_where_it_serves_warns_when_nothing_is_and_returns_only_once_c
 
     other = inspector.attach(seed_mlp())
     threading.Thread(
-        target=lambda: (wait_until(lambda: other._finished, what="wait()"), other.close())
+        target=lambda: (wait_until(lambda: other.state["state"] == "finished", what="wait()"), other.close())
     ).start()
     with pytest.warns(RuntimeWarning, match="nothing is served"):
         other.wait()
@@ -346,7 +346,7 @@ def test_a_failing_hook_of_ours_never_reaches_the_users_forward(monkeypatch):
         def broken(*args):
             raise TypeError("a bug of ours")
 
-        monkeypatch.setattr(insp, "_on_forward_pre", broken)
+        monkeypatch.setattr(insp._lifecycle, "on_forward_pre", broken)
         hook = next(iter(model._forward_pre_hooks.values()))
         hook.fn = broken  # what the root forward pre-hook now runs
         x, y = batch()

@@ -1,4 +1,4 @@
-"""GradScaler: skipped iterations (first, middle, last) and fused optimizers (issue 11, points 8 and 9).
+"""GradScaler: skipped iterations (first, middle, last) and fused optimizers.
 
 Real ``torch.amp.GradScaler("cpu")`` and real fused CPU optimizers; an iteration is made to
 overflow by putting an inf in its batch, so the scaler skips its update.
@@ -49,7 +49,7 @@ def skipped_steps(insp: inspector.Inspector) -> list[int]:
     return [e["step"] for e in insp.events() if e["kind"] == "step_skipped" and e["reason"] == "scaler"]
 
 
-# ----------------------------------------------------------------- point 9: every skip reported, nothing leaks
+# ----------------------------------------------------------------- every skip reported, nothing leaks
 def test_scaler_skip_of_the_first_iteration_is_reported():
     model = seed_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -117,7 +117,7 @@ def test_scaler_skipped_iteration_records_and_module_norms_do_not_leak_into_the_
     assert norms and all(v is not None and math.isfinite(v) for v in norms)
 
 
-# ----------------------------------------------------------------- point 8: fused optimizers under a scaler
+# ----------------------------------------------------------------- fused optimizers under a scaler
 @pytest.mark.parametrize("name", sorted(FUSED))
 def test_fused_optimizer_under_scaler_statistics_and_hooks_see_unscaled_gradients(name):
     model = seed_mlp()

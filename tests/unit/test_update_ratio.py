@@ -45,7 +45,7 @@ def test_a_sampled_update_ratio_is_within_a_few_percent_of_the_exact_one(opt_nam
         # the large weights were sampled, not kept whole, within the bound
         total = sum(p.numel() * p.element_size() for p in params)
         assert FLOOR < BUDGET * total
-        assert 0 < insp._stats.resident_bytes <= BUDGET * total
+        assert 0 < insp.memory["update_sample"] <= BUDGET * total
 
 
 def test_an_update_that_lives_in_some_columns_is_estimated_within_a_few_percent():

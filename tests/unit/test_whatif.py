@@ -1,4 +1,4 @@
-"""Checkpoints and rewind in a user-style loop (issue 16, part 2), and ``inspector.compare``."""
+"""Checkpoints and rewind in a user-style loop, and ``inspector.compare``."""
 
 from __future__ import annotations
 
