@@ -69,19 +69,24 @@ class Layout:
         """One collective: ``values`` (1-D float32, every rank the same length) gathered from every
         rank, then per column the sum over ranks where ``summed`` else the max (NaN propagates).
         ``summed`` is host data: its device mask is built once (``stats.device_constant``)."""
+        return self.combine_rows(values, summed)[0]
+
+    def combine_rows(self, values: Tensor, summed: tuple[bool, ...]) -> tuple[Tensor, Tensor]:
+        """:meth:`combine`, and the gathered rows themselves (``world x len``): for what a sum or a
+        max cannot combine (a mean and a spread). One collective."""
         home = values.device
         values = values.reshape(-1).float().contiguous()
         if len(summed) != values.numel():
             raise ValueError(f"combine: {len(summed)} flags for {values.numel()} values")
         if self.world == 1:
-            return values
+            return values, values.reshape(1, -1)
         if self.device is not None and values.device != self.device:
             values = values.to(self.device)
         out = torch.empty(self.world * values.numel(), dtype=values.dtype, device=values.device)
         _all_gather(out, values, group=self.group)
         rows = out.reshape(self.world, -1)
         mask = device_constant(summed, torch.bool, values.device)
-        return torch.where(mask, rows.sum(0), rows.amax(0)).to(home)
+        return torch.where(mask, rows.sum(0), rows.amax(0)).to(home), rows.to(home)
 
 
 # torch 2.13 names it all_gather_single (all_gather_into_tensor, deprecated there, is the older name)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .sharded import Layout
 from .telemetry import Pack
-from .tensor_stats import device_constant, value_range
+from .tensor_stats import combine_moments, device_constant, value_range
 
 __all__ = ["ShardedStats"]
 
@@ -51,14 +51,16 @@ class ShardedStats:
         effs: list[tuple[str, list[Tensor]]],
     ) -> None:
         """``raw``: the step's raw read (``step_stats.RawRead``, or None); ``part``: this rank's
-        partial final statistics (``fnorms``, ``fabsmax``, ``sums``, ``hist``).
+        partial final statistics (``fnorms``, ``fabsmax``, ``moments`` with their ``counts``, ``hist``).
 
         FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
         results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
         unsharded path uses. Every rank builds the same columns (the same config and sampling, the
-        same histograms): a sharded parameter's sums of squares, sums and histogram counts
-        are summed, abs-max and a histogram's range maxed; a parameter that is not sharded keeps
-        its own values (the max of equal ones)."""
+        same histograms): a sharded parameter's sums of squares and histogram counts are summed,
+        abs-max and a histogram's range maxed, and the shards' means and spreads combined as Chan
+        et al. do (``stats.combine_moments``, from every rank's row of the same collective); a
+        parameter that is not sharded keeps its own values (the max of equal ones; its equal
+        moments combine to themselves)."""
         lay = self.layout
         n = len(self.params)
         dev = pnorms[0].device if pnorms else torch.device("cpu")
@@ -79,15 +81,20 @@ class ShardedStats:
 
         raw_idx = raw.index if raw is not None else []
         fin_idx, dense_idx = meta.get("fin_idx", []), meta.get("dense_idx", [])
-        part_sums = part.get("sums", [])
+        moms, counts = part.get("moments", []), part.get("counts", [])
         column("raw_sq", raw_idx, [x.pow(2) for x in raw.norm_tensors] if raw else [], summed=True)
         column("raw_am", raw_idx, raw.absmax if raw else [], summed=False)
         column("fin_sq", fin_idx, [x.pow(2) for x in part.get("fnorms", [])], summed=True)
         column("fin_am", fin_idx, part.get("fabsmax", []), summed=False)
-        column("re", dense_idx, [x.real if x.is_complex() else x for x in part_sums], summed=True)
+        column("m_re", dense_idx, [m.real if m.is_complex() else m for m, _ in moms], summed=False)
         column(
-            "im", dense_idx, [x.imag if x.is_complex() else x.new_zeros(()) for x in part_sums], summed=True
+            "m_im", dense_idx, [m.imag if m.is_complex() else m.new_zeros(()) for m, _ in moms], summed=False
         )
+        column("sdev", dense_idx, [sd for _, sd in moms], summed=False)
+        full_counts = [0.0] * n  # (host data: on the device once, stats.device_constant)
+        for i, c in zip(dense_idx, counts, strict=True):
+            full_counts[i] = float(c)
+        cols.append(("count", device_constant(tuple(full_counts), torch.float32, dev), sharded))
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
@@ -95,12 +102,12 @@ class ShardedStats:
             cols.append((f"eff:{hid}", v, (True, True, True)))
         for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
             cols.append((f"hist:{i}", h.to(dev), (False, False) + (True,) * (h.numel() - 2)))
-        flat = lay.combine(
+        flat, rows = lay.combine_rows(
             torch.cat([c[1] for c in cols]), tuple(itertools.chain.from_iterable(c[2] for c in cols))
         )
-        got, at = {}, 0
+        got, each, at = {}, {}, 0
         for name, v, _ in cols:
-            got[name] = flat[at : at + v.numel()]
+            got[name], each[name] = flat[at : at + v.numel()], rows[:, at : at + v.numel()]
             at += v.numel()
         if raw_idx:
             pack.add("raw_norm", pick(got["raw_sq"].sqrt(), raw_idx))
@@ -108,10 +115,16 @@ class ShardedStats:
         if fin_idx:
             pack.add("final_norm", pick(got["fin_sq"], fin_idx).sqrt())
             pack.add("final_absmax", pick(got["fin_am"], fin_idx))
-        if dense_idx:  # the full tensors' sums: their mean and std are made on the host
-            pack.add("sum", pick(got["re"], dense_idx))
-            if any(self.tensors[i].is_complex() for i in dense_idx):
-                pack.add("sum_im", pick(got["im"], dense_idx))
+        if dense_idx:  # the full tensors' means and population stds (the unbiased std: the host's)
+            cplx = any(self.tensors[i].is_complex() for i in dense_idx)
+            m_re, m_im, sdev, count = (
+                pick(each[c].t(), dense_idx) for c in ("m_re", "m_im", "sdev", "count")
+            )
+            m = torch.complex(m_re.double(), m_im.double()) if cplx else m_re
+            mean, sdevs = combine_moments(m, sdev, count)  # (one row a tensor, one column a rank)
+            means = mean.real if mean.is_complex() else mean
+            pack.add("mean", means)
+            pack.add("sdev", sdevs)
         pack.add("param_norm", got["p_sq"].sqrt())
         if unorms:
             pack.add("update_norm", got["u_sq"].sqrt())

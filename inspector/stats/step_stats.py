@@ -5,12 +5,12 @@ the host (see :mod:`inspector.stats.deferred` for the every-step NaN/Inf check):
 
 1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: the finiteness probe of
    each gradient (its 2-norm, one fused ``torch._foreach_norm``); on sampled steps the raw
-   2-norms, abs-max (the probe then) and, for large CPU tensors, sums, in one sweep of each
+   2-norms, abs-max (the probe then) and, for large CPU tensors, moments, in one sweep of each
    (``stats.raw_stats``), and copies of the raw gradients that get histograms;
 2. the hooks (the Inspector applies them);
-3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max and sums of the gradients
-   the optimizer will see, and the histograms, all kept on device (their mean and std are
-   made on the host from the sums and norms once transferred, ``stats.mean_std_of``).
+3. :meth:`StepStats.final`, on sampled steps only: norms, abs-max, means and spreads of the
+   gradients the optimizer will see (``stats.moments``: stable whatever the mean), and the
+   histograms, all kept on device (the unbiased std is made on the host once transferred).
 
 :meth:`StepStats.snapshot`, at the boundary of a sampled step, adds the parameter norms and
 the update norms (:class:`~inspector.stats.update_ratio.UpdateProbe`: a bounded sample of the
@@ -21,7 +21,7 @@ and Inf counts, or the float64 norm of finite values whose float32 norm overflow
 the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
 
 Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the snapshot
-combines every rank's partial results (sums of squares, abs-max, sums, counts) into the full
+combines every rank's partial results (sums of squares, abs-max, moments, counts) into the full
 tensors' statistics in one collective (:class:`~inspector.stats.sharded_stats.ShardedStats`) before its
 transfer; a histogram of a sharded parameter takes its range from one collective of its own first.
 """
@@ -49,9 +49,8 @@ from .tensor_stats import (
     dense,
     foreach_norm,
     histograms,
-    mean_std_of,
+    moments,
     raw_stats,
-    sums,
     wide_norm,
 )
 from .update_ratio import UpdateProbe
@@ -71,7 +70,8 @@ class RawRead:
     local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
-    sums: dict[int, Tensor] = field(default_factory=dict)  # position in index -> sum (stats.raw_stats)
+    # position in index -> (mean, population std), taken in the CPU sweep (stats.raw_stats)
+    moments: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     # the gradients' norms as the last backward left them, and the scale they are scaled by
     backward: tuple[list[Tensor], Tensor | None] | None = None
 
@@ -167,8 +167,8 @@ class StepStats:
                 idx.append(i)
                 grads.append(g if g.layout == torch.strided else dense(g))
         if sampled:
-            am, norms, sums = raw_stats(grads)
-            out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, sums=sums)
+            am, norms, known = raw_stats(grads)
+            out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, moments=known)
         else:
             out = RawRead(idx, foreach_norm(grads), False)
         if hooks.per_rank:
@@ -196,25 +196,24 @@ class StepStats:
         fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
         fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
         if hooks_ran:  # (the same arithmetic as raw(): an untouched gradient reads the same twice)
-            fabsmax, fnorms, fsums = raw_stats(fgrads)
+            fabsmax, fnorms, fknown = raw_stats(fgrads)
         else:  # no pre_step hook ran: the final gradients are the raw ones
-            fnorms, fabsmax, fsums = raw.norm_tensors, raw.absmax, raw.sums
+            fnorms, fabsmax, fknown = raw.norm_tensors, raw.absmax, raw.moments
         strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
+        # the dense final gradients' means and population stds (the unbiased std is the host's)
+        known = {j: fknown[k] for j, k in enumerate(strided) if k in fknown}
+        moms = moments([fgrads[k] for k in strided], known)
         if self.layout is None:
             pack.add("final_norm", fnorms)
             pack.add("final_absmax", fabsmax)
-            # the sums of the dense final gradients: their mean and std are made on the host
-            # (stats.mean_std_of), from these and the final norms
-            known = {j: fsums[k] for j, k in enumerate(strided) if k in fsums}
-            totals = sums([fgrads[k] for k in strided], known)
-            pack.add(
-                "sum", [t.abs() if t.is_complex() else t for t in totals]
-            )  # (|sum| is all a complex std needs)
+            pack.add("mean", [m.real if m.is_complex() else m for m, _ in moms])  # (a complex mean: null)
+            pack.add("sdev", [sd for _, sd in moms])
         else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
             self._part = {
                 "fnorms": fnorms,
                 "fabsmax": fabsmax,
-                "sums": sums([fgrads[k] for k in strided]),
+                "moments": moms,
+                "counts": [fgrads[k].numel() for k in strided],
             }
             if raw.local_index or any(self.layout.sharded[i] for i in raw.index):
                 shard_idx = [k for k, i in enumerate(raw.index) if self.layout.sharded[i]]
@@ -276,34 +275,36 @@ class StepStats:
         absmax: list[float | None],
         data: dict[str, list[float]],
     ) -> tuple[list[float | None], list[float | None]]:
-        """The dense final gradients' means and stds, made on the host (``stats.mean_std_of``, in
-        float64) from the transfer's sums and the final norms. A complex mean is not one number:
-        null, as is the std of a single value. Where finite values' sum overflowed float32 (in
-        the transfer, or in a float32 gradient's own sum: values near 1e34 and up), that sum is
-        taken again in float64 from the same gradient (rare: a host read, only then; not under
-        FSDP2, where it is a shard's)."""
+        """The dense final gradients' means and unbiased stds, from the transfer's means and
+        population stds (``stats.moments``, stable whatever the mean): ``std = sdev * sqrt(n / (n -
+        1))``, in float64. A complex mean is not one number: null, as is the std of a single value.
+        Where finite values' mean or spread overflowed float32 (on the device, or in the
+        transfer: values near 1e19 and up), they are taken again in float64 from the same gradient
+        (rare: a host read, only then; not under FSDP2, where it is a shard's)."""
         n = len(self.params)
         mean: list[float | None] = [None] * n
         std: list[float | None] = [None] * n
-        totals, im = data.get("sum", []), data.get("sum_im")
+        means, sdevs = data.get("mean", []), data.get("sdev", [])
         for k, i in enumerate(dense_idx):
             t, norm = self.tensors[i], norms[i]
             if norm is None:
                 continue
-            cplx = t.is_complex()
-            total = math.hypot(totals[k], im[k]) if cplx and im is not None else totals[k]
+            cplx, count = t.is_complex(), t.numel()
+            m, sd = means[k], sdevs[k]
             a, g = absmax[i], self._fgrads.get(i)
             if (
                 self.layout is None
-                and not math.isfinite(total)
+                and not (math.isfinite(m) and math.isfinite(sd))
                 and a is not None
                 and math.isfinite(a)
                 and g is not None
             ):
-                wide = g.detach().to(torch.complex128 if cplx else torch.float64).sum()
-                total = float(wide.abs() if cplx else wide)
-            m, s = mean_std_of(total, norm, t.numel())
-            mean[i], std[i] = (None if cplx else m), s
+                sd64, m64 = torch.std_mean(
+                    g.detach().to(torch.complex128 if cplx else torch.float64), correction=0
+                )
+                m, sd = float(m64.real), float(sd64)
+            mean[i] = None if cplx else m
+            std[i] = sd * math.sqrt(count / (count - 1)) if count > 1 else None
         return mean, std
 
     def _raw_rare(

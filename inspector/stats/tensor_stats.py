@@ -1,17 +1,22 @@
 """Pure tensor -> statistics functions used by the telemetry.
 
 The tensor functions keep everything on the gradients' device (0-dim or 1-D tensors: norms,
-abs-max and histograms in float32, sums in the reduction's dtype); the caller stacks the
-results and moves them to the host once per snapshot, as float32. No ``.item()`` here.
-:func:`mean_std_of` is the host's part: the mean and std from a sum and a norm, in float64.
+abs-max and histograms in float32, means and spreads in float64); the caller stacks the results
+and moves them to the host once per snapshot, as float32. No ``.item()`` here.
+
+Mean and std (:func:`moments`) are numerically stable whatever the mean: each tensor by
+``torch.std_mean`` on a GPU (Welford's update), or each chunk of one by its deviations from one of
+its own values, the chunks combined as Chan et al. do, in float64: a gradient of mean 1 and std
+1e-4 reads 1e-4, a constant one 0 (a sum and a norm, ``var = (||g||^2 - n mean^2) / (n - 1)``,
+lose every digit there).
 
 Dtypes: float32 gradients take the fast path (one ``torch._foreach_norm`` in float32);
-float16 and bfloat16 are reduced in float32 (norms, sums: never in their own precision);
+float16 and bfloat16 are reduced in float32 (norms, moments: never in their own precision);
 float64 and complex gradients are reduced in their own precision and the result rounded
 to float32. For a complex gradient the norm is of the complex values (a real number),
-abs-max is the largest magnitude ``|z|``, the sum is complex (its magnitude is all the std
-needs), std is torch's complex std (``sqrt(sum |z - mean|^2 / (n - 1))``), the mean (a complex
-number) is reported null, and histograms are of the magnitudes.
+abs-max is the largest magnitude ``|z|``, std is torch's complex std
+(``sqrt(sum |z - mean|^2 / (n - 1))``), the mean (a complex number) is reported null, and
+histograms are of the magnitudes.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from torch import Tensor
 __all__ = [
     "foreach_norm",
     "absmax",
-    "sums",
-    "mean_std_of",
+    "moments",
+    "combine_moments",
     "raw_stats",
     "histograms",
     "exact_histograms",
@@ -147,14 +152,15 @@ SWEEP_MIN = 1 << 18  # CPU float32 tensors from this size get one fused sweep on
 SWEEP_CHUNK = 1 << 16  # elements per chunk of the sweep: stays in the CPU's cache between its ops
 
 
-def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, Tensor]]:
-    """A sampled step's raw statistics: ``(abs-max 1-D, 2-norms, sums by position)``.
+def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, tuple[Tensor, Tensor]]]:
+    """A sampled step's raw statistics: ``(abs-max 1-D, 2-norms, moments by position)``.
 
     ``absmax`` and ``foreach_norm`` of the tensors, except that a large contiguous float32 tensor
     on the CPU (``SWEEP_MIN`` elements and up) is swept once, ``SWEEP_CHUNK`` elements at a time:
-    its norm, min, max and sum are taken of each chunk while it is in the cache, so the memory is
-    read once instead of three times (the sum is returned for :func:`sums`). Elsewhere
-    (CUDA, small tensors) the batched kernels are cheaper, and the sums are left to ``sums``.
+    its norm, min, max, mean and spread are taken of each chunk while it is in the cache, so the
+    memory is read once instead of four times (the moments are returned for :func:`moments`).
+    Elsewhere (CUDA, small tensors) the batched kernels are cheaper, and the moments are left to
+    ``moments``.
     """
     big = [
         k
@@ -170,19 +176,21 @@ def raw_stats(tensors: list[Tensor]) -> tuple[Tensor, list[Tensor], dict[int, Te
         got = [tensors[k] for k in small]
         for k, n, a in zip(small, foreach_norm(got), absmax(got).unbind(), strict=True):
             norms[k], ams[k] = n, a
-    sums: dict[int, Tensor] = {}
+    known: dict[int, tuple[Tensor, Tensor]] = {}
+    scratch = torch.empty(SWEEP_CHUNK)  # (the chunk's deviations: in the cache beside it)
     for k in big:
-        ns, los, his, ss = [], [], [], []
+        ns, los, his, parts, counts = [], [], [], [], []
         for chunk in _chunks(tensors[k], SWEEP_CHUNK):
             ns.append(torch.linalg.vector_norm(chunk))
             lo, hi = torch.aminmax(chunk)
             los.append(lo)
             his.append(hi)
-            ss.append(chunk.sum())
+            parts.append(_shifted_sums(chunk, scratch))
+            counts.append(chunk.numel())
         norms[k] = torch.linalg.vector_norm(torch.stack(ns))
         ams[k] = torch.maximum(torch.stack(his).amax(), torch.stack(los).amin().neg())
-        sums[k] = torch.stack(ss).sum()
-    return torch.stack(ams), norms, sums
+        known[k] = _shifted_moments(parts, counts)
+    return torch.stack(ams), norms, known
 
 
 def _stack(xs: list[Tensor]) -> Tensor:
@@ -217,41 +225,92 @@ def device_constant(values: tuple[Any, ...], dtype: torch.dtype, device: torch.d
     return got
 
 
-def sums(tensors: list[Tensor], known: dict[int, Tensor] | None = None) -> list[Tensor]:
-    """Per-tensor sums (0-dim, on each tensor's device), for the mean and std that
-    :func:`mean_std_of` makes of them on the host. float16 and bfloat16 are accumulated in
-    float32 (an fp16 sum of 100k ones is inf, a bf16 one keeps 8 bits); the others in their own
-    precision, pairwise (``sum(dtype=float64)`` of a float32 tensor is ~10x slower on the CPU).
-    A complex tensor's sum is complex. ``known``: sums already taken, by position
-    (:func:`raw_stats`)."""
+def combine_moments(means: Tensor, sdevs: Tensor, counts: Tensor | list[int]) -> tuple[Tensor, Tensor]:
+    """Parts' ``(means, population stds, counts)``, one part an entry of the last dimension,
+    combined as Chan et al. do, in float64 on their device: ``(mean, population std)`` of each
+    whole (the last dimension reduced). The spread of the parts about the whole's mean is added as
+    ``n_k |mean_k - mean|^2``, never as a difference of two large sums, so no digit is lost to
+    cancellation. A complex mean stays complex."""
+    wide = torch.complex128 if means.is_complex() else torch.float64
+    m = means.to(wide)
+    sd = sdevs.to(torch.float64)
+    if isinstance(counts, Tensor):
+        n = counts.to(sd.device, torch.float64)
+    else:  # host data: on the device once (a list moved to a GPU is a copy that synchronises)
+        n = device_constant(tuple(counts), torch.float64, sd.device)
+    total = n.sum(-1)
+    ref = m[..., :1]  # (about the first part's mean: equal parts' mean is that mean, exactly)
+    mean = ref.squeeze(-1) + (n * (m - ref)).sum(-1) / total
+    m2 = (n * sd * sd).sum(-1) + (n * (m - mean.unsqueeze(-1)).abs().square()).sum(-1)
+    return mean, (m2 / total).sqrt()
+
+
+MOMENT_CHUNK = 1 << 16  # elements a chunk of the moments: it and its deviations stay in a CPU's cache
+
+
+def _shifted_sums(chunk: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A chunk's ``(x0, sum, norm)`` of its deviations ``d = x - x0`` from its own first value
+    ``x0`` (into ``scratch``, a 1-D buffer of at least its size and its dtype): three reads of a
+    chunk still in the cache. :func:`_shifted_moments` makes its mean and spread of them."""
+    dev = torch.sub(chunk, chunk[0], out=scratch[: chunk.numel()])
+    return chunk[0], dev.sum(), torch.linalg.vector_norm(dev)
+
+
+def _shifted_moments(parts: list[tuple[Tensor, Tensor, Tensor]], counts: list[int]) -> tuple[Tensor, Tensor]:
+    """The whole's ``(mean, population std)`` in float64 from its chunks' :func:`_shifted_sums`.
+    Each chunk's ``M2 = ||d||^2 - |sum d|^2 / n``: shifted by a value of the chunk, that difference
+    loses only what the spread about that value loses (a constant chunk reads exactly 0), where
+    unshifted it loses ``mean^2 / std^2`` of its precision; the chunks then combine by
+    :func:`combine_moments`. One stack and a few ops per tensor, whatever its chunks."""
+    x0, s1, nrm = (torch.stack(v) for v in zip(*parts, strict=True))
+    wide = torch.complex128 if s1.is_complex() else torch.float64
+    s1, nrm = s1.to(wide), nrm.to(torch.float64)
+    n = device_constant(tuple(counts), torch.float64, nrm.device)
+    means = x0.to(wide) + s1 / n
+    sdevs = ((nrm * nrm - s1.abs().square() / n).clamp_min(0.0) / n).sqrt()
+    if len(counts) == 1:
+        return means[0], sdevs[0]
+    return combine_moments(means, sdevs, n)
+
+
+def moments(
+    tensors: list[Tensor], known: dict[int, tuple[Tensor, Tensor]] | None = None
+) -> list[tuple[Tensor, Tensor]]:
+    """Per tensor ``(mean, population std)``, 0-dim on its device, numerically stable whatever the
+    mean (the module docstring). On a GPU, ``torch.std_mean`` of the tensor (Welford's update, one
+    pass); elsewhere, or for a float16/bfloat16 tensor, ``MOMENT_CHUNK`` elements at a time
+    (converted to float32 where they are not), each chunk's moments shifted by one of its values
+    (:func:`_shifted_moments`: on a CPU far cheaper than ``std_mean``, which is not vectorised
+    there), the chunks combined by :func:`combine_moments`. The scratch is one chunk, never a copy
+    of the tensor. The host makes the unbiased std, ``sqrt(n / (n - 1))`` times this one.
+    ``known``: moments already taken, by position (:func:`raw_stats`). NaN and Inf pass through
+    (as NaN or Inf)."""
     known = known or {}
     out = []
+    scratch: dict[tuple[torch.device, torch.dtype], Tensor] = {}
     for k, t in enumerate(tensors):
         if k in known:
             out.append(known[k])
-        elif t.dtype in (torch.float16, torch.bfloat16):
-            out.append(t.sum(dtype=torch.float32))
+            continue
+        t = t.detach()
+        half = t.dtype in (torch.float16, torch.bfloat16)
+        if t.numel() == 0:
+            zero = torch.zeros((), dtype=torch.float64, device=t.device)
+            out.append((zero, zero))
+        elif t.is_cuda and not half:
+            sd, m = torch.std_mean(t, correction=0)
+            out.append((m, sd))
         else:
-            out.append(t.sum())
+            dtype = torch.float32 if half else t.dtype
+            buf = scratch.get((t.device, dtype))
+            if buf is None:
+                buf = scratch[(t.device, dtype)] = torch.empty(MOMENT_CHUNK, dtype=dtype, device=t.device)
+            parts = [
+                _shifted_sums(chunk.float() if half else chunk, buf) for chunk in _chunks(t, MOMENT_CHUNK)
+            ]
+            counts = [min(MOMENT_CHUNK, t.numel() - at) for at in range(0, t.numel(), MOMENT_CHUNK)]
+            out.append(_shifted_moments(parts, counts))
     return out
-
-
-def mean_std_of(total: float, norm: float, n: int) -> tuple[float, float | None]:
-    """The mean and unbiased std of ``n`` values from their sum and 2-norm, on the host in float64
-    after the snapshot's transfer (no device op): ``var = (||g||^2 - n * mean^2) / (n - 1)``.
-
-    One pass of the values (their sum; the norm is taken anyway) instead of ``torch.std_mean``'s
-    two. The identity loses precision only when ``|mean| >> std``, which gradients rarely are.
-    For complex values give the sum's magnitude: the std is then torch's complex std
-    (``sqrt(sum |z - mean|^2 / (n - 1))``) and the mean is that magnitude's (not the complex
-    mean: the caller reports null). std is None for fewer than two values; NaN and Inf pass
-    through (an infinite norm beside a finite sum gives an infinite std, NaN where both are).
-    """
-    mean = total / max(n, 1)
-    if n <= 1:
-        return mean, None
-    var = (norm * norm - total * mean) / (n - 1)  # (n * mean^2 = total * mean)
-    return mean, math.sqrt(var) if var > 0 else (var if math.isnan(var) else 0.0)
 
 
 def _hist_values(x: Tensor) -> Tensor:

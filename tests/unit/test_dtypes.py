@@ -281,3 +281,58 @@ def test_clip_norm_is_bitwise_clip_grad_norm_in_the_gradients_own_dtype(dtype, n
         names = insp.params
     for name, r in zip(names, ref, strict=True):
         assert seen[name].dtype == dtype and torch.equal(seen[name], r.grad), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1000, 300_000])  # (300k: a float32 one on the CPU takes the chunked sweep)
+def test_std_is_right_when_the_mean_dwarfs_it(dtype: torch.dtype, n: int):
+    """A mean far larger than the spread: the std made from a sum and a norm lost every digit
+    (1.0e-3 read 8.3e-4, 1e-4 read 0.0, a constant 3.9e-4 and at 1e25 1.9e21). Now each chunk's
+    mean and spread are combined as Chan et al. do: within float32's rounding of the result."""
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(n, generator=gen)
+    for mean, spread in ((1.0, 1e-3), (1.0, 1e-4), (3.0, 1e-5)):
+        g = (mean + spread * noise).to(dtype)
+        ref = g.double()
+        snap = run_grad(g)
+        assert snap["grad_std"][0] == pytest.approx(float(ref.std()), rel=1e-4), (mean, spread)
+        assert snap["grad_mean"][0] == pytest.approx(float(ref.mean()), rel=1e-6)
+    for value in (1.0, 0.1, 1e25):
+        snap = run_grad(torch.full((n,), value, dtype=dtype))
+        assert snap["grad_std"][0] == 0.0, value
+        assert snap["grad_mean"][0] == pytest.approx(value, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_std_is_right_when_the_mean_dwarfs_it(dtype: torch.dtype):
+    """float16 and bfloat16 in chunks converted to float32 (the scratch), combined in float64."""
+    n = 600_000  # (more than two chunks)
+    g = (1.0 + 0.01 * torch.randn(n, generator=torch.Generator().manual_seed(1))).to(dtype)
+    ref = g.double()
+    snap = run_grad(g)
+    assert snap["grad_std"][0] == pytest.approx(float(ref.std()), rel=1e-4)
+    assert snap["grad_mean"][0] == pytest.approx(float(ref.mean()), rel=1e-6)
+    assert run_grad(torch.full((n,), 0.5, dtype=dtype))["grad_std"][0] == 0.0
+
+
+def test_parts_combine_to_the_whole_s_mean_and_std_even_when_the_mean_dwarfs_the_spread():
+    """What FSDP2's shards (and a large tensor's chunks) are combined with: uneven parts of a
+    gradient of mean 1e3 and std 1e-2, each part's float32 mean and spread, combined in float64,
+    give the whole's mean and std (a sum of squares minus n mean^2 gives noise here)."""
+    from inspector.stats.tensor_stats import combine_moments
+
+    g = 1e3 + 1e-2 * torch.randn(100_003, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    parts = list(torch.split(g.float(), [50_000, 30_000, 20_003]))
+    means = torch.stack([p.double().mean() for p in parts]).float()
+    sdevs = torch.stack([p.double().std(correction=0) for p in parts]).float()
+    mean, sdev = combine_moments(means, sdevs, [p.numel() for p in parts])
+    whole = torch.cat(parts).double()
+    assert float(mean) == pytest.approx(float(whole.mean()), rel=1e-7)
+    assert float(sdev) == pytest.approx(float(whole.std(correction=0)), rel=1e-4)
+    # one row a tensor, one column a part: two wholes at once
+    two_m, two_sd = combine_moments(
+        torch.stack([means, means * 2]), torch.stack([sdevs, sdevs]), torch.tensor([[5, 3, 2]] * 2)
+    )
+    assert two_m.shape == two_sd.shape == (2,) and float(two_m[1]) == pytest.approx(
+        2 * float(two_m[0]), rel=1e-12
+    )
