@@ -222,6 +222,11 @@ class Dashboard {
         }
         if (msg.event) this.addEvent(msg.event);
         break;
+      case "requested":
+        // a page's change accepted: its rows show pending until the hooks message of that version
+        if (live.applyRequested(msg.hooks || [], msg.config_version) && this.view === live)
+          this.panel.render();
+        break;
       case "error":
         this.localEvent("server_error", errorText({ data: msg })); // `detail` as in an HTTP error
         break;

@@ -54,7 +54,9 @@ export class DashboardState {
     this.runId = null;
     this.params = [];
     this.hookKinds = {};
-    this.hooks = new Map(); // id -> spec, in server order
+    this.hooks = new Map(); // id -> spec, in server order: what the page shows (showHooks)
+    this.appliedHooks = []; // the list at configVersion
+    this.requested = null; // {list, version}: a change accepted, not applied yet
     this.configVersion = 0;
     this.training = { state: "running", step: 0, scenario: null, steps_per_second: null };
     this.readOnly = false;
@@ -90,14 +92,19 @@ export class DashboardState {
   }
 
   // ----- hooks -----
-  // The hook list comes from one source: the session (in `hello`, or of an earlier run) and the
-  // websocket's `hooks` messages, each of a `config_version`. Replies to the page's own changes
-  // (HTTP) say only whether a change was accepted; what it did comes as a `hooks` message.
+  // The hook list comes from the server only, each list with a `config_version`: the session (in
+  // `hello`, or of an earlier run), `hooks` messages (a change applied: the list it leaves) and
+  // `requested` messages (a page's change accepted: the list it asks for, pending hooks with
+  // `applied_step` null, at the version it has once applied). `hooks` shows the requested list
+  // while its version is ahead of the applied one, else the applied list: whichever message
+  // arrives first, the newer fact wins. Replies to the page's own changes (HTTP) say only
+  // whether a change was accepted.
 
   /** The full list of a session, at its `config_version`. */
   setHooks(list, configVersion) {
-    this.hooks = new Map(list.map((spec) => [spec.id, spec]));
+    this.appliedHooks = list;
     if (configVersion !== undefined && configVersion !== null) this.configVersion = configVersion;
+    this.showHooks();
   }
 
   /**
@@ -109,6 +116,26 @@ export class DashboardState {
     if (v === null || v <= this.configVersion) return false;
     this.setHooks(list, v);
     return true;
+  }
+
+  /**
+   * A `requested` message: the list a change asked for, at the `configVersion` it has once
+   * applied; false when that version is applied already or an equal or newer request is shown.
+   */
+  applyRequested(list, configVersion) {
+    const v = num(configVersion);
+    if (v === null || v <= this.configVersion || (this.requested && v <= this.requested.version))
+      return false;
+    this.requested = { list, version: v };
+    this.showHooks();
+    return true;
+  }
+
+  /** `hooks`: the requested list while it is ahead of the applied one, else the applied list. */
+  showHooks() {
+    if (this.requested && this.requested.version <= this.configVersion) this.requested = null;
+    const list = this.requested ? this.requested.list : this.appliedHooks;
+    this.hooks = new Map(list.map((spec) => [spec.id, spec]));
   }
 
   // ----- snapshots -----

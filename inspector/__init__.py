@@ -12,7 +12,7 @@ from ._version import __version__
 from .hooks.handles import HookHandle
 from .hooks.owned import attached
 from .hooks.targets import match as match_targets
-from .inspector import Inspector, attach
+from .inspector import Inspector, Options, attach
 from .whatif.compare import Comparison, compare
 from .wire.errors import (
     AttachError,
@@ -32,6 +32,7 @@ __all__ = [
     "attach",
     "attached",
     "Inspector",
+    "Options",
     "HookHandle",
     "HookSpec",
     "Snapshot",

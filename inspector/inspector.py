@@ -73,6 +73,14 @@ from .wrappers import Attached, enabled_scaler, is_compiled, named_tensors, para
 __all__ = ["Inspector", "Options", "attach", "HIST_CAP", "HIST_BINS"]
 
 
+def _one_optimizer(optimizer: Any) -> None:
+    if isinstance(optimizer, list | tuple):
+        raise AttachError(
+            "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
+            "say) attach one Inspector per optimizer, each with the model part that optimizer steps"
+        )
+
+
 @dataclass(frozen=True)
 class Options:
     """How an Inspector measures (the options of :func:`attach`, which documents each; checked when
@@ -93,7 +101,9 @@ class Inspector:
     """Watches and edits the gradients of one model and optimizer. Create with :func:`attach`.
 
     A facade: it builds its parts, each the one owner of its state, and delegates to them (see
-    docs/ARCHITECTURE.md). The parts get their collaborators here, never the Inspector.
+    docs/ARCHITECTURE.md). The parts get their collaborators here, not the Inspector: only the
+    dashboard (the seam that hands its public API to the server) and, as an anchor that reads
+    nothing, the lifecycle (whose step hooks on the model keep it alive) hold it.
     """
 
     def __init__(
@@ -105,11 +115,7 @@ class Inspector:
         options: Options | None = None,
     ) -> None:
         opts = options if options is not None else Options()
-        if isinstance(optimizer, list | tuple):
-            raise AttachError(
-                "attach() takes one optimizer: its step is the step boundary. For several optimizers (a GAN, "
-                "say) attach one Inspector per optimizer, each with the model part that optimizer steps"
-            )
+        _one_optimizer(optimizer)
         optimizer = real_optimizer(optimizer) if optimizer is not None else None
         named, module_objs = named_tensors(model)
         params = [n for n, _ in named]
@@ -149,12 +155,13 @@ class Inspector:
             is_script=gate.on_training_thread,
         )
         self._cadence = cadence = Cadence(float(opts.budget), opts.every)
+        lifecycle: list[StepLifecycle] = []  # (built below; the hooks' failures go to it, not to self)
         self._hooks = hooks = TorchHooks(
             params,
             tensors,
             module_objs,
             is_sampled=lambda: clock.sampled,
-            on_failure=lambda spec, param, err: self._lifecycle.hook_failed(spec, param, err),
+            on_failure=lambda spec, param, err: lifecycle[0].hook_failed(spec, param, err),
             scaler=scaler,
             per_rank=plane is not None and opts.per_rank_stats,
             layout=layout,
@@ -200,14 +207,16 @@ class Inspector:
             cadence=cadence,
             scaler=ScalerWatch(scaler),
             branches=branches,
+            owner=self,
         )
+        lifecycle.append(self._lifecycle)
         self._dashboard = Dashboard(self, gate, lambda: self._lifecycle.apply_edits(torch_ok=True))
 
         claim(self, tensors, optimizer)  # refuses a second attach to the same parameters
         self._lifecycle.register()
 
     @contextlib.contextmanager
-    def _stood_aside(self) -> Iterator[None]:
+    def stood_aside(self) -> Iterator[None]:
         """Every hook of ours off the model and optimizer, and their claim released, for as long as
         the block runs (``inspector.compare`` trains the attached model with Inspectors of its own);
         then all back, this Inspector's state (step, hooks, noise streams, cadence) untouched.
@@ -745,6 +754,7 @@ def attach(
     Returns:
         The :class:`Inspector`; also a context manager that closes it.
     """
+    _one_optimizer(optimizer)  # (before the options: the first mistake is the one named)
     options = Options(
         budget=budget,
         every=every,

@@ -139,15 +139,19 @@ class Source:
         snapshots (as the socket sends them: without `events`) and the newest `events` events.
 
         A page that reconnects says what it has: its `run`, its newest `step`, its newest
-        snapshot's step (`since`) and event's `seq`. When `run` is still the session's and the
-        step did not go back (the same process, no rewind meanwhile), `resumed` is true and only
-        what came after `since` and `seq` is sent. The session is at least as new as the events
+        snapshot's step (`since`) and event's `seq`. When `run` is still the session's, the
+        step did not go back and no rewind came since `seq` (the same process, one branch),
+        `resumed` is true and only what came after `since` and `seq` is sent. The session is at least as new as the events
         (read again when a change they hold was applied after it), so it holds their changes."""
         session = self.session()
         now = session["training"].get("step")
         now = now if isinstance(now, int) else 0
         resumed = run is not None and run == session["run_id"] and (step or 0) <= now
         evs = self.events(since=seq if resumed else None, limit=events)
+        if resumed and any(e.get("kind") == "rewind" for e in evs):
+            # a rewind meanwhile: the page's newest steps may be of the branch it abandoned
+            resumed = False
+            evs = self.events(limit=events)
         snaps = self.snapshots(None, HistoryQuery(since=since if resumed else None, limit=history))
         versions = [e.get("config_version") for e in evs if e.get("kind") == "hook_applied"]
         newest = max((v for v in versions if isinstance(v, int)), default=0)

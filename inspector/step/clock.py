@@ -1,10 +1,11 @@
 """The step clock: where the run is (completed steps, a step under way, which steps are sampled)
 and what the inspector spent during the step under way.
 
-One owner writes it: the training thread, under the Inspector's lock (the boundary, a forward,
-a rewind). Other threads read it (``insp.step``). A checkpoint saves it with :meth:`state_dict`
-and a rewind puts it back with :meth:`load_state_dict`, as Lightning's progress counters are
-saved and restored.
+The training thread writes it: the step and its sampling under the Inspector's lock (the
+boundary, a forward, a rewind), the time it spends without it (only that thread counts it).
+Other threads read it (``insp.step``); ``forget_gap()`` may come from any thread (a lost gap
+is all a race costs). A checkpoint saves it with :meth:`state_dict` and a rewind puts it back
+with :meth:`load_state_dict`, as Lightning's progress counters are saved and restored.
 """
 
 from __future__ import annotations

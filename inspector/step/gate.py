@@ -2,9 +2,11 @@
 the pause, the single steps it lets through, the training thread held at a boundary, and the one
 rule for where the run's state may be touched from the thread asking.
 
-Everything here is read and written under the gate's condition (the Inspector's lock), which
-also wakes a held training thread: a pause, a resume, a single step, an edit or a request made
-while it is held, ``close()``.
+Everything here is written under the gate's condition (the Inspector's lock), which also wakes
+a held training thread: a pause, a resume, a single step, an edit or a request made while it is
+held, ``close()``. The training thread reads ``should_hold()`` once without it, at a boundary
+(to show what the step found before it holds: a pause asked a moment later holds there all the
+same, under the lock).
 
 The safe point (:meth:`PauseGate.safe_point`): the training thread between two steps, or any
 thread once training has finished (and the Inspector is not closed). A held training thread is

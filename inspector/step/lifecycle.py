@@ -2,8 +2,9 @@
 boundary that ends a step, and where and when edits apply.
 
 :class:`StepLifecycle` is built by the Inspector from its parts and owns the step hooks it
-registers on the model and the optimizer. It keeps no run state of its own beyond one step's
-scratch (the backward's norms, the histograms chosen for the step under way): the step number
+registers on the model and the optimizer. Of the run's state it keeps only one step's scratch
+(the backward's norms, the histograms chosen for the step under way) and two things said once
+a run (a loop with no step boundary, a statistic that failed): the step number
 and sampling are the :class:`~inspector.step.clock.StepClock`'s, the pause and the training
 thread the :class:`~inspector.step.gate.PauseGate`'s, events the
 :class:`~inspector.step.events.EventLog`'s, the scaler's skips the
@@ -101,7 +102,12 @@ class StepLifecycle:
         cadence: Cadence,
         scaler: amp.ScalerWatch,
         branches: Checkpoints,
+        owner: object,
     ) -> None:
+        # the Inspector, kept (and nothing read of it): the step hooks on the user's model and
+        # optimizer are this object's methods, so they keep the Inspector alive as long as they
+        # are registered, as an Inspector's own bound methods did; close() removes them
+        self._owner = owner
         self._at = attached
         self._lock = lock
         self._clock = clock

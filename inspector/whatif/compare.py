@@ -197,7 +197,7 @@ def compare(
     # attached already (the README's own sequence): that Inspector stands aside while the
     # branches train, its state untouched, and is back afterwards
     outer = attached(model)
-    aside = outer._stood_aside() if outer is not None else contextlib.nullcontext()
+    aside = outer.stood_aside() if outer is not None else contextlib.nullcontext()
     with aside:
         return _branches(model, optimizer, step_fn, data, presets, every, scaler, reset)
 

@@ -219,6 +219,8 @@ class LiveSource(Source):
         if kind == "hooks" and self._applied is not None:
             payload = {**payload, "event": self._applied}
             self._applied = None
+        elif kind == "training":  # the core's state, with the demo's rate cap (null: none)
+            payload = self._training(payload)
         self._publish_now(kind, payload, text)
 
     def _rewound(self, ev: dict[str, Any]) -> None:
@@ -394,6 +396,14 @@ class LiveSource(Source):
             version, hooks = self.insp.requested_config()  # read in the order the seqs are given
         store.record_request(run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks)
 
+    def _requested(self) -> None:
+        """Tell every page the configuration a page's change asked for (a `requested` message: its
+        hooks, pending ones with `applied_step` null, and the `config_version` it has once
+        applied). The `hooks` message of that version says it was applied; a page shows the
+        requested list until then, whichever of the two reaches it first."""
+        version, hooks = self.insp.requested_config()
+        self._publish_now("requested", {"config_version": version, "hooks": hooks}, None)
+
     def add_hook(
         self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
     ) -> dict[str, Any]:
@@ -407,6 +417,7 @@ class LiveSource(Source):
             params=params,
         )
         self._durable("add", handle.id)
+        self._requested()
         # the spec as accepted: read back now, it may be gone already (a rewind carried out
         # meanwhile puts its checkpoint's hooks back), and the reply is about this request
         return dict(handle.accepted)
@@ -415,15 +426,18 @@ class LiveSource(Source):
         given = {k: v for k, v in change.items() if v is not None}
         spec = self._change(f"before update {hook_id}", self.insp.update_hook, hook_id, **given)
         self._durable("update", hook_id)
+        self._requested()
         return spec  # type: ignore[no-any-return]
 
     def remove_hook(self, hook_id: str) -> None:
         self._change(f"before remove {hook_id}", self.insp.remove_hook, hook_id)
         self._durable("remove", hook_id)
+        self._requested()
 
     def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
         hooks = self._change("before import", self.insp.import_hooks, preset)
         self._durable("import", None)
+        self._requested()
         return hooks  # type: ignore[no-any-return]
 
     def _change(self, label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

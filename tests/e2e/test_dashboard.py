@@ -185,6 +185,31 @@ def test_clip_value_from_the_form_caps_final_toggle_restores_remove_removes(
     assert log.errors == []
 
 
+def test_a_change_from_another_page_shows_pending_at_once_then_the_step_it_applied_at(
+    demo: support.ServerProcess, new_page: Any
+) -> None:
+    """A change accepted (by another tab, a script over HTTP) is on every page at once, pending
+    (the `requested` message), and shows the step it applied at once it is applied (`hooks`)."""
+    reset(demo)
+    page, log = new_page()
+    open_dashboard(page, demo)
+    demo.client.post("/api/training/rate", json={"steps_per_second": 0.5}).raise_for_status()
+    try:
+        hook = demo.client.post(
+            "/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}}
+        )
+        assert hook.status_code == 201, hook.text
+        row = page.get_by_test_id("hook-row")
+        expect(row).to_have_count(1)
+        expect(row).to_have_attribute("data-pending", "true")
+        expect(row.get_by_test_id("hook-status")).to_have_text("pending")
+        expect(row).to_have_attribute("data-pending", "false", timeout=15_000)
+        expect(row.get_by_test_id("hook-status")).to_have_text(re.compile(r"since step \d+$"))
+    finally:
+        demo.client.post("/api/training/rate", json={"steps_per_second": 10}).raise_for_status()
+    assert log.errors == []
+
+
 def test_a_bad_value_shows_the_servers_reason_beside_the_field_and_changes_nothing(
     demo: support.ServerProcess, new_page: Any
 ) -> None:

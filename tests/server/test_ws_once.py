@@ -96,7 +96,9 @@ def test_the_end_of_training_is_pushed(live):
         srv.insp.finish()
         msg = box.next(lambda m: m["type"] == "training" and m["state"] == "finished", timeout=10)
         assert msg["step"] == srv.insp.step
+        assert "steps_per_second" in msg  # (as every training message: the demo's cap)
         assert srv.http().get("/api/session").json()["training"]["state"] == "finished"
+        assert [m["type"] for m in box.all].count("training") == 1, "finished, once"
 
 
 def test_hello_carries_a_pages_history_and_a_reconnection_gets_only_what_it_missed(live):
@@ -159,3 +161,45 @@ def test_an_event_older_than_the_last_one_sent_still_goes_out():
         assert [m["data"]["seq"] for m in sent] == [5, 4]
 
     asyncio.run(asyncio.wait_for(main(), 5))
+
+
+def test_a_pages_hook_change_is_shown_requested_until_the_hooks_message_of_its_version(live):
+    """A change from a page applies at a later safe point (after its automatic checkpoint, at a
+    step boundary): every page learns at once what was asked for (`requested`, the hook pending),
+    and the `hooks` message of that version when it is applied. Two facts, one message each."""
+    srv = live(rate=2.0)  # a boundary every half second: the change waits for one
+    srv.wait_step(2)
+    with srv.ws() as ws:
+        box = Inbox(ws)
+        hello = box.next(lambda m: m["type"] == "hello")
+        applied = hello["session"]["config_version"]
+        c = srv.http()
+        hook = c.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}})
+        assert hook.status_code == 201, hook.text
+        hook_id = hook.json()["id"]
+        req = box.next(lambda m: m["type"] == "requested")
+        assert req["config_version"] == applied + 1
+        assert [(h["id"], h["applied_step"]) for h in req["hooks"]] == [(hook_id, None)]
+        done = box.next(lambda m: m["type"] == "hooks" and m["config_version"] == req["config_version"])
+        assert done["hooks"][0]["applied_step"] is not None
+        assert [m["type"] for m in box.all].count("requested") == 1
+
+
+def test_a_reconnection_after_a_rewind_gets_the_whole_history(live):
+    """The page's newest steps may be of the branch a rewind abandoned: not `resumed`."""
+    srv = live(rate=None)
+    srv.wait_step(3)
+    with srv.ws() as ws:
+        hello = json.loads(ws.recv(timeout=10))
+    run, seq = hello["session"]["run_id"], hello["events"][-1]["seq"] if hello["events"] else 0
+    c = srv.http()
+    cp = c.post("/api/checkpoints", json={"label": "here"}).json()
+    srv.wait_step(srv.insp.step + 3)
+    page_step = srv.insp.step
+    assert c.post(f"/api/checkpoints/{cp['id']}/rewind").status_code == 202
+    wait_until(lambda: any(e["kind"] == "rewind" for e in srv.insp.events()), what="the rewind")
+    query = f"run={run}&step={min(page_step, srv.insp.step)}&since={page_step}&seq={seq}"
+    with srv.ws(f"/ws?{query}") as ws:
+        again = json.loads(ws.recv(timeout=10))
+    assert again["resumed"] is False
+    assert any(e["kind"] == "rewind" for e in again["events"])

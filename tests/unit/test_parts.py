@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -34,19 +35,40 @@ def test_the_inspector_is_a_facade_with_no_base_class_of_ours():
     assert inspector.Inspector.__mro__ == (inspector.Inspector, object)
 
 
-def test_no_part_holds_the_inspector_but_the_dashboard_seam():
-    """The parts get their collaborators, never the Inspector: only the dashboard, which hands
-    the Inspector's public API to the server, refers to it."""
+def test_no_part_holds_the_inspector_but_the_seam_and_the_anchor():
+    """The parts get their collaborators, not the Inspector: only the dashboard, which hands the
+    Inspector's public API to the server, and the lifecycle's anchor (read by nothing: its step
+    hooks on the model keep the Inspector alive) refer to it."""
     _, _, insp = _attached()
     try:
-        holders = [
-            name
+        holders = {
+            (name, key)
             for name, part in vars(insp).items()
-            if hasattr(part, "__dict__") and any(v is insp for v in vars(part).values())
-        ]
-        assert holders == ["_dashboard"]
+            if hasattr(part, "__dict__")
+            for key, v in vars(part).items()
+            if v is insp
+        }
+        assert holders == {("_dashboard", "_core"), ("_lifecycle", "_owner")}
     finally:
         insp.close()
+
+
+def test_an_attached_inspector_lives_while_its_hooks_are_on_the_model():
+    """`inspector.attach(model, opt)` with the result dropped still watches (as torch's hooks
+    keep what they call alive): it is collected only once close() took its hooks away."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    inspector.attach(model, opt, every=1)
+    gc.collect()
+    insp = inspector.attached(model)
+    assert insp is not None
+    _step(model, opt)
+    assert insp.step == 1 and insp.latest()["step"] == 1
+    ref = weakref.ref(insp)
+    insp.close()
+    del insp
+    gc.collect()
+    assert ref() is None and inspector.attached(model) is None
 
 
 def test_a_handle_does_not_keep_its_inspector_alive():
