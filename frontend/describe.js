@@ -27,6 +27,10 @@ export function describeHookChange(ev) {
       const n = Array.isArray(ev.after) ? ev.after.length : null;
       return `imported a preset${n === null ? "" : ` (${n} hook${n === 1 ? "" : "s"})`}`;
     }
+    case "rewind": {
+      const n = Array.isArray(ev.after) ? ev.after.length : null;
+      return `hooks back to the checkpoint's${n === null ? "" : ` (${n} hook${n === 1 ? "" : "s"})`}`;
+    }
     case "update": {
       const changes = diff(ev.before || {}, ev.after || {});
       return `updated ${head}: ${changes || "no visible change"}`;
