@@ -22,10 +22,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import notebook
 from .wire.errors import InspectorError
+
+if TYPE_CHECKING:
+    from .inspector import Inspector
+    from .step.gate import PauseGate
 
 __all__ = ["Dashboard", "load_server_module", "save_comparison", "serve_comparison"]
 
@@ -82,7 +86,7 @@ class Dashboard:
     while ``wait()`` keeps the process serving after training (lock held).
     """
 
-    def __init__(self, core: Any, gate: Any, apply_edits: Callable[[], None]) -> None:
+    def __init__(self, core: Inspector, gate: PauseGate, apply_edits: Callable[[], None]) -> None:
         self._core = core
         self._gate = gate
         self._apply_edits = apply_edits
