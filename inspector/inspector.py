@@ -684,9 +684,7 @@ class Inspector:
         lifecycle.check_scaler_skip()  # the last iteration, when the scaler skipped it
         release(self)
         try:
-            lifecycle.flush_late()
-            self._records.flush_pending()
-            lifecycle.drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
+            lifecycle.send_last()
         except Exception as e:  # the last late records are lost, but close() must finish: say so
             warnings.warn(
                 f"inspector: the last step's late records could not be sent ({shown(e)})",

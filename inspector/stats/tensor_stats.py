@@ -305,10 +305,10 @@ def moments(
             buf = scratch.get((t.device, dtype))
             if buf is None:
                 buf = scratch[(t.device, dtype)] = torch.empty(MOMENT_CHUNK, dtype=dtype, device=t.device)
-            parts = [
-                _shifted_sums(chunk.float() if half else chunk, buf) for chunk in _chunks(t, MOMENT_CHUNK)
-            ]
-            counts = [min(MOMENT_CHUNK, t.numel() - at) for at in range(0, t.numel(), MOMENT_CHUNK)]
+            parts, counts = [], []
+            for chunk in _chunks(t, MOMENT_CHUNK):
+                parts.append(_shifted_sums(chunk.float() if half else chunk, buf))
+                counts.append(chunk.numel())
             out.append(_shifted_moments(parts, counts))
     return out
 

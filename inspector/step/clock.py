@@ -28,10 +28,9 @@ class StepClock:
         self._spent = 0.0  # seconds inside the inspector during the step under way
 
     # ------------------------------------------------------------ the step
-    def begin(self) -> bool:
-        """A step is under way; False when one was already."""
-        was, self.under_way = self.under_way, True
-        return not was
+    def begin(self) -> None:
+        """A step is under way."""
+        self.under_way = True
 
     def complete(self) -> tuple[int, bool]:
         """The step under way is complete: ``(its number, whether it was sampled)``."""

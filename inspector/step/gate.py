@@ -67,10 +67,6 @@ class PauseGate:
         return self._state is TrainingState.CLOSED
 
     @property
-    def paused(self) -> bool:
-        return self._paused
-
-    @property
     def held(self) -> bool:
         """The training thread waits at a boundary now."""
         return self._waiting
@@ -128,10 +124,6 @@ class PauseGate:
     # ------------------------------------------------------------ the training thread
     def on_training_thread(self) -> bool:
         return threading.get_ident() == self._train_tid
-
-    @property
-    def training_thread(self) -> int:
-        return self._train_tid
 
     def claim_thread(self) -> None:
         """This thread trains. Set under the lock: an edit from another thread holds the lock while

@@ -199,9 +199,14 @@ class StepLifecycle:
             self.apply_edits(torch_ok=True)
         if ended:
             self._gate.publish()  # subscribers learn it at once (a ``training`` record: finished)
+        self.send_last()
+
+    def send_last(self) -> None:
+        """Training is over: the last steps' records (late ones included) and NaN/Inf checks are
+        sent now, waiting for their copies to the host."""
         self.flush_late()
         self._records.flush_pending()
-        self.drain_deferred(wait=True)  # the last steps' NaN/Inf checks and records
+        self.drain_deferred(wait=True)
 
     def mark_step(self) -> None:
         """The step boundary for a loop without a torch optimizer (see ``Inspector.mark_step``)."""

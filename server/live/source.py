@@ -383,25 +383,22 @@ class LiveSource(Source):
             raise read_only_error()
         return self._core(fn, *args, **kwargs)
 
-    def _durable(self, action: str, hook_id: str | None) -> None:
-        """Record the requested configuration after an accepted change, and return once it is
-        committed (at most a few seconds: while history is paused the reply does not wait for it,
-        the row is written when writes succeed again)."""
+    def _accepted(self, action: str, hook_id: str | None) -> None:
+        """A page's change was accepted: the requested configuration, read once, is recorded and
+        the call returns once it is committed (at most a few seconds: while history is paused the
+        reply does not wait for it, the row is written when writes succeed again); then every page
+        is told (a `requested` message: its hooks, pending ones with `applied_step` null, and the
+        `config_version` it has once applied). The `hooks` message of that version says it was
+        applied; a page shows the requested list until then, whichever of the two comes first."""
         store, run = self.store, self.run_id
-        if store is None or run is None:
-            return
         with self._request_lock:
             self._requests += 1
             seq = self._requests
             version, hooks = self.insp.requested_config()  # read in the order the seqs are given
-        store.record_request(run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks)
-
-    def _requested(self) -> None:
-        """Tell every page the configuration a page's change asked for (a `requested` message: its
-        hooks, pending ones with `applied_step` null, and the `config_version` it has once
-        applied). The `hooks` message of that version says it was applied; a page shows the
-        requested list until then, whichever of the two reaches it first."""
-        version, hooks = self.insp.requested_config()
+        if store is not None and run is not None:
+            store.record_request(
+                run, seq, action=action, hook_id=hook_id, config_version=version, hooks=hooks
+            )
         self._publish_now("requested", {"config_version": version, "hooks": hooks}, None)
 
     def add_hook(
@@ -416,8 +413,7 @@ class LiveSource(Source):
             enabled=enabled,
             params=params,
         )
-        self._durable("add", handle.id)
-        self._requested()
+        self._accepted("add", handle.id)
         # the spec as accepted: read back now, it may be gone already (a rewind carried out
         # meanwhile puts its checkpoint's hooks back), and the reply is about this request
         return dict(handle.accepted)
@@ -425,19 +421,16 @@ class LiveSource(Source):
     def update_hook(self, hook_id: str, **change: Any) -> dict[str, Any]:
         given = {k: v for k, v in change.items() if v is not None}
         spec = self._change(f"before update {hook_id}", self.insp.update_hook, hook_id, **given)
-        self._durable("update", hook_id)
-        self._requested()
+        self._accepted("update", hook_id)
         return spec  # type: ignore[no-any-return]
 
     def remove_hook(self, hook_id: str) -> None:
         self._change(f"before remove {hook_id}", self.insp.remove_hook, hook_id)
-        self._durable("remove", hook_id)
-        self._requested()
+        self._accepted("remove", hook_id)
 
     def import_hooks(self, preset: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
         hooks = self._change("before import", self.insp.import_hooks, preset)
-        self._durable("import", None)
-        self._requested()
+        self._accepted("import", None)
         return hooks  # type: ignore[no-any-return]
 
     def _change(self, label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
