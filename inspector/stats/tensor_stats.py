@@ -5,8 +5,8 @@ abs-max and histograms in float32, means and spreads in float64); the caller sta
 and moves them to the host once per snapshot, as float32. No ``.item()`` here.
 
 Mean and std (:func:`moments`) are numerically stable whatever the mean: each tensor by
-``torch.std_mean`` on a GPU (Welford's update), or each chunk of one by its deviations from one of
-its own values, the chunks combined as Chan et al. do, in float64: a gradient of mean 1 and std
+``torch.std_mean`` (Welford's update) on a GPU or when it is small, or each chunk of one by its
+deviations from one of its own values, the chunks combined as Chan et al. do, in float64: a gradient of mean 1 and std
 1e-4 reads 1e-4, a constant one 0 (a sum and a norm, ``var = (||g||^2 - n mean^2) / (n - 1)``,
 lose every digit there).
 
@@ -246,6 +246,9 @@ def combine_moments(means: Tensor, sdevs: Tensor, counts: Tensor | list[int]) ->
 
 
 MOMENT_CHUNK = 1 << 16  # elements a chunk of the moments: it and its deviations stay in a CPU's cache
+# up to this many elements torch.std_mean is the cheaper on a CPU (not vectorised there, about 5 ns an
+# element, against the shifted sums' few ops of a few us each: a small model's tensors, a bias)
+WELFORD_MAX = 1 << 13
 
 
 def _shifted_sums(chunk: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -277,8 +280,9 @@ def moments(
     tensors: list[Tensor], known: dict[int, tuple[Tensor, Tensor]] | None = None
 ) -> list[tuple[Tensor, Tensor]]:
     """Per tensor ``(mean, population std)``, 0-dim on its device, numerically stable whatever the
-    mean (the module docstring). On a GPU, ``torch.std_mean`` of the tensor (Welford's update, one
-    pass); elsewhere, or for a float16/bfloat16 tensor, ``MOMENT_CHUNK`` elements at a time
+    mean (the module docstring). On a GPU, and for a tensor of at most ``WELFORD_MAX`` elements
+    anywhere, ``torch.std_mean`` of the tensor (Welford's update, one pass; a small float16/bfloat16
+    one converted to float32 first); else ``MOMENT_CHUNK`` elements at a time
     (converted to float32 where they are not), each chunk's moments shifted by one of its values
     (:func:`_shifted_moments`: on a CPU far cheaper than ``std_mean``, which is not vectorised
     there), the chunks combined by :func:`combine_moments`. The scratch is one chunk, never a copy
@@ -297,8 +301,8 @@ def moments(
         if t.numel() == 0:
             zero = torch.zeros((), dtype=torch.float64, device=t.device)
             out.append((zero, zero))
-        elif t.is_cuda and not half:
-            sd, m = torch.std_mean(t, correction=0)
+        elif (t.is_cuda and not half) or t.numel() <= WELFORD_MAX:
+            sd, m = torch.std_mean(t.float() if half else t, correction=0)
             out.append((m, sd))
         else:
             dtype = torch.float32 if half else t.dtype
