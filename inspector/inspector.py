@@ -56,6 +56,7 @@ from .hooks.registry import PRESET_FORMAT, Registry
 from .hooks.targets import match
 from .hooks.torch_hooks import TorchHooks
 from .stats.deferred import Deferred
+from .stats.groups import Groups, check_user_groups
 from .stats.histsel import HIST_BINS, HIST_CAP, HistSelection
 from .stats.nonfinite import NonfiniteReport
 from .stats.sharded import layout_of
@@ -92,9 +93,12 @@ class Options:
     per_rank_stats: bool = True  # under DDP: each rank's local gradient norms (a hook per parameter)
     dist_timeout: float = 60.0  # under torch.distributed: seconds a rank waits in our control collective
     checkpoints: int = DEFAULT_KEEP  # checkpoints kept in host memory; 0 turns them off
+    # {parameter glob: group name}, in order (first match wins; the rest is "other"); None: the default
+    groups: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         check_cadence(self.budget, self.every, self.hist_every)
+        check_user_groups(self.groups)
 
 
 class Inspector:
@@ -167,7 +171,8 @@ class Inspector:
             layout=layout,
         )
         self._edits = edits = Edits(reg, hooks, feed, events.emit, gate.cond)
-        self._stats = stats = StepStats(params, tensors, layout)
+        self._groups = groups = Groups(params, check_user_groups(opts.groups))
+        self._stats = stats = StepStats(params, tensors, layout, groups)
         self._nonfinite = nonfinite = NonfiniteReport(params, events.emit)
         self._hist = hist = HistSelection(params, opts.hist_every)
         # device values on their way to the host (NaN/Inf checks, records), under the Inspector's lock
@@ -253,6 +258,14 @@ class Inspector:
     def step(self) -> int:
         """Completed optimizer steps (the number of the last step boundary)."""
         return self._clock.step
+
+    @property
+    def groups(self) -> dict[str, Any]:
+        """The partition of ``params`` into groups, as plain data (a fresh copy): ``{"source": "tree" |
+        "user", "names": [...], "members": [[parameter index, ...], ...], "stacks": [{"name",
+        "groups", "blocks", "kinds"}, ...]}``. Each snapshot's ``groups`` aggregates are aligned
+        with ``names``; see :mod:`inspector.stats.groups` for how the partition is made."""
+        return self._groups.describe()
 
     @property
     def closed(self) -> bool:
@@ -725,6 +738,7 @@ def attach(
     per_rank_stats: bool = True,
     dist_timeout: float = 60.0,
     checkpoints: int = DEFAULT_KEEP,
+    groups: Mapping[str, str] | None = None,
 ) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
@@ -745,6 +759,10 @@ def attach(
             control collective before it gives up coordinating (a peer raised or exited).
         checkpoints: how many checkpoints (``insp.checkpoint()``, and the dashboard's automatic
             one before each hook change) are kept in host memory; 0 turns them off.
+        groups: how the parameters are grouped for the group views and each snapshot's group
+            aggregates: ``{"glob": "group name", ...}``, in order; a parameter goes to the first
+            glob that matches its name, the others to the group ``"other"``. None (default):
+            groups from the model's structure, at most 60 (``insp.groups`` shows them).
 
     Under ``torch.distributed`` (an initialised process group of 2 or more) call ``attach`` on
     every rank, at the same point: it creates a gloo control group (a collective call).
@@ -760,5 +778,6 @@ def attach(
         per_rank_stats=per_rank_stats,
         dist_timeout=dist_timeout,
         checkpoints=checkpoints,
+        groups=groups,
     )
     return Inspector(model, optimizer, scaler=scaler, options=options)

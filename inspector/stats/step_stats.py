@@ -20,6 +20,16 @@ where that transfer shows something rare does it read again: a non-finite raw gr
 and Inf counts, or the float64 norm of finite values whose float32 norm overflowed (both from
 the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
 
+The snapshot's group aggregates (:mod:`inspector.stats.groups`) are made on the device from the
+same per-tensor vectors and ride in that one transfer; under FSDP2 they are made on the host from
+the per-tensor values once these are combined across the ranks.
+
+Many small CPU tensors (at least ``SEGMENT_COUNT`` of at most ``SEGMENT_MAX`` elements, one float
+dtype: :class:`~inspector.stats.tensor_stats.FlatPlan`) take flat passes instead of one op per
+tensor: the probe, the raw and final statistics when every parameter has a dense gradient, the
+parameter norms, and the update norms when the whole model is within what
+:class:`~inspector.stats.update_ratio.UpdateProbe` keeps whole (one flat copy before the update).
+
 Under FSDP2 (a :class:`sharded.Layout`) every gradient here is this rank's shard: the snapshot
 combines every rank's partial results (sums of squares, abs-max, moments, counts) into the full
 tensors' statistics in one collective (:class:`~inspector.stats.sharded_stats.ShardedStats`) before its
@@ -41,19 +51,22 @@ from ..hooks.ops import GuardResult, HookState, count_nonfinite
 from ..hooks.torch_hooks import TorchHooks
 from ..wire.records import Snapshot
 from .deferred import guard_counts, pack_guard_counts
+from .groups import Groups
 from .histsel import HIST_BINS
 from .sharded import Layout, local
 from .sharded_stats import ShardedStats
 from .telemetry import Pack
 from .tensor_stats import (
+    FlatPlan,
     dense,
+    device_constant,
     foreach_norm,
     histograms,
     moments,
     raw_stats,
     wide_norm,
 )
-from .update_ratio import UpdateProbe
+from .update_ratio import FLOOR, UpdateProbe
 
 __all__ = ["RawRead", "StepStats"]
 
@@ -70,10 +83,13 @@ class RawRead:
     local_index: list[int] = field(default_factory=list)  # DDP: parameters with a local norm
     local_norms: list[Tensor] = field(default_factory=list)  # this rank's pre-all-reduce norms
     hist_raw: dict[int, Tensor] = field(default_factory=dict)  # index -> copy of the raw gradient
+    # many small CPU tensors (stats.FlatPlan): every gradient's (mean, population std), two vectors
+    flat_moments: tuple[Tensor, Tensor] | None = None
+    grads: list[Tensor] = field(default_factory=list)  # the gradients read, all strided (this rank's shards)
     # position in index -> (mean, population std), taken in the CPU sweep (stats.raw_stats)
     moments: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     # the gradients' norms as the last backward left them, and the scale they are scaled by
-    backward: tuple[list[Tensor], Tensor | None] | None = None
+    backward: tuple[list[Tensor] | Tensor, Tensor | None] | None = None
 
 
 def _backward_total(data: dict[str, list[float]]) -> float | None:
@@ -86,18 +102,72 @@ def _backward_total(data: dict[str, list[float]]) -> float | None:
     return total / scale if scale else total
 
 
+def _vector(values: Tensor | list[Tensor]) -> Tensor | None:
+    """Per-tensor 0-dim values as one 1-D float32 vector (as :meth:`Pack.add` stacks them; None if
+    there are none), so that the group aggregates and the transfer share one stack."""
+    if isinstance(values, Tensor):
+        return values.reshape(-1).float()
+    if not values:
+        return None
+    try:
+        out = torch.stack(values)
+    except RuntimeError:  # mixed devices or shapes of one element
+        dev = values[0].device
+        out = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
+    return out.reshape(-1).float()
+
+
+def _add(pack: Pack, name: str, vec: Tensor | None) -> None:
+    if vec is not None:
+        pack.add(name, vec)
+
+
+def _full(
+    norms: Tensor | None, absmax: Tensor | None, index: list[int], n: int, dev: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Vectors over ``index`` (the parameters with a gradient) spread to all ``n`` parameters, with
+    the mask of those present."""
+    if norms is None or absmax is None or not index:
+        z = torch.zeros(n, device=dev)
+        return z, z, torch.zeros(n, dtype=torch.bool, device=dev)
+    if len(index) == n:
+        return norms.to(dev), absmax.to(dev), torch.ones(n, dtype=torch.bool, device=dev)
+    idx = device_constant(tuple(index), torch.long, dev)
+    ok = torch.zeros(n, dtype=torch.bool, device=dev).index_fill_(0, idx, True)
+    return (
+        torch.zeros(n, device=dev).index_copy_(0, idx, norms.to(dev)),
+        torch.zeros(n, device=dev).index_copy_(0, idx, absmax.to(dev)),
+        ok,
+    )
+
+
 class StepStats:
     """The statistics of the step under way; see the module docstring for the order."""
 
-    def __init__(self, params: list[str], tensors: list[Tensor], layout: Layout | None = None) -> None:
+    def __init__(
+        self,
+        params: list[str],
+        tensors: list[Tensor],
+        layout: Layout | None = None,
+        groups: Groups | None = None,
+    ) -> None:
         self.params = params
         self.tensors = tensors
         self.layout = layout
+        self.groups = groups if groups is not None else Groups(params)
         # FSDP2: statistics of sharded parameters combine across the mesh
         self._sharded = ShardedStats(layout, params, tensors) if layout is not None else None
         self._part: dict[str, Any] = {}  # under FSDP2: the final statistics' local partial results
         self.raw_read: RawRead | None = None
         self._all_index = list(range(len(tensors)))
+        # many small CPU tensors: their statistics in flat passes (FlatPlan), not one op per tensor
+        self._flat = FlatPlan.of(tensors) if layout is None else None
+        self._numel = [t.numel() for t in tensors]
+        self._complex = [t.is_complex() for t in tensors]
+        self._unbias = [
+            math.sqrt(c / (c - 1)) if c > 1 else None for c in self._numel
+        ]  # population -> unbiased std
+        self._kept: Tensor | None = None  # the parameters before the update, flat (FlatPlan, kept whole)
         self._no_probe = False  # probe() cannot take these gradients (sparse, on several devices)
         self._pack: Pack | None = None  # the sampled step's device-side statistics
         self._meta: dict[str, Any] = {}
@@ -106,14 +176,31 @@ class StepStats:
         self._guards: list[GuardResult] = []  # this sampled step's nan_guards (their host findings)
         self._guard_entries: list[tuple[list[int], str]] = []  # their "guard:k" segments in the pack
         self._touched: set[int] = set()  # parameters a pre_step hook may have changed (sampled steps)
+        self._vecs: dict[str, Tensor | None] = {}  # the sampled step's stacked per-tensor vectors (no FSDP2)
 
     @property
     def resident_bytes(self) -> int:
         """Device memory held from one step to the next (the update-ratio sample)."""
         return self.update.resident_bytes
 
+    def _whole_flat(self) -> bool:
+        """Whether the update ratio takes the parameters whole in one flat copy: every parameter
+        small (FlatPlan) and all together within what UpdateProbe would keep whole."""
+        f = self._flat
+        return (
+            f is not None
+            and not f.large
+            and f.small_numel * self.tensors[0].element_size() <= FLOOR
+            and f.fits(self.tensors)  # (not where a parameter left the CPU or changed shape)
+        )
+
     def keep_params(self) -> None:
         """Keep (a sample of) the parameters before the update, for the update-to-parameter ratio."""
+        if self._whole_flat():
+            if self._kept is None:
+                with torch.no_grad():
+                    self._kept = self._flat.flat(self.tensors)  # type: ignore[union-attr]  # (a copy)
+            return
         self.update.keep(self._params_local())
 
     def _params_local(self) -> list[Tensor]:
@@ -121,6 +208,12 @@ class StepStats:
         if self.layout is None:
             return [p.detach() for p in self.tensors]
         return [local(p.detach()) for p in self.tensors]
+
+    def norms_now(self, grads: list[Tensor]) -> list[Tensor] | Tensor:
+        """The 2-norms of ``grads`` (every parameter's, dense: one vector by FlatPlan; else a list)."""
+        if self._flat is not None and self._flat.fits(grads):
+            return self._flat.norms(grads)
+        return foreach_norm(grads)
 
     def probe(self) -> tuple[list[int], Tensor | list[Tensor]] | None:
         """The unsampled step's finiteness probe alone, for the usual case (no ``pre_step`` hook, no
@@ -132,6 +225,11 @@ class StepStats:
         grads = [g for p in self.tensors if (g := p.grad) is not None]
         if not grads:
             return None
+        if self._flat is not None and not self._flat.large and self._flat.fits(grads):
+            try:  # (with large tensors among them the usual fused norm is cheaper here)
+                return self._all_index, self._flat.norms(grads)
+            except RuntimeError:  # (a gradient that is not what its parameter is: the usual way from now on)
+                self._flat = None
         try:
             norms = foreach_norm(grads)
             # on the CPU the norms are read one by one at a later boundary (no copy to make: one
@@ -159,16 +257,35 @@ class StepStats:
         idx: list[int] = []
         grads: list[Tensor] = []
         shard = self.layout is not None
-        for i, p in enumerate(self.tensors):
+        densified = False
+        # every gradient there, dense, of its parameter's shape, on the CPU (FlatPlan.fits checks
+        # each): the usual case, no loop of ours and flat passes; else (one missing, one sparse)
+        # the per-tensor path, whose densified values of a sparse gradient the plan cannot take
+        flat = False
+        if self._flat is not None:
+            got = [g for p in self.tensors if (g := p.grad) is not None]
+            if self._flat.fits(got):
+                idx, grads, flat = self._all_index, got, True
+        for i, p in enumerate(self.tensors if not flat else ()):
             g = p.grad
             if g is not None:
                 if shard:  # FSDP2: this rank's shards; the snapshot combines them
                     g = local(g)
                 idx.append(i)
-                grads.append(g if g.layout == torch.strided else dense(g))
-        if sampled:
+                if g.layout == torch.strided:
+                    grads.append(g)
+                else:
+                    grads.append(dense(g))
+                    densified = True
+        if sampled and flat:
+            am, norm_vec, mean, sdev = self._flat.stats(grads)  # type: ignore[union-attr]
+            out = RawRead(idx, am, True, absmax=am, flat_moments=(mean, sdev))
+            out.norm_tensors = norm_vec  # type: ignore[assignment]  # (a vector here)
+        elif sampled:
             am, norms, known = raw_stats(grads)
             out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, moments=known)
+        elif flat and not self._flat.large:  # type: ignore[union-attr]
+            out = RawRead(idx, self._flat.norms(grads), False)  # type: ignore[union-attr]
         else:
             out = RawRead(idx, foreach_norm(grads), False)
         if hooks.per_rank:
@@ -180,6 +297,7 @@ class StepStats:
                 if g is not None:
                     g = dense(local(g)).detach()
                     out.hist_raw[i] = g.clone() if i in edited else g
+        out.grads = grads if not densified else []  # (final() tells a sparse gradient by its layout)
         self.raw_read = out
         return out
 
@@ -190,24 +308,51 @@ class StepStats:
         self._guards, self._touched = guards, touched
         pack = Pack()
         if self.layout is None:
-            pack.add("raw_norm", raw.norm_tensors)
-            pack.add("raw_absmax", raw.absmax)
+            self._vecs["raw_norm"] = _vector(raw.norm_tensors)
+            self._vecs["raw_absmax"] = _vector(raw.absmax)
+            _add(pack, "raw_norm", self._vecs["raw_norm"])
+            _add(pack, "raw_absmax", self._vecs["raw_absmax"])
         self._guard_entries = pack_guard_counts(pack, guards)
-        fin = [(i, p.grad) for i, p in enumerate(self.tensors) if p.grad is not None]
-        fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
-        if hooks_ran:  # (the same arithmetic as raw(): an untouched gradient reads the same twice)
+        if hooks_ran or not raw.grads:
+            fin = [(i, g) for i, p in enumerate(self.tensors) if (g := p.grad) is not None]
+            fgrads = [dense(g) for _, g in fin] if self.layout is None else [dense(local(g)) for _, g in fin]
+        else:  # no pre_step hook ran: the gradients raw() read are the final ones
+            fin = list(zip(raw.index, raw.grads, strict=True))
+            fgrads = raw.grads
+        flat_moms: tuple[Tensor, Tensor] | None = None
+        if (
+            hooks_ran
+            and raw.flat_moments is not None
+            and self._flat is not None
+            and self._flat.fits([g for _, g in fin])  # (the gradients as they are, not densified)
+        ):
+            fabsmax, fnorms, *flat_pair = self._flat.stats(fgrads)  # (as raw() took the raw ones)
+            flat_moms = (flat_pair[0], flat_pair[1])
+            fknown: dict[int, tuple[Tensor, Tensor]] = {}
+        elif hooks_ran:  # (the same arithmetic as raw(): an untouched gradient reads the same twice)
             fabsmax, fnorms, fknown = raw_stats(fgrads)
         else:  # no pre_step hook ran: the final gradients are the raw ones
             fnorms, fabsmax, fknown = raw.norm_tensors, raw.absmax, raw.moments
-        strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
-        # the dense final gradients' means and population stds (the unbiased std is the host's)
-        known = {j: fknown[k] for j, k in enumerate(strided) if k in fknown}
-        moms = moments([fgrads[k] for k in strided], known)
+            flat_moms = raw.flat_moments
+        if flat_moms is not None:  # every final gradient there and dense (FlatPlan.fits)
+            strided = list(range(len(fin)))
+            moms: list[tuple[Tensor, Tensor]] = []
+        else:
+            strided = [k for k, (_, g) in enumerate(fin) if g.layout == torch.strided]
+            # the dense final gradients' means and population stds (the unbiased std is the host's)
+            known = {j: fknown[k] for j, k in enumerate(strided) if k in fknown}
+            moms = moments([fgrads[k] for k in strided], known)
         if self.layout is None:
-            pack.add("final_norm", fnorms)
-            pack.add("final_absmax", fabsmax)
-            pack.add("mean", [m.real if m.is_complex() else m for m, _ in moms])  # (a complex mean: null)
-            pack.add("sdev", [sd for _, sd in moms])
+            self._vecs["final_norm"] = _vector(fnorms)
+            self._vecs["final_absmax"] = _vector(fabsmax)
+            _add(pack, "final_norm", self._vecs["final_norm"])
+            _add(pack, "final_absmax", self._vecs["final_absmax"])
+            if flat_moms is not None:
+                pack.add("mean", flat_moms[0])
+                pack.add("sdev", flat_moms[1])
+            else:
+                pack.add("mean", [m.real if m.is_complex() else m for m, _ in moms])  # (a complex mean: null)
+                pack.add("sdev", [sd for _, sd in moms])
         else:  # FSDP2: the shards' partial results, combined in the snapshot's one collective
             self._part = {
                 "fnorms": fnorms,
@@ -282,14 +427,17 @@ class StepStats:
         transfer: values near 1e19 and up), they are taken again in float64 from the same gradient
         (rare: a host read, only then; not under FSDP2, where it is a shard's)."""
         n = len(self.params)
+        means, sdevs = data.get("mean", []), data.get("sdev", [])
+        if len(dense_idx) == n and self._flat is not None and math.isfinite(sum(means) + sum(sdevs)):
+            # every gradient there, dense and real (FlatPlan), every moment finite: no per-tensor case
+            return list(means), [sd * f if f else None for sd, f in zip(sdevs, self._unbias, strict=True)]
         mean: list[float | None] = [None] * n
         std: list[float | None] = [None] * n
-        means, sdevs = data.get("mean", []), data.get("sdev", [])
         for k, i in enumerate(dense_idx):
-            t, norm = self.tensors[i], norms[i]
+            norm = norms[i]
             if norm is None:
                 continue
-            cplx, count = t.is_complex(), t.numel()
+            cplx, count = self._complex[i], self._numel[i]
             m, sd = means[k], sdevs[k]
             a, g = absmax[i], self._fgrads.get(i)
             if (
@@ -334,14 +482,70 @@ class StepStats:
                 norms[k] = float(wide_norm(dense(self.tensors[i].grad)))  # type: ignore[arg-type]
         return out
 
+    def _group_device(
+        self, raw: RawRead | None, meta: dict[str, Any], pvec: Tensor | None, uvec: Tensor | None
+    ) -> Tensor | None:
+        """The group aggregates on the device, for the snapshot's one transfer, from the stacked
+        per-tensor vectors of :meth:`final` and the parameter and update norms; None where they
+        cannot be taken there (no vectors: nothing sampled, tensors on several devices), and then
+        :meth:`_group_host` takes them from the lists."""
+        n = len(self.params)
+        if pvec is None or pvec.numel() != n:
+            return None
+        dev = pvec.device
+        try:
+            with torch.no_grad():
+                if raw is not None and "raw_norm" in self._vecs:
+                    rn, ra, rok = _full(self._vecs["raw_norm"], self._vecs["raw_absmax"], raw.index, n, dev)
+                    fn, fa, fok = _full(
+                        self._vecs["final_norm"], self._vecs["final_absmax"], meta.get("fin_idx", []), n, dev
+                    )
+                else:
+                    rn = ra = fn = fa = torch.zeros(n, device=dev)
+                    rok = fok = torch.zeros(n, dtype=torch.bool, device=dev)
+                if uvec is not None and uvec.numel() == n:
+                    u = uvec.to(dev)
+                    ratio = u / pvec
+                    ratio_ok = (fok | (u != 0)) & (pvec > 0)
+                else:
+                    ratio, ratio_ok = torch.zeros(n, device=dev), torch.zeros(n, dtype=torch.bool, device=dev)
+                return self.groups.aggregate(rn, ra, rok, fn, fa, fok, ratio, ratio_ok)
+        except RuntimeError:  # vectors on several devices
+            return None
+
+    def _group_host(
+        self,
+        data: dict[str, list[float]],
+        counts: dict[int, tuple[int, int]],
+        norm_raw: list[float | None],
+        norm: list[float | None],
+        absmax_raw: list[float | None],
+        absmax: list[float | None],
+        nan_count: list[int | None],
+        inf_count: list[int | None],
+        ratio: list[float | None],
+    ) -> dict[str, list[Any]]:
+        """The snapshot's group aggregates: from the transfer's ``groups`` segment, or, under FSDP2
+        (whose per-tensor values are combined across ranks into these lists on the host), where the
+        device could not take them, or where a group norm is infinite (a float32 norm that overflowed
+        may have been taken again in float64 on the host, a rare case), from the lists."""
+        host = data.get("groups")
+        if host is not None:
+            out = self.groups.unpack(host, nan_count, inf_count, counts)
+            if not any(v == math.inf for k in ("norm_raw", "norm") for v in out[k]):
+                return out
+        return self.groups.aggregate_host(norm_raw, norm, absmax_raw, absmax, nan_count, inf_count, ratio)
+
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
-        if self.raw_read is None and self._pack is None and not self.update.kept:
+        if self.raw_read is None and self._pack is None and not self.update.kept and self._kept is None:
             return  # an unsampled step's probe (``probe()``) keeps nothing here
         self.raw_read = None
         self._pack = None
         self._meta = {}
         self._fgrads = {}
+        self._vecs = {}
+        self._kept = None
         self._part = {}
         self._guards = []
         self._guard_entries = []
@@ -373,15 +577,31 @@ class StepStats:
         meta = self._meta if self._pack is not None else {}
         raw = self.raw_read if self._pack is not None else None
         n = len(self.params)
+        pnorms: list[Tensor] | Tensor
+        unorms: list[Tensor] | Tensor | None
         with torch.no_grad():
-            ps = self._params_local()
-            pnorms = foreach_norm(ps)
-            unorms = self.update.update_norms(ps)
-        dev = pnorms[0].device if pnorms else torch.device("cpu")
+            if self._flat is not None and self._flat.fits(self.tensors):
+                pnorms = self._flat.norms(self.tensors)
+                if self._kept is not None:  # (the update's sample is flat too where all are small)
+                    after = self._flat.flat(self.tensors)
+                    unorms = self._flat.norms_of_flat(self._kept.sub_(after), [])
+                else:
+                    unorms = self.update.update_norms(self._params_local())
+            else:  # (also where a parameter has left the plan: moved off the CPU, reshaped)
+                ps = self._params_local()
+                pnorms = foreach_norm(ps)
+                # (a flat copy kept before a parameter left the plan, this very step: no update norms)
+                unorms = self.update.update_norms(ps) if self._kept is None else None
+        dev = pnorms[0].device if len(pnorms) else torch.device("cpu")
         if self.layout is None:
-            pack.add("param_norm", pnorms)
-            if unorms is not None:
-                pack.add("update_norm", unorms)
+            pvec = _vector(pnorms)
+            uvec = _vector(unorms) if unorms is not None else None
+            _add(pack, "param_norm", pvec)
+            if uvec is not None:
+                pack.add("update_norm", uvec)
+            grouped = self._group_device(raw, meta, pvec, uvec)
+            if grouped is not None:
+                pack.add("groups", grouped)
         eff_ids, effs = [], []
         for st in states:
             if st.measured:
@@ -485,6 +705,18 @@ class StepStats:
                 "modified in place later (its autograd history was rebuilt), or it took no part in the backward"
             )
 
+        groups = self._group_host(
+            data,
+            counts,
+            grad_norm_raw,
+            grad_norm,
+            scatter(raw_idx, raw_absmax_vals),
+            absmax_final,
+            nan_count,
+            inf_count,
+            update_ratio,
+        )
+
         def total(vals: list[float | None]) -> float | None:
             xs = [v for v in vals if v is not None]
             return math.sqrt(sum(v * v for v in xs)) if xs else None
@@ -515,5 +747,6 @@ class StepStats:
             sampled_every=sampled_every,
             overhead=overhead,
             total_norm_backward=_backward_total(data),
+            groups=groups,
             events=events,
         )

@@ -10,6 +10,11 @@ deviations from one of its own values, the chunks combined as Chan et al. do, in
 1e-4 reads 1e-4, a constant one 0 (a sum and a norm, ``var = (||g||^2 - n mean^2) / (n - 1)``,
 lose every digit there).
 
+Many small CPU tensors: there every ``torch._foreach_*`` op is a loop of a few microseconds a tensor,
+so :class:`FlatPlan` reduces tensors of up to ``SEGMENT_MAX`` elements in flat passes over one
+buffer (``torch.segment_reduce``, float64): norms, abs-max and moments of thousands of tensors in
+a few ops.
+
 Dtypes: float32 gradients take the fast path (one ``torch._foreach_norm`` in float32);
 float16 and bfloat16 are reduced in float32 (norms, moments: never in their own precision);
 float64 and complex gradients are reduced in their own precision and the result rounded
@@ -22,6 +27,7 @@ histograms are of the magnitudes.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "foreach_norm",
+    "FlatPlan",
     "absmax",
     "moments",
     "combine_moments",
@@ -61,6 +68,12 @@ def _norm_float32(tensors: list[Tensor], ord: float) -> list[Tensor]:
             _HAS_NORM_DTYPE = False
     up = [t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
     return [n.float() for n in torch._foreach_norm(up, ord)]
+
+
+# FlatPlan: on the CPU, tensors of at most SEGMENT_MAX elements are reduced in flat passes, when
+# there are at least SEGMENT_COUNT of them
+SEGMENT_MAX = 1024  # (above it, torch._foreach_* costs less than the copy into the flat buffer)
+SEGMENT_COUNT = 32
 
 
 def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
@@ -520,3 +533,143 @@ def dense(g: Tensor) -> Tensor:
     if g.layout != torch.strided:
         return g.coalesce().values()
     return g
+
+
+_SHAPE = operator.attrgetter("shape")
+_KIND = operator.attrgetter("layout", "dtype", "is_cpu")
+
+
+class FlatPlan:
+    """Many small CPU tensors (the parameters, or their gradients) reduced together in flat passes.
+
+    On the CPU every ``torch._foreach_*`` op and every per-tensor op costs a few microseconds a
+    tensor whatever its size, so at thousands of tiny tensors the statistics would take a large
+    share of the training step. Tensors of at most ``SEGMENT_MAX`` elements are instead copied into
+    one flat buffer and reduced per tensor with ``torch.segment_reduce`` in float64: 2-norms,
+    abs-max, and the moments (mean, then the deviations from it: two passes, stable whatever the
+    mean, as :func:`moments`). The copy is one ``torch.cat`` along the first dimension per kind of
+    tensor (same trailing shape: all the ``[4, 4]`` weights, then all the ``[4]`` biases), which
+    costs less a tensor than flattening each; the values are put back in parameter order at the
+    end. The larger tensors take the usual functions. Made once from the parameters (:meth:`of`);
+    it applies to a list aligned with them that :meth:`fits` (every parameter's gradient present,
+    dense, of the planned shape, on the CPU, one real float dtype).
+    """
+
+    def __init__(self, tensors: list[Tensor]) -> None:
+        self.n = len(tensors)
+        self.shapes = list(map(_SHAPE, tensors))  # (what fits() checks every list against)
+        self.small = [k for k, t in enumerate(tensors) if t.numel() <= SEGMENT_MAX]
+        self.large = [k for k, t in enumerate(tensors) if t.numel() > SEGMENT_MAX]
+        # the small ones by kind (ndim >= 1 and the trailing shape; 0-dim ones flattened one by one)
+        kinds: dict[Any, list[int]] = {}
+        for j, k in enumerate(self.small):
+            t = tensors[k]
+            kinds.setdefault(tuple(t.shape[1:]) if t.dim() else None, []).append(j)
+        self._kinds = list(kinds.items())
+        order = [j for _, js in self._kinds for j in js]  # positions in self.small, in buffer order
+        numels = [tensors[self.small[j]].numel() for j in order]
+        self.small_numel = sum(numels)
+        self.lengths = torch.tensor(numels, dtype=torch.long)
+        self.empty = self.lengths == 0
+        self._order = None if order == list(range(len(order))) else torch.tensor(order, dtype=torch.long)
+        self.small_idx = torch.tensor(self.small, dtype=torch.long)
+        self.large_idx = torch.tensor(self.large, dtype=torch.long)
+
+    @staticmethod
+    def of(tensors: list[Tensor]) -> FlatPlan | None:
+        """A plan for these parameters, or None where it does not apply (not all on the CPU, not
+        one real float dtype, fewer than ``SEGMENT_COUNT`` small ones)."""
+        if len(tensors) < SEGMENT_COUNT:
+            return None
+        dt = tensors[0].dtype
+        if dt not in _FLOAT32_SUMS and dt != torch.float64:
+            return None
+        if any(t.dtype != dt or not t.is_cpu or t.layout != torch.strided for t in tensors):
+            return None
+        plan = FlatPlan(tensors)
+        return plan if len(plan.small) >= SEGMENT_COUNT else None
+
+    def fits(self, xs: list[Tensor]) -> bool:
+        """Whether ``xs`` (a list aligned with the parameters) can take the plan: every one there,
+        of its parameter's planned shape, dense (strided), on the CPU, all of one real float dtype
+        (the plan's or another: a model turned to float64 still fits). Each tensor is checked (its
+        shape, and one set of (layout, dtype, on the CPU) over all: well under a microsecond a
+        tensor), not only the first and last: a sparse gradient anywhere (its stored values are
+        not its parameter's shape), a parameter moved off the CPU or to a complex dtype, takes the
+        per-tensor path."""
+        if len(xs) != self.n or list(map(_SHAPE, xs)) != self.shapes:
+            return False
+        kinds = set(map(_KIND, xs))
+        if len(kinds) != 1:
+            return False
+        layout, dtype, cpu = kinds.pop()
+        return layout == torch.strided and cpu and (dtype in _FLOAT32_SUMS or dtype == torch.float64)
+
+    def flat(self, xs: list[Tensor]) -> Tensor:
+        """The small ones copied into one new 1-D buffer (their dtype), kind by kind."""
+        small = xs if not self.large else [xs[k] for k in self.small]
+        parts = []
+        for key, js in self._kinds:
+            group = [small[j] for j in js]
+            if key is None:  # 0-dim tensors
+                parts.append(torch.stack(group))
+            else:
+                parts.append(torch.cat(group).reshape(-1))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]  # (cat and stack copy: never a view)
+
+    def _seg(self, flat: Tensor, how: str) -> Tensor:
+        """Per small tensor, in buffer order."""
+        return torch.segment_reduce(flat, how, lengths=self.lengths, unsafe=True)
+
+    def _unorder(self, v: Tensor) -> Tensor:
+        """Per small tensor from buffer order to the order of ``self.small``."""
+        return v if self._order is None else torch.empty_like(v).index_copy_(0, self._order, v)
+
+    def _merge(self, small: Tensor, large: list[Tensor] | Tensor, dtype: torch.dtype) -> Tensor:
+        small = self._unorder(small)
+        if not self.large:
+            return small.to(dtype)
+        out = torch.empty(self.n, dtype=dtype)
+        out.index_copy_(0, self.small_idx, small.to(dtype))
+        out.index_copy_(0, self.large_idx, (large if isinstance(large, Tensor) else _stack(large)).to(dtype))
+        return out
+
+    def norms_of_flat(self, flat: Tensor, large: list[Tensor]) -> Tensor:
+        """2-norms (float32, all ``n``) from :meth:`flat`'s buffer and the large tensors."""
+        small = self._seg(flat.double().square_(), "sum").sqrt_()
+        return self._merge(small, foreach_norm(large) if large else [], torch.float32)
+
+    def norms(self, xs: list[Tensor]) -> Tensor:
+        """Per-tensor 2-norms as one 1-D float32 tensor."""
+        return self.norms_of_flat(self.flat(xs), [xs[k] for k in self.large])
+
+    def stats(self, xs: list[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(abs-max, 2-norms)`` in float32 and ``(means, population stds)`` in float64, each one
+        1-D tensor over all ``n`` (as :func:`raw_stats` and :func:`moments` take them)."""
+        f = self.flat(xs).double()
+        sums = self._seg(f, "sum")
+        count = self.lengths.clamp(min=1).double()
+        mean = sums / count
+        dev = f - torch.repeat_interleave(mean, self.lengths, output_size=f.numel())
+        var = self._seg(dev.square_(), "sum") / count
+        sq = self._seg(f.square(), "sum")
+        am = self._seg(f.abs_(), "max")
+        am = torch.where(self.empty, torch.zeros((), dtype=am.dtype), am)
+        mean = torch.where(self.empty, torch.zeros((), dtype=mean.dtype), mean)
+        small = (am, sq.sqrt_(), mean, var.sqrt_())
+        if not self.large:
+            return (
+                self._unorder(small[0]).float(),
+                self._unorder(small[1]).float(),
+                self._unorder(small[2]),
+                self._unorder(small[3]),
+            )
+        large = [xs[k] for k in self.large]
+        lam, lnorms, known = raw_stats(large)
+        moms = moments(large, known)
+        return (
+            self._merge(small[0], lam, torch.float32),
+            self._merge(small[1], lnorms, torch.float32),
+            self._merge(small[2], [m.real.double() for m, _ in moms], torch.float64),
+            self._merge(small[3], [sd.double() for _, sd in moms], torch.float64),
+        )

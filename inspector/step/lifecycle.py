@@ -51,7 +51,6 @@ from ..stats.histsel import HistSelection, learning_rates
 from ..stats.nonfinite import NO_FINDINGS, NonfiniteReport
 from ..stats.step_stats import RawRead, StepStats
 from ..stats.telemetry import Cadence
-from ..stats.tensor_stats import foreach_norm
 from ..whatif.checkpoints import Checkpoints
 from ..wire.errors import InspectorError, describe_error
 from ..wire.records import HookSpec
@@ -147,7 +146,7 @@ class StepLifecycle:
         self._unmarked = 0  # backward passes before the first boundary, without an optimizer
         self._bw_queued = False  # a callback at the end of the backward under way is queued
         # the norms the last backward left, and the scale they are scaled by (sampled steps)
-        self._bw: tuple[list[Tensor], Tensor | None] | None = None
+        self._bw: tuple[list[Tensor] | Tensor, Tensor | None] | None = None
         self._hist_chosen: list[int] | None = None  # the step under way's histograms, once chosen
         self._telemetry_seen: set[str] = set()  # statistics failures reported so far (each once)
 
@@ -336,7 +335,11 @@ class StepLifecycle:
                 g for g in (t.grad for t in self._at.tensors) if g is not None and g.layout == torch.strided
             ]
             scale = getattr(self._at.scaler, "_scale", None)  # the scale this backward's loss was scaled by
-            self._bw = (foreach_norm(grads), scale if isinstance(scale, Tensor) else None) if grads else None
+            self._bw = (
+                (self._stats.norms_now(grads), scale if isinstance(scale, Tensor) else None)
+                if grads
+                else None
+            )
         except Exception as e:  # never take training down for telemetry
             self._telemetry_failed("the gradient norm at the end of backward", e)
 

@@ -118,6 +118,10 @@ class Snapshot:
     # the global norm of the gradients as the step's last backward left them (unscaled), before
     # the user's own code between backward() and step() (a clip_grad_norm_ of its own) changed them
     total_norm_backward: float | None = None
+    # the group aggregates, lists aligned with Inspector.groups["names"] (inspector.stats.groups):
+    # norm_raw, norm, absmax_raw, absmax, nan_count, inf_count, norm_min, norm_median, norm_max,
+    # ratio_min, ratio_median, ratio_max; None: the run has no groups (never from an Inspector)
+    groups: dict[str, list[Any]] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     _wire: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
