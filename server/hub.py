@@ -5,7 +5,8 @@ source hands each message to `ClientHub.publish` through `loop.call_soon_threads
 so everything here runs on the server's event loop and needs no lock.
 
 Each message is serialized once (`protocol.dumps`) and the same text goes to
-every client. Each client has a `ClientQueue` and a sender task:
+every client: a large run's snapshot carries the per-parameter detail of the union of what the
+clients subscribed to (`wire_snapshot`), not one cut per client. Each client has a `ClientQueue` and a sender task:
 
 - `hooks`, `event`, `ack`, `error` (control messages) wait in order and are
   never dropped (only those `hello` already carried are skipped: see `forget_before`);
@@ -27,22 +28,55 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.status import WS_1001_GOING_AWAY, WS_1013_TRY_AGAIN_LATER
 
+from .history.packing import PER_PARAM, packable, short_values
 from .protocol import dumps
+from .settings import DETAIL_ALL
 
 TOO_FAR_BEHIND = WS_1013_TRY_AGAIN_LATER  # the close code of a client kicked for its backlog or a stall
 
 SendText = Callable[[str], Awaitable[None]]  # a socket's send_text
 
 
-def wire_snapshot(snap: dict[str, Any]) -> dict[str, Any]:
+def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, Any]:
     """A snapshot as the websocket sends it: without `events` (each event goes out once, as an
-    `event` message or inside its `hooks` message; the history keeps them in the snapshot)."""
-    return {k: v for k, v in snap.items() if k != "events"} if "events" in snap else snap
+    `event` message or inside its `hooks` message; the history keeps them in the snapshot).
+
+    A small run's (at most `DETAIL_ALL` parameter tensors) is sent without its group aggregates:
+    its page shows every tensor, not groups, and the message stays the size it was before groups
+    existed (the history and `GET /api/snapshots` keep them).
+
+    A large run's (more than `DETAIL_ALL` parameter tensors) has its ten per-parameter lists
+    replaced by one `detail`: `{"index": [...], key: [values aligned to index], ...}` for the
+    parameters `index` (ascending; an out-of-range one is left out). A snapshot that has its
+    `detail` already (history read without it) is left as it is. The group aggregates and the
+    detail's values are written with the fewest digits that keep their float32 value
+    (`short_values`: exact for the core's float32 statistics, half as long)."""
+    first = snap.get("grad_norm_raw")
+    if isinstance(first, list) and len(first) <= DETAIL_ALL and "detail" not in snap:
+        # a small run's page shows every tensor, not its groups
+        return {k: v for k, v in snap.items() if k not in ("events", "groups")}
+    groups = snap.get("groups")
+    if isinstance(groups, dict) and all(packable(v) for v in groups.values()):
+        snap = {**snap, "groups": {k: short_values(v) for k, v in groups.items()}}
+    if not isinstance(first, list) or "detail" in snap:
+        return {k: v for k, v in snap.items() if k != "events"} if "events" in snap else snap
+    n = len(first)
+    keep = sorted({i for i in index if 0 <= i < n})
+    detail: dict[str, list[Any]] = {"index": keep}
+    out: dict[str, Any] = {}
+    for k, v in snap.items():
+        if k in PER_PARAM:
+            values = [v[i] for i in keep] if isinstance(v, list) and len(v) == n else [None] * len(keep)
+            detail[k] = short_values(values) if packable(values) else values
+        elif k != "events":
+            out[k] = v
+    out["detail"] = detail
+    return out
 
 
 def message_text(kind: str, payload: dict[str, Any], data_text: str | None = None) -> str:

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter
 from starlette.responses import JSONResponse
 
+from .settings import DETAIL_CAP
+
 # -- strict JSON ------------------------------------------------------------------------------------
 
 
@@ -176,6 +178,14 @@ class RunList(BaseModel):
     runs: list[RunInfo]
 
 
+class DetailPage(BaseModel):
+    steps: list[int]
+    params: list[str]
+    stats: dict[str, list[list[float | str | None]]] = Field(
+        description="per statistic, per parameter (in `params` order), one value per step (in `steps` order)"
+    )
+
+
 class ErrorItem(BaseModel):
     loc: list[str | int]
     msg: str
@@ -229,6 +239,10 @@ class SubscribeCmd(_Command):
     type: Literal["subscribe"]
     max_rate: Annotated[float, Field(strict=True, gt=0, le=1000, allow_inf_nan=False)] | None = None
     hist: Annotated[list[Annotated[StrictStr, Field(max_length=512)]], Field(max_length=64)] | None = None
+    # a large run's per-parameter detail wanted on this socket (PROTOCOL.md); [] drops it
+    detail: (
+        Annotated[list[Annotated[StrictStr, Field(max_length=512)]], Field(max_length=DETAIL_CAP)] | None
+    ) = None
 
 
 Command = Annotated[

@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# A run with more parameter tensors than this is "large": its snapshot messages carry the
+# per-parameter statistics only of the tensors the pages subscribed to and of the worst-now ones
+# (`detail`, PROTOCOL.md); a smaller one's carry every tensor's.
+DETAIL_ALL = 64
+DETAIL_CAP = 256  # tensors the pages' detail subscriptions hold together, at most
+DETAIL_WINDOW = 512  # recorded snapshots of a run whose per-parameter detail the history keeps whole
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +65,9 @@ class Settings:
             every SSH-tunnelled client comes from there).
         frame_ancestors: origins whose pages may show the dashboard in a frame (a notebook's;
             `insp.show()` names them); none by default (security.py).
+        detail_window: recorded snapshots of a run whose per-parameter statistics the history keeps
+            for every step; older steps keep them on every 8th (history/storage.py). The CLI's
+            `--detail-window` hands it to the history it opens.
     """
 
     host: str = DEFAULT_HOST
@@ -74,6 +83,7 @@ class Settings:
     connections_per_client: int = 64
     trusted_proxy: str | None = None
     frame_ancestors: tuple[str, ...] = ()
+    detail_window: int = DETAIL_WINDOW
     loopback: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +94,8 @@ class Settings:
             self.token = new_token()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
+        if self.detail_window < 1:
+            raise ValueError(f"detail window: at least 1, got {self.detail_window}")
 
     def url(self, port: int | None = None) -> str:
         """The start-up URL: `http://HOST:PORT/`, with `#token=T` when a token is in force (a

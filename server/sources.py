@@ -20,7 +20,11 @@ from typing import Any
 from .history.queries import ALL_STEPS, HistoryQuery
 from .history.storage import HistoryStore, StoreError
 from .hub import wire_snapshot
+from .live.worst import STATS as WORST_STATS
+from .live.worst import WINDOW as WORST_WINDOW
+from .live.worst import worst_of
 from .protocol import error_detail
+from .settings import DETAIL_ALL
 
 log = logging.getLogger("gradient_inspector.server")
 
@@ -40,6 +44,35 @@ class ApiError(Exception):
 
 def read_only_error() -> ApiError:
     return ApiError(403, "read-only: this server does not accept commands")
+
+
+def param_indices(names: list[str], known: list[str], loc: tuple[str, ...]) -> list[int]:
+    """The indices of parameter `names` among `known`, in the order given (repeats once); a 422
+    naming the unknown ones (`loc`: where the names came from)."""
+    where = {n: i for i, n in enumerate(known)}
+    unknown = [n for n in dict.fromkeys(names) if n not in where]
+    if unknown:
+        shown = ", ".join(repr(n[:200]) for n in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise ApiError(422, error_detail(loc, f"unknown parameter(s): {shown}{more}"))
+    return [where[n] for n in dict.fromkeys(names)]
+
+
+def groups_of(meta: dict[str, Any], names: list[str]) -> dict[str, Any] | None:
+    """A stored run's groups description (`Inspector.groups`, kept in the run's meta), or for a run
+    recorded before groups, the core's default partition built from its parameter names (as at
+    attach; a run attached with its own `groups=` gets the default); None when even that fails."""
+    groups = meta.get("groups")
+    if isinstance(groups, dict):
+        return groups
+    try:
+        from inspector.stats.groups import Groups  # on first use, as hook_kinds() imports the core
+
+        described = Groups(names).describe()
+    except Exception:  # noqa: BLE001 - names the builder cannot take: no groups
+        log.warning("gradient-inspector: no groups for a stored run", exc_info=True)
+        return None
+    return described if isinstance(described, dict) else None
 
 
 def hook_kinds() -> dict[str, Any]:
@@ -68,10 +101,37 @@ class Source:
         raise NotImplementedError
 
     def param_names(self, run: int | None = None) -> list[str]:
-        return [p["name"] for p in self.session(run)["params"]]
+        return [p["name"] for p in self._info(self._run(run))["params"]]
 
-    def snapshots(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
-        return self._store().snapshots(self._run(run), query)
+    def snapshots(
+        self, run: int | None = None, query: HistoryQuery = ALL_STEPS, *, detail: bool = True
+    ) -> list[dict[str, Any]]:
+        """Snapshots, oldest first; with `detail` false the stored ones come without their
+        per-parameter lists (`HistoryReader.snapshots_at`)."""
+        return self._store().snapshots(self._run(run), query, detail=detail)
+
+    def detail(
+        self, run: int | None, names: list[str], *, since: int | None = None, limit: int = 600
+    ) -> dict[str, Any]:
+        """`GET /api/detail`: the per-parameter statistics of the parameters `names` over the newest
+        `limit` recorded steps after `since`, oldest first: `{"steps", "params", "stats"}` (`stats`:
+        per statistic, per parameter, one value per step; None where a step has none)."""
+        known = self.param_names(run)
+        index = param_indices(names, known, ("query", "params"))
+        steps, stats = self._store().detail(self._run(run), index, since=since, limit=limit)
+        return {"steps": steps, "params": [known[i] for i in index], "stats": stats}
+
+    def stored_worst(self, run: int) -> list[dict[str, Any]]:
+        """The `worst` of a stored run's newest recorded step, ranked against the `WORST_WINDOW`
+        recorded steps before it (their stored statistics; a thinned step counts as none)."""
+        steps, stats = self._store().detail(run, None, WORST_STATS, limit=WORST_WINDOW + 1)
+        rows = [{k: [per_param[j] for per_param in stats[k]] for k in WORST_STATS} for j in range(len(steps))]
+        return worst_of(rows)
+
+    def set_detail(self, client_id: str, names: list[str]) -> None:
+        """One client's detail subscription (`[]` drops it): checked (unknown names: 422); a
+        recorded run streams nothing, so nothing else happens."""
+        param_indices(names, self.param_names(None), ("detail",))
 
     def scalars(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
         return self._store().scalars(self._run(run), query)
@@ -142,7 +202,11 @@ class Source:
         snapshot's step (`since`) and event's `seq`. When `run` is still the session's, the
         step did not go back and no rewind came since `seq` (the same process, one branch),
         `resumed` is true and only what came after `since` and `seq` is sent. The session is at least as new as the events
-        (read again when a change they hold was applied after it), so it holds their changes."""
+        (read again when a change they hold was applied after it), so it holds their changes.
+
+        A large run's snapshots (more than `DETAIL_ALL` parameters) come in their wire form with an
+        empty `detail` (the page asks `GET /api/detail` for what it wants); the newest has `worst`
+        (for a run recorded without it, ranked from its stored steps: `stored_worst`)."""
         session = self.session()
         now = session["training"].get("step")
         now = now if isinstance(now, int) else 0
@@ -152,7 +216,12 @@ class Source:
             # a rewind meanwhile: the page's newest steps may be of the branch it abandoned
             resumed = False
             evs = self.events(limit=events)
-        snaps = self.snapshots(None, HistoryQuery(since=since if resumed else None, limit=history))
+        large = len(session.get("params") or ()) > DETAIL_ALL  # its detail comes over /api/detail
+        snaps = self.snapshots(
+            None, HistoryQuery(since=since if resumed else None, limit=history), detail=not large
+        )
+        if snaps and "worst" not in snaps[-1] and not session.get("live") and self.run_id is not None:
+            snaps[-1] = {**snaps[-1], "worst": self.stored_worst(self.run_id)}  # a run recorded before it
         versions = [e.get("config_version") for e in evs if e.get("kind") == "hook_applied"]
         newest = max((v for v in versions if isinstance(v, int)), default=0)
         version = session.get("config_version")
@@ -242,6 +311,7 @@ class Source:
             "live": live,
             "params": info["params"],
             "modules": info["modules"],
+            "groups": self._stored_groups(run, info),
             "hook_kinds": hook_kinds(),
             "hooks": hooks,
             "config_version": version,
@@ -261,6 +331,15 @@ class Source:
             if info.get("parent_run") is None
             else {k: info[k] for k in ("parent_run", "branch_step", "branch", "label")},
         }
+
+    def _stored_groups(self, run: int, info: dict[str, Any]) -> dict[str, Any] | None:
+        """`groups_of` a stored run, worked out once per run (a partition of 10,000 names is not
+        free, and every session of the run has it)."""
+        cache: dict[int, dict[str, Any] | None] = self.__dict__.setdefault("_groups_of_runs", {})
+        if run not in cache:
+            names = [str(p.get("name")) for p in info["params"] if isinstance(p, dict)]
+            cache[run] = groups_of(info["meta"], names)
+        return cache[run]
 
 
 class ReplaySource(Source):

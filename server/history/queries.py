@@ -1,5 +1,9 @@
 """Read queries over the history database (see storage.py for the schema and the writer).
 
+A snapshot row is put back together from its JSON and its packed columns (packing.py): the
+per-parameter lists in float32 precision, None for every parameter on a step whose detail was
+thinned; a row from before the packed columns has its lists in its JSON and reads as it is.
+
 A row whose JSON cannot be read (a crash mid-write, a disk error, a file edited by hand) is
 skipped, with one warning naming it (table, run, step or seq), and everything else is served:
 replay, export and the report go on without it. A run whose own row cannot be read (its
@@ -12,10 +16,13 @@ import json
 import logging
 import math
 import sqlite3
+import struct
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from .packing import PER_PARAM, PackError, join, unpack
 from .schema import StoreError
 
 log = logging.getLogger("gradient_inspector.server")
@@ -173,6 +180,12 @@ class HistoryQuery:
 
 
 ALL_STEPS = HistoryQuery()  # every recorded step (up to MAX_ROWS)
+
+
+def _thinned(det: Any) -> bool:
+    """Whether a row's `detail` is the empty BLOB of a step whose per-parameter detail was
+    thinned (storage.py); anything else not NULL is unpacked (or skipped, damaged)."""
+    return isinstance(det, (bytes, str)) and len(det) == 0
 
 
 def _chunks(seq: list[int], n: int = 500) -> list[list[int]]:
@@ -359,22 +372,116 @@ class HistoryReader:
             ),
         )
 
-    def snapshots_at(self, run: int, steps: list[int]) -> list[dict[str, Any]]:
-        """The snapshots of these steps, oldest first, loss filled from the scalars table."""
+    def _packed_cols(self, prefix: str = "") -> str:
+        """The packed columns of `snapshots`, NULL where a database from before them lacks them."""
+        have = {r[1] for r in self._all("PRAGMA table_info(snapshots)")}
+        return ", ".join(f"{prefix}{c}" if c in have else f"NULL AS {c}" for c in ("detail", "groups"))
+
+    def _unpack(
+        self, run: int, step: int, blob: Any, keys: Any = None, index: Any = None
+    ) -> dict[str, list[Any]] | None:
+        """A packed column set, or None (skipped, with one warning naming the row) when damaged."""
+        try:
+            return unpack(blob, keys, index)
+        except PackError as e:
+            self._warn("snapshots", run, "step", step, str(e))
+            return None
+        except IndexError:
+            self._warn(
+                "snapshots", run, "step", step, "a packed column set of fewer parameters than the run's"
+            )
+            return None
+        except (TypeError, ValueError, struct.error, zlib.error) as e:  # a hand-edited row
+            self._warn("snapshots", run, "step", step, f"a damaged packed column set: {e}")
+            return None
+
+    def _n_params(self, run: int) -> int:
+        rows = self._all(
+            "SELECT json_array_length(params) FROM runs WHERE id = ? AND json_valid(params)", (run,)
+        )
+        return int(rows[0][0] or 0) if rows else 0
+
+    def snapshots_at(self, run: int, steps: list[int], *, detail: bool = True) -> list[dict[str, Any]]:
+        """The snapshots of these steps, oldest first, loss filled from the scalars table. With
+        `detail` false, without the ten per-parameter lists: each has `"detail": {"index": [], ...}`
+        with an empty list for each of them instead (the websocket's form of a large run's snapshot,
+        PROTOCOL.md), and nothing packed is unpacked but the group aggregates."""
         out: list[dict[str, Any]] = []
+        n_params: int | None = None
+        cols = self._packed_cols("s.")
         for chunk in _chunks(steps):
             marks = ",".join("?" * len(chunk))
             rows = self._all(
-                "SELECT s.step, s.data, c.data FROM snapshots s LEFT JOIN scalars c ON c.run = s.run"
+                f"SELECT s.step, s.data, {cols}, c.data FROM snapshots s LEFT JOIN scalars c ON c.run = s.run"
                 f" AND c.step = s.step WHERE s.run = ? AND s.step IN ({marks}) ORDER BY s.step",
                 (run, *chunk),
             )
-            for step, d, c in rows:
+            for step, d, det, grp, c in rows:
+                snap = self._decode("snapshots", run, "step", step, d)
+                if snap is None:
+                    continue
+                groups = self._unpack(run, step, grp) if grp is not None else None
+                if not detail:
+                    snap = {k: v for k, v in snap.items() if k not in PER_PARAM}
+                    snap["detail"] = {"index": [], **{k: [] for k in PER_PARAM}}
+                    snap = join(snap, None, groups)
+                elif _thinned(det):  # None for every parameter
+                    if n_params is None:
+                        n_params = self._n_params(run)
+                    snap = join(snap, None, groups, n_params)
+                else:
+                    lists = self._unpack(run, step, det) if det is not None else None
+                    snap = join(snap, lists, groups)
+                late = self._decode("scalars", run, "step", step, c) if c is not None else None
+                out.append(merge_scalars(snap, late))
+        return out
+
+    def detail(
+        self,
+        run: int,
+        index: list[int] | None,
+        keys: tuple[str, ...] = PER_PARAM,
+        *,
+        since: int | None = None,
+        before: int | None = None,
+        limit: int = 600,
+    ) -> tuple[list[int], dict[str, list[list[Any]]]]:
+        """The per-parameter statistics `keys` of the parameters `index` (None: all) over the newest
+        `limit` recorded steps in (since, before), oldest first: `(steps, {key: [[value per step]
+        per parameter]})`; None where a step has no value (its detail thinned, or a row that
+        cannot be read)."""
+        cols = self._packed_cols()
+        rows = self._all(
+            f"SELECT step, data, {cols} FROM snapshots WHERE run = ? AND step > ? AND step < ?"
+            " ORDER BY step DESC LIMIT ?",
+            (run, -1 if since is None else since, 2**62 if before is None else before, max(0, limit)),
+        )
+        rows.reverse()
+        width = len(index) if index is not None else None
+        steps: list[int] = []
+        per_step: list[dict[str, list[Any]] | None] = []
+        for step, d, det, _ in rows:
+            steps.append(step)
+            lists: dict[str, list[Any]] | None = None
+            if det is not None and not _thinned(det):  # a damaged one is skipped, with a warning
+                lists = self._unpack(run, step, det, keys, index)
+            elif det is None:  # a row from before the packed columns: its lists are in its JSON
                 snap = self._decode("snapshots", run, "step", step, d)
                 if snap is not None:
-                    late = self._decode("scalars", run, "step", step, c) if c is not None else None
-                    out.append(merge_scalars(snap, late))
-        return out
+                    lists = {}
+                    for k in keys:
+                        v = snap.get(k)
+                        if isinstance(v, list):
+                            lists[k] = v if index is None else [v[i] if i < len(v) else None for i in index]
+            if width is None and lists:
+                width = max((len(v) for v in lists.values()), default=0)
+            per_step.append(lists)
+        width = width or 0
+        stats: dict[str, list[list[Any]]] = {}
+        for k in keys:
+            cols_k = [(lists.get(k) if lists is not None else None) or [None] * width for lists in per_step]
+            stats[k] = [[col[p] if p < len(col) else None for col in cols_k] for p in range(width)]
+        return steps, stats
 
     def scalars_at(self, run: int, steps: list[int]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -390,9 +497,12 @@ class HistoryReader:
                     out.append({"step": step, **data})
         return out
 
-    def snapshots(self, run: int, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
-        """The snapshots of the steps `query` chooses (`HistoryQuery`), oldest first."""
-        return self.snapshots_at(run, query.choose("snapshots", self, run))
+    def snapshots(
+        self, run: int, query: HistoryQuery = ALL_STEPS, *, detail: bool = True
+    ) -> list[dict[str, Any]]:
+        """The snapshots of the steps `query` chooses (`HistoryQuery`), oldest first (`detail`: as
+        for `snapshots_at`)."""
+        return self.snapshots_at(run, query.choose("snapshots", self, run), detail=detail)
 
     def scalars(self, run: int, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
         """`{"step", "loss", "scalars"}` of the recorded steps `query` chooses, oldest first."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-__all__ = ["BRANCH_COLUMNS", "StoreError", "connect"]
+__all__ = ["BRANCH_COLUMNS", "SNAPSHOT_COLUMNS", "StoreError", "connect"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -29,7 +29,9 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS snapshots (  -- a rowid table: see "The file stays bounded" above
     run INTEGER NOT NULL, step INTEGER NOT NULL, time REAL,
     n_events INTEGER NOT NULL DEFAULT 0,
-    data TEXT NOT NULL,            -- the wire snapshot, strict JSON
+    data TEXT NOT NULL,            -- the snapshot, strict JSON, without what the two BLOBs hold
+    detail BLOB,                   -- the per-parameter lists, packed (packing.py); x'' once thinned
+    groups BLOB,                   -- the group aggregates, packed (packing.py)
     UNIQUE (run, step)
 );
 CREATE TABLE IF NOT EXISTS scalars (
@@ -66,6 +68,11 @@ BRANCH_COLUMNS = (
     ("label", "TEXT"),
 )
 
+# Columns added to `snapshots` for the packed per-parameter lists and group aggregates: an older
+# database gets them on opening for writing (its rows read NULL: their lists are in `data`); a
+# read-only one is read as it is (queries.py selects NULL for a missing column).
+SNAPSHOT_COLUMNS = (("detail", "BLOB"), ("groups", "BLOB"))
+
 
 class StoreError(RuntimeError):
     """The database cannot be opened (missing file, not a gradient-inspector database)."""
@@ -86,6 +93,10 @@ def connect(path: str, *, create: bool) -> sqlite3.Connection:
             for name, kind in BRANCH_COLUMNS:
                 if name not in have:
                     conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+            have = {row[1] for row in conn.execute("PRAGMA table_info(snapshots)")}
+            for name, kind in SNAPSHOT_COLUMNS:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE snapshots ADD COLUMN {name} {kind}")
         else:
             conn.execute("SELECT id FROM runs LIMIT 1")
     except sqlite3.DatabaseError as e:

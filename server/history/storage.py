@@ -27,6 +27,18 @@ events themselves are kept in their own table, whatever happens to the snapshots
 writer applies the rule each time a run's newest step has moved 256 steps on,
 with `L` the newest step at that pass.
 
+Per-parameter detail. A snapshot's ten per-parameter lists and its group aggregates are stored
+packed (packing.py: float32, zlib), in the `detail` and `groups` columns, and the rest of it as
+JSON in `data`; reading a row puts it back together (float32 precision for the packed values).
+Past the full-resolution window (the newest `detail_window` recorded snapshots of a run, 512 by
+default) the per-parameter detail is dropped except on those that carry an incident and on about
+every 8th recorded snapshot (`DETAIL_KEEP`): the first recorded row of each aligned bucket of
+8 steps (with every step recorded, the multiples of 8; where the inspector samples every k-th
+step, buckets of 8 * k steps rounded down to a power of two), which are the rows the thinning
+above keeps longest, so the older rows it keeps still have their detail. The others' `detail`
+becomes an empty BLOB and the row reads with None for every parameter. Group aggregates and everything else are kept for every step. The writer
+does it after its commits, in batches of at most `DETAIL_BATCH` rows a commit, oldest first.
+
 The file stays bounded on a run of any length:
 
 - snapshots are a rowid table (with a unique (run, step) index), whose rows of up to a page are
@@ -62,6 +74,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol import dumps
+from ..settings import DETAIL_WINDOW
+from .packing import split
 from .queries import HistoryReader
 from .schema import BRANCH_COLUMNS, StoreError, connect
 
@@ -71,6 +85,8 @@ DEFAULT_DB = "gradient-inspector.sqlite"
 WAL_LIMIT = 2 << 20  # bytes: past this the writer checkpoints and truncates the WAL
 CHECKPOINT_WAIT = 0.2  # seconds the checkpoint waits for readers to move on (then tries later)
 KEEP_FREE_PAGES = 256  # free pages kept after a thinning pass for the next inserts (1 MiB)
+DETAIL_KEEP = 8  # past that window, about one in this many recorded snapshots keeps its detail
+DETAIL_BATCH = 256  # rows the writer thins the detail of, at most, after one commit
 
 # Events that are part of ordinary work: a snapshot that carries only these is thinned like any
 # other (`n_events` counts the others: the incidents a snapshot is always kept for)
@@ -109,6 +125,9 @@ class HistoryStore(HistoryReader):
         read_only: open for reading only (replay, export): nothing is ever written.
         flush_interval: the longest a snapshot waits in memory before its batch commits.
         full_window: steps kept in full before thinning starts (see the module docstring).
+        max_pending: snapshots (and scalars rows) kept in memory at most while writes fail.
+        detail_window: recorded snapshots of a run whose per-parameter detail is all kept (see
+            the module docstring).
     """
 
     def __init__(
@@ -119,8 +138,12 @@ class HistoryStore(HistoryReader):
         flush_interval: float = 0.5,
         full_window: int = 1024,
         max_pending: int = 5000,
+        detail_window: int = DETAIL_WINDOW,
     ) -> None:
+        if detail_window < 1:
+            raise ValueError(f"detail_window: at least 1, got {detail_window}")
         self.path = os.fspath(path)
+        self.detail_window = detail_window
         self.read_only = read_only
         self.flush_interval = flush_interval
         self.full_window = full_window
@@ -138,6 +161,7 @@ class HistoryStore(HistoryReader):
         self._writer: threading.Thread | None = None
         self._on_status: StatusCallback | None = None
         self._closed = False
+        self._detail_done: dict[int, tuple[int, int]] = {}  # run -> (newest step decided, bucket span)
 
     # -- runs ----------------------------------------------------------------------------------------
 
@@ -197,9 +221,9 @@ class HistoryStore(HistoryReader):
         self._writer = threading.Thread(target=self._run_writer, name="gradient-inspector-store", daemon=True)
         self._writer.start()
 
-    def add_snapshot(self, run: int, snap: dict[str, Any], text: str | None = None) -> None:
-        """Queue a snapshot; `text` is `dumps(snap)` when the caller already has it (encoded once)."""
-        self._queue.put(("snapshot", run, snap, text))
+    def add_snapshot(self, run: int, snap: dict[str, Any]) -> None:
+        """Queue a snapshot (a wire dict, not changed here); the writer thread packs it."""
+        self._queue.put(("snapshot", run, snap))
 
     def add_scalars(self, run: int, payload: dict[str, Any]) -> None:
         self._queue.put(("scalars", run, payload))
@@ -262,7 +286,9 @@ class HistoryStore(HistoryReader):
     def _run_writer(self) -> None:
         conn = connect(self.path, create=True)
         conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
-        snaps: OrderedDict[tuple[int, int], tuple[str, float | None, int]] = OrderedDict()
+        snaps: OrderedDict[tuple[int, int], tuple[str, float | None, int, bytes | None, bytes | None]] = (
+            OrderedDict()
+        )
         scalars: OrderedDict[tuple[int, int], tuple[str, float | None, Any]] = OrderedDict()
         urgent: list[tuple[str, int, dict[str, Any]]] = []  # events and hook changes, in order
         oldest: float | None = None  # when the oldest pending row arrived
@@ -295,13 +321,10 @@ class HistoryStore(HistoryReader):
                         acks.clear()
                     self._branch(conn, item)
                 elif kind == "snapshot":
-                    _, run, snap, text = item
+                    _, run, snap = item
                     step = int(snap.get("step", 0))
-                    snaps[(run, step)] = (
-                        text if text is not None else dumps(snap),
-                        snap.get("time"),
-                        incidents(snap),
-                    )
+                    rest, detail, groups = split(snap)
+                    snaps[(run, step)] = (dumps(rest), snap.get("time"), incidents(snap), detail, groups)
                     oldest = oldest if oldest is not None else time.monotonic()
                 elif kind == "scalars":
                     _, run, p = item
@@ -354,8 +377,9 @@ class HistoryStore(HistoryReader):
                 self.fault()
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(
-                "INSERT OR REPLACE INTO snapshots (run, step, time, n_events, data) VALUES (?,?,?,?,?)",
-                [(r, s, t, n, d) for (r, s), (d, t, n) in snaps.items()],
+                "INSERT OR REPLACE INTO snapshots (run, step, time, n_events, data, detail, groups)"
+                " VALUES (?,?,?,?,?,?,?)",
+                [(r, s, t, n, d, det, g) for (r, s), (d, t, n, det, g) in snaps.items()],
             )
             conn.executemany(
                 "INSERT OR REPLACE INTO scalars (run, step, time, loss, data) VALUES (?,?,?,?,?)",
@@ -399,7 +423,9 @@ class HistoryStore(HistoryReader):
                     self._thin(conn, r, s)
                     last_thin[r] = s
                     thinned = True
+            decided = {r: self._thin_detail(conn, r) for r in {r for r, _ in snaps}}
             conn.execute("COMMIT")
+            self._detail_done.update({r: d for r, d in decided.items() if d is not None})
         except (sqlite3.Error, OSError) as e:
             try:
                 conn.execute("ROLLBACK")
@@ -462,6 +488,9 @@ class HistoryStore(HistoryReader):
                     (run, to_run),
                 )
                 conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (step, run))
+                done, span = self._detail_done.get(run, (-1, 0))
+                if done > step:  # the run goes on from `step`: its new rows are yet to be decided
+                    self._detail_done[run] = (step, span)
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as e:
             try:
@@ -488,6 +517,62 @@ class HistoryStore(HistoryReader):
                     (run, lo, hi, stride, stride, stride, lo, stride, stride),
                 )
                 k += 1
+
+    def _thin_detail(self, conn: sqlite3.Connection, run: int) -> tuple[int, int] | None:
+        """Drop the per-parameter detail of `run`'s snapshots past its newest `detail_window`,
+        except on those with an incident and on the first recorded row of each `span`-aligned
+        bucket of steps (`_detail_span`): at most `DETAIL_BATCH` rows, oldest first, from where
+        the last pass stopped (in the commit's transaction). The buckets are the ones `_thin` keeps
+        the first row of (with every step recorded, the multiples of `span`), so the rows that
+        keep their detail are the rows the step thinning keeps longest: each of its passes with a
+        stride up to `span` keeps them all, and every row a wider one keeps has its detail.
+        Returns where this pass stopped (the newest step decided, the span used), to keep once
+        committed."""
+        edge = conn.execute(
+            "SELECT step FROM snapshots WHERE run = ? ORDER BY step DESC LIMIT 1 OFFSET ?",
+            (run, self.detail_window),
+        ).fetchone()
+        if edge is None:
+            return None
+        done, span = self._detail_done.get(run, (-1, 0))
+        rows = conn.execute(
+            "SELECT step, n_events FROM snapshots WHERE run = ? AND step > ? AND step <= ? ORDER BY step LIMIT ?",
+            (run, done, edge[0], DETAIL_BATCH),
+        ).fetchall()
+        if not rows:
+            return done, span
+        span = span or self._detail_span(conn, run)
+        (prev,) = conn.execute(  # the row before the batch, if the step thinning left it
+            "SELECT MAX(step) FROM snapshots WHERE run = ? AND step < ?", (run, rows[0][0])
+        ).fetchone()
+        drop = []
+        for step, n_events in rows:
+            first = prev is None or prev < step // span * span  # the first row of its bucket
+            if not first and not n_events:
+                drop.append((run, step))
+            prev = done = step
+        conn.executemany(
+            "UPDATE snapshots SET detail = x'' WHERE run = ? AND step = ? AND detail IS NOT NULL", drop
+        )
+        return done, span
+
+    def _detail_span(self, conn: sqlite3.Connection, run: int) -> int:
+        """The steps of a bucket that keeps one row's detail: `DETAIL_KEEP` recorded snapshots'
+        worth at the run's sampling cadence (the median gap between its newest recorded steps, which
+        the step thinning has not touched yet), rounded down to a power of two so that the buckets
+        line up with `_thin`'s strides; `DETAIL_KEEP` with every step recorded."""
+        steps = [
+            r[0]
+            for r in conn.execute(
+                "SELECT step FROM snapshots WHERE run = ? ORDER BY step DESC LIMIT 17", (run,)
+            ).fetchall()
+        ]
+        gaps = sorted(a - b for a, b in zip(steps, steps[1:], strict=False))
+        cadence = max(1, gaps[len(gaps) // 2]) if gaps else 1
+        span = DETAIL_KEEP
+        while span * 2 <= DETAIL_KEEP * cadence:
+            span *= 2
+        return span
 
     def _bound(self, snaps: OrderedDict, scalars: OrderedDict) -> None:
         # While writes fail, memory stays bounded: the oldest snapshots and scalars go first.

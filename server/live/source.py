@@ -21,6 +21,11 @@ only once it is durable: the core has accepted it, and the requested configurati
 is committed to the history (`HistoryStore.record_request`). The core announces
 the change when it is applied, possibly a step later, and that is recorded too.
 
+Each snapshot is ranked for `worst` (worst.py) and, for a large run (more than `DETAIL_ALL`
+parameters), cut down to the per-parameter detail of the union of the pages' subscriptions
+(`set_detail`, fair turns, at most `DETAIL_CAP` parameters) and of its worst-now tensors, once,
+on the dispatcher thread; the history gets it whole (the writer packs it).
+
 What the websocket gets (`_send`) is each fact once: a snapshot without its `events` (they
 go out as `event` messages), and an applied hook change as one `hooks` message carrying its
 `hook_applied` event. Training-state changes (pause, resume, single steps, a pause taking
@@ -37,12 +42,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core import Core
+from ..history.packing import PER_PARAM
 from ..history.queries import ALL_STEPS, HistoryQuery
 from ..history.storage import HistoryStore
 from ..hub import wire_snapshot
 from ..protocol import dumps
-from ..sources import ApiError, Publish, Source, detail_of, hook_kinds, read_only_error
+from ..settings import DETAIL_CAP
+from ..sources import ApiError, Publish, Source, detail_of, hook_kinds, param_indices, read_only_error
 from . import whatif
+from .worst import WorstNow
 
 log = logging.getLogger("gradient_inspector.server")
 
@@ -97,6 +105,16 @@ class LiveSource(Source):
         self._hist_subs: dict[str, list[str]] = {}  # client id -> its histogram parameters
         self._applied: dict[str, Any] | None = None  # a hook_applied event, until its hooks message
         self.callback_errors = 0
+        self._worst = WorstNow()  # updated on the dispatcher thread, under _worst_lock
+        self._worst_lock = threading.Lock()
+        self._worst_at: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()  # step -> its worst
+        self._detail_lock = threading.Lock()
+        self._detail_subs: dict[str, list[int]] = {}  # client id -> its detail parameters
+        self._detail_index: tuple[int, ...] = ()  # their fair union, capped (replaced whole)
+
+    def groups(self) -> dict[str, Any]:
+        """The run's groups description (`Inspector.groups`): `{"source", "names", "members", "stacks"}`."""
+        return self.insp.groups
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -112,7 +130,7 @@ class LiveSource(Source):
                 params=self.insp.param_info(),
                 modules=list(self.insp.modules),
                 scenario=name,
-                meta={"mode": self.mode, "scenario": self.scenario},
+                meta={"mode": self.mode, "scenario": self.scenario, "groups": self.groups()},
             )
             self.store.start_writer(on_status=self._history_status)
         if self.whatif is not None:
@@ -173,14 +191,20 @@ class LiveSource(Source):
                     self._recent_scalars[int(payload["step"])] = payload
                     while len(self._recent_scalars) > 4096:
                         self._recent_scalars.popitem(last=False)
-            text = stored = None
-            if kind == "snapshot":  # one encoding, for the sockets (no events) and the history
-                text = dumps(wire_snapshot(payload))
-                events = payload.get("events")
-                stored = text if events is None else f'{text[:-1]},"events":{dumps(events)}}}'
+            text = None
+            if kind == "snapshot":  # ranked, then encoded once for every socket; the history packs it
+                with self._worst_lock:
+                    worst = self._worst.update(payload)
+                payload = {**payload, "worst": worst}
+                with self._lock:
+                    self._worst_at[int(payload.get("step") or 0)] = worst
+                    while len(self._worst_at) > 1024:
+                        self._worst_at.popitem(last=False)
+                index = {*self._detail_index, *(w["param"] for w in worst)}
+                text = dumps(wire_snapshot(payload, sorted(index)))
             if store is not None and run is not None:
                 if kind == "snapshot":
-                    store.add_snapshot(run, payload, stored)
+                    store.add_snapshot(run, payload)
                 elif kind == "scalars":
                     store.add_scalars(run, payload)
                 elif kind == "event":
@@ -227,9 +251,13 @@ class LiveSource(Source):
         """A rewind (the core's `rewind` event): the steps past the checkpoint's are an abandoned
         branch now, a run of its own linked to this one (`parent_run`, `branch_step`)."""
         step = int(ev["step"])
+        with self._worst_lock:  # the run went back: its recent history is of the abandoned steps
+            self._worst.reset()
         with self._lock:
             for s in [s for s in self._recent_scalars if s > step]:
                 del self._recent_scalars[s]
+            for s in [s for s in self._worst_at if s > step]:  # the abandoned steps' rankings
+                del self._worst_at[s]
         store, run = self.store, self.run_id
         if store is None or run is None or int(ev.get("from_step") or 0) <= step:
             return  # at the checkpoint's own step no step was abandoned: no branch to keep
@@ -240,7 +268,7 @@ class LiveSource(Source):
             params=self.insp.param_info(),
             modules=list(self.insp.modules),
             scenario=self.scenario["name"] if self.scenario else None,
-            meta={"mode": self.mode, "scenario": self.scenario},
+            meta={"mode": self.mode, "scenario": self.scenario, "groups": self.groups()},
             parent_run=run,
             branch_step=step,
             branch="abandoned",
@@ -273,6 +301,7 @@ class LiveSource(Source):
             "live": True,
             "params": insp.param_info(),
             "modules": list(insp.modules),
+            "groups": self.groups(),
             "hook_kinds": hook_kinds(),
             "hooks": insp.hooks(),
             "config_version": version,
@@ -298,15 +327,51 @@ class LiveSource(Source):
             return list(self.insp.params)
         return super().param_names(run)
 
-    def snapshots(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
+    def snapshots(
+        self, run: int | None = None, query: HistoryQuery = ALL_STEPS, *, detail: bool = True
+    ) -> list[dict[str, Any]]:
         if not self._is_current(run):
-            return super().snapshots(run, query)
+            return super().snapshots(run, query, detail=detail)
         # the core's ring: each snapshot's dict converted once, late scalars already merged in
         ring = {s["step"]: s for s in self.insp.snapshots(query.since) if query.covers(s["step"])}
         chosen = query.choose("snapshots", self.store, self.run_id, ring)
         old = [s for s in chosen if s not in ring]
-        out = self.store.snapshots_at(self.run_id, old) if (old and self.store is not None) else []
-        return out + [ring[s] for s in chosen if s in ring]
+        out = (
+            self.store.snapshots_at(self.run_id, old, detail=detail)
+            if (old and self.store is not None)
+            else []
+        )
+        with self._lock:
+            worst = {s: self._worst_at[s] for s in chosen if s in ring and s in self._worst_at}
+        newest = chosen[-1] if chosen else None
+        if newest is not None and newest in ring and newest not in worst:
+            # published, not ranked yet (the dispatcher is behind): ranked here, not remembered
+            with self._worst_lock:
+                worst[newest] = self._worst.update(ring[newest], remember=False)
+        return out + [{**ring[s], "worst": worst[s]} if s in worst else ring[s] for s in chosen if s in ring]
+
+    def detail(
+        self, run: int | None, names: list[str], *, since: int | None = None, limit: int = 600
+    ) -> dict[str, Any]:
+        if not self._is_current(run):
+            return super().detail(run, names, since=since, limit=limit)
+        known = list(self.insp.params)
+        index = param_indices(names, known, ("query", "params"))
+        ring = self.insp.snapshots(since)[-limit:] if limit > 0 else []
+        before = ring[0]["step"] if ring else None
+        steps: list[int] = []
+        stats: dict[str, list[list[Any]]] = {k: [[] for _ in index] for k in PER_PARAM}
+        if self.store is not None and self.run_id is not None and len(ring) < limit:
+            steps, stats = self.store.detail(
+                self.run_id, index, since=since, before=before, limit=limit - len(ring)
+            )
+        for snap in ring:
+            steps.append(int(snap["step"]))
+            for k in PER_PARAM:
+                values = snap.get(k)
+                for row, i in zip(stats[k], index, strict=True):
+                    row.append(values[i] if isinstance(values, list) and i < len(values) else None)
+        return {"steps": steps, "params": [known[i] for i in index], "stats": stats}
 
     def scalars(self, run: int | None = None, query: HistoryQuery = ALL_STEPS) -> list[dict[str, Any]]:
         if not self._is_current(run):
@@ -480,6 +545,24 @@ class LiveSource(Source):
         self.trainer.set_rate(steps_per_second)
         self._publish_now("training", self._training(self.insp.state), None)  # every page learns it at once
         return {"steps_per_second": self.trainer.rate}
+
+    def set_detail(self, client_id: str, names: list[str]) -> None:
+        """One client's detail subscription (`[]` drops it; unknown names: 422). A large run's
+        snapshot messages carry the detail of the union: every client's first choice, then every
+        client's second, and so on (as for histograms, `set_hist`), up to `DETAIL_CAP` parameters,
+        plus the snapshot's worst-now tensors."""
+        wanted = param_indices(names, list(self.insp.params), ("detail",))
+        with self._detail_lock:
+            subs = {k: v for k, v in self._detail_subs.items() if k != client_id}
+            if wanted:
+                subs[client_id] = wanted
+            fair: dict[int, None] = {}
+            for rank in range(max((len(v) for v in subs.values()), default=0)):
+                for chosen in subs.values():
+                    if rank < len(chosen) and len(fair) < DETAIL_CAP:
+                        fair.setdefault(chosen[rank])
+            self._detail_subs = subs
+            self._detail_index = tuple(fair)
 
     def set_hist(self, client_id: str, names: list[str]) -> None:
         """One client's histogram parameters (`[]` drops them). The core's cap (HIST_CAP) is shared

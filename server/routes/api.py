@@ -14,6 +14,8 @@ from fastapi.responses import PlainTextResponse
 from .. import protocol as p
 from ..history.export import python_code
 from ..history.queries import MAX_BUCKETS, MAX_ROWS, HistoryQuery
+from ..hub import wire_snapshot
+from ..settings import DETAIL_ALL, DETAIL_CAP
 from ..sources import ApiError, Source
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -210,13 +212,31 @@ def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> d
     tags=["history"],
     responses={200: {"model": p.SnapshotPage}, **_INVALID, **_UNKNOWN},
 )
-def snapshots(source: SourceDep, query: HistoryQueryDep, run: RunQuery = None) -> dict[str, Any]:
+def snapshots(
+    source: SourceDep,
+    query: HistoryQueryDep,
+    run: RunQuery = None,
+    detail: Annotated[
+        bool,
+        Query(
+            description="false: a large run's snapshots (more than 64 tensors) without their per-parameter"
+            " lists, in the websocket's form (an empty `detail`; `GET /api/detail` has them)"
+        ),
+    ] = True,
+) -> dict[str, Any]:
     """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points` spread
     evenly, or with `buckets` the steps of each bucket's smallest and largest global gradient norms
     (raw and final)."""
     one_of(query)
-    rows = source.snapshots(run, query)
-    return {"params": source.param_names(run), "snapshots": rows}
+    names = source.param_names(run)
+    if detail or len(names) <= DETAIL_ALL:
+        rows = source.snapshots(run, query)
+    else:
+        rows = [
+            {**wire_snapshot(s), **({"events": s["events"]} if "events" in s else {})}
+            for s in source.snapshots(run, query, detail=False)
+        ]
+    return {"params": names, "snapshots": rows}
 
 
 @router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
@@ -233,6 +253,56 @@ def one_of(query: HistoryQuery) -> None:
     route, after every parameter (`run` too) passed validation."""
     if query.points is not None and query.buckets is not None:
         raise ApiError(422, [{"loc": ["query", "buckets"], "msg": "give points or buckets, not both"}])
+
+
+DETAIL_LIMIT = 5000  # the most steps one `/api/detail` request returns
+DETAIL_CELLS = 256 * 600  # the most (parameter, step) pairs one answer holds: a page's own backfill
+
+
+@router.get(
+    "/detail",
+    response_model=None,
+    tags=["history"],
+    responses={200: {"model": p.DetailPage}, **_INVALID, **_UNKNOWN},
+)
+def detail(
+    source: SourceDep,
+    params: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=256 * 513,
+            description="parameter names, comma-separated (at most 256)",
+        ),
+    ],
+    since: SinceQuery = None,
+    limit: Annotated[int, Query(ge=1, le=DETAIL_LIMIT, description="only the newest N steps")] = 600,
+    run: RunQuery = None,
+) -> dict[str, Any]:
+    """The ten per-parameter statistics of some parameters over the newest `limit` recorded steps
+    after `since`, oldest first: `{"steps", "params", "stats": {statistic: [[value per step] per
+    parameter]}}`; null where a step has no value (its detail thinned past the history's window).
+    One answer holds at most 153,600 (parameter, step) pairs (256 parameters x 600 steps, or fewer
+    parameters over more steps): ask in parts for more."""
+    names = [n.strip() for n in params.split(",") if n.strip()]
+    if not names or len(names) > DETAIL_CAP:
+        raise ApiError(
+            422,
+            [{"loc": ["query", "params"], "msg": f"give 1 to {DETAIL_CAP} parameter names, comma-separated"}],
+        )
+    if len(names) * limit > DETAIL_CELLS:
+        raise ApiError(
+            422,
+            [
+                {
+                    "loc": ["query", "limit"],
+                    "msg": f"{len(names)} parameters x {limit} steps is over {DETAIL_CELLS} values of"
+                    f" each statistic in one answer: at most {DETAIL_CELLS // len(names)} steps for"
+                    f" {len(names)} parameters",
+                }
+            ],
+        )
+    return source.detail(run, names, since=since, limit=limit)
 
 
 @router.get(

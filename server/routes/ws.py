@@ -63,6 +63,7 @@ class Connection:
         self.client: ClientQueue = hub.new_client(ws.send_text)
         self.budget = TokenBucket(settings.commands_per_second, 2 * settings.commands_per_second)
         self.hist_set = False
+        self.detail_set = False
 
     async def run(self) -> None:
         client = self.client
@@ -94,6 +95,9 @@ class Connection:
             if self.hist_set:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.source.set_hist, client.id, [])
+            if self.detail_set:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.source.set_detail, client.id, [])
             code = client.close_code or WS_1000_NORMAL_CLOSURE
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.ws.close(code, client.close_reason[:120]), 2.0)
@@ -186,7 +190,12 @@ class Connection:
         if cmd.hist is not None:
             await asyncio.to_thread(src.set_hist, self.client.id, cmd.hist)
             self.hist_set = True
-        return {"max_rate": self.client.max_rate, "hist": cmd.hist}
+        result = {"max_rate": self.client.max_rate, "hist": cmd.hist}
+        if cmd.detail is not None:  # a large run's per-parameter detail (unknown names: 422)
+            await asyncio.to_thread(src.set_detail, self.client.id, cmd.detail)
+            self.detail_set = True
+            result["detail"] = cmd.detail
+        return result
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:
