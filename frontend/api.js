@@ -101,11 +101,17 @@ export const api = {
   training: (action) => request("POST", `/api/training/${action}`),
   rate: (stepsPerSecond) =>
     request("POST", "/api/training/rate", { body: { steps_per_second: stepsPerSecond } }),
+  // detail=false: a large run's rows come without per-tensor lists (the page asks for those it
+  // follows with `detail`); a small run's rows are whole either way
   snapshots: ({ since, until, limit, points, buckets, run } = {}) =>
-    request("GET", "/api/snapshots", { params: { since, until, limit, points, buckets, run } }),
+    request("GET", "/api/snapshots", {
+      params: { since, until, limit, points, buckets, run, detail: "false" },
+    }),
   scalars: ({ since, until, limit, points, buckets, run } = {}) =>
     request("GET", "/api/scalars", { params: { since, until, limit, points, buckets, run } }),
   events: ({ since, run } = {}) => request("GET", "/api/events", { params: { since, run } }),
+  detail: ({ params, run, since, limit } = {}) =>
+    request("GET", "/api/detail", { params: { params: (params || []).join(","), run, since, limit } }),
   runs: () => request("GET", "/api/runs"),
   checkpoints: () => request("GET", "/api/checkpoints"),
   rewind: (id) => request("POST", `/api/checkpoints/${encodeURIComponent(id)}/rewind`),

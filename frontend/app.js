@@ -1,7 +1,10 @@
 // The dashboard: wires the websocket stream (its `hello` brings the history a
 // page needs, or on a reconnection what it missed), the dashboard state, the
 // charts, the hook panel and the controls. Messages only touch the state and
-// mark what changed; the charts are drawn once per animation frame.
+// mark what changed; the charts are drawn once per animation frame. A large run
+// (more than DETAIL_ALL tensors) is shown by groups; the page subscribes to the
+// per-tensor detail of what it shows (picked, pinned, expanded, drilled into, worst
+// now: at most MAX_DETAIL tensors) and backfills it over HTTP (GET /api/detail).
 
 import { api, errorText, takeTokenFromUrl } from "./api.js";
 import { FlowChart, HeatmapChart, HistChart, RatioChart } from "./charts.js";
@@ -14,6 +17,7 @@ import { PresetDialog } from "./presets.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
+import { Watch } from "./watch.js";
 import { timeControls } from "./timecontrols.js";
 import { Timeline } from "./timeline.js";
 import { debounce, fmt, fmtPercent, fmtShortDate, h, nextRequestId, num, plottable } from "./util.js";
@@ -24,6 +28,8 @@ const $ = (key) => byTestId(SELECTORS[key]); // an element of the page, by its S
 const PRESET_FORMAT = "gradient-inspector/hooks"; // the preset format POST /api/hooks/import takes
 const RATE_MAX = 10000; // the server's cap on steps_per_second (POST /api/training/rate)
 const RATE_WINDOW = 6; // seconds of step counts the measured rate is taken over
+const MAX_DETAIL = 256; // tensors a subscription's `detail` names, at most (the server's cap)
+const BACKFILL_CHUNK = 64; // names per GET /api/detail
 
 class Dashboard {
   constructor() {
@@ -44,6 +50,24 @@ class Dashboard {
     this.hist = new HistChart($("chartHist"));
     this.ratio = new RatioChart($("chartRatio"), pick);
     this.measured = new MeasuredCards(() => this.scheduler); // what is measured, beyond the main charts
+    this.watch = new Watch({ open: (name) => this.openTensor(name), changed: () => this.subscribe() });
+    this.measured.params.pinButton = (name) => this.watch.pinButton(name, "table-pin");
+    this.measured.params.onPicked = () => this.subscribe();
+    this.heatmap.onExpand = () => {
+      this.subscribe();
+      this.scheduler.resetNow("heatmap");
+    };
+    for (const [name, chart] of [
+      ["flow", this.flow],
+      ["ratio", this.ratio],
+    ]) {
+      chart.onView = () => {
+        this.subscribe();
+        this.scheduler.resetNow(name);
+      };
+    }
+    this.backfilled = new Set(); // parameter indices of the shown state whose detail was fetched
+    this.subscribeQueued = false;
     this.scheduler = new Scheduler(
       [
         ["loss", this.loss],
@@ -56,6 +80,7 @@ class Dashboard {
       () => this.view,
       () => this.everyFrame(),
     );
+    this.scheduler.observe();
     // The time charts' shared step axis, and the loss chart's own controls.
     this.timeline = new Timeline(
       () => this.view,
@@ -178,6 +203,7 @@ class Dashboard {
       case "snapshot": {
         const row = live.addSnapshot(msg.data);
         if (!row || this.view !== live) break;
+        if (live.large && this.worstChanged(row)) this.subscribe(); // worst-now tensors get their history
         const lossY = row.lossAdded ? live.loss.y[live.loss.y.length - 1] : null;
         const pruned = live.pruneMarkers();
         const hist = Boolean(msg.data.hist && this.histParam && msg.data.hist[this.histParam]);
@@ -303,7 +329,8 @@ class Dashboard {
     } else {
       this.panel.render();
     }
-    this.subscribeHist();
+    if (!sameRun) this.backfilled = new Set();
+    this.subscribe();
     if (this.view === live) this.resetCharts();
     this.showSession();
     this.loadRuns();
@@ -324,6 +351,7 @@ class Dashboard {
     if (!this.statsDirty) return;
     this.statsDirty = false;
     this.showStats();
+    this.watch.showWorst();
     const v = this.view;
     this.panel.showEffects({ ...(v.latest ? v.latest.hook_effects : {}), ...this.measured.moduleEffects(v) });
     if (!this.histParam) this.defaultHistParam();
@@ -403,6 +431,10 @@ class Dashboard {
 
   fillParamSelect() {
     this.measured.setParams(this.view.params);
+    this.watch.setState(this.view);
+    this.heatmap.expanded.clear();
+    this.flow.drill = this.flow.depth = null;
+    this.ratio.drill = this.ratio.depth = null;
     const sel = $("histParam");
     sel.replaceChildren(...this.view.params.map((p) => h("option", { value: p }, p)));
     if (this.histParam && this.view.params.includes(this.histParam)) sel.value = this.histParam;
@@ -413,18 +445,120 @@ class Dashboard {
   }
 
   defaultHistParam() {
-    const row = this.view.latest;
-    if (!row || !this.view.params.length) return;
+    const v = this.view;
+    const row = v.latest;
+    if (!row || !v.params.length) return;
     let best = 0;
     let bestV = -Infinity;
-    row.grad_norm_raw.forEach((v, i) => {
-      const n = plottable(v);
+    const values = v.large ? (row.groups && row.groups.norm_raw) || [] : row.grad_norm_raw || [];
+    values.forEach((x, i) => {
+      const n = plottable(x);
       if (n !== null && n > bestV) {
         bestV = n;
         best = i;
       }
     });
-    this.pickParam(this.view.params[best]);
+    // A large run: the worst-now tensor, else the first tensor of the group with the largest norm.
+    if (v.large) {
+      const worst = row.worst && row.worst.length ? row.worst[0].param : null;
+      best = worst !== null && v.params[worst] !== undefined ? worst : (v.groups.members[best] || [0])[0];
+    }
+    this.pickParam(v.params[best]);
+  }
+
+  /**
+   * Open a tensor everywhere (a worst-now or search click): the histogram and the parameter
+   * statistics pick it; in a large run the heatmap expands its group down to it and the bar
+   * charts drill into its group.
+   */
+  openTensor(name) {
+    const v = this.view;
+    const i = v.index.get(name);
+    if (i === undefined) return;
+    this.pickParam(name);
+    if (v.large) {
+      this.heatmap.expandTo(v, i);
+      this.scheduler.resetNow("heatmap");
+      for (const [id, chart] of [
+        ["flow", this.flow],
+        ["ratio", this.ratio],
+      ]) {
+        chart.drill = v.groupOf[i];
+        chart.depth = null;
+        chart.depthSelect.value = "";
+        this.scheduler.resetNow(id);
+      }
+    }
+    this.subscribe();
+  }
+
+  /** Whether this row's worst-now tensors are not all among those the page has detail of. */
+  worstChanged(row) {
+    return (row.worst || []).some((w) => !this.live.want.has(w.param));
+  }
+
+  /**
+   * The tensors whose detail the page shows, in order of preference (picked, the histogram's,
+   * pinned, the heatmap's expanded rows, the bars drilled into, worst now), at most MAX_DETAIL.
+   */
+  wantedDetail(v) {
+    const out = new Set();
+    const add = (i) => {
+      if (i !== undefined && i !== null && out.size < MAX_DETAIL) out.add(i);
+    };
+    for (const p of this.measured.params.picked) add(v.index.get(p));
+    if (this.histParam) add(v.index.get(this.histParam));
+    for (const i of this.watch.pinnedIndices()) add(i);
+    for (const i of this.heatmap.wanted()) add(i);
+    for (const i of this.flow.wanted(v)) add(i);
+    for (const i of this.ratio.wanted(v)) add(i);
+    for (const w of (v.latest && v.latest.worst) || []) add(w.param);
+    return [...out];
+  }
+
+  /** Subscribe (once per task, however many changes asked): histogram, and detail for a large run. */
+  subscribe() {
+    if (this.subscribeQueued) return;
+    this.subscribeQueued = true;
+    queueMicrotask(() => {
+      this.subscribeQueued = false;
+      this.sendSubscribe();
+    });
+  }
+
+  sendSubscribe() {
+    const v = this.view;
+    const want = v.large ? this.wantedDetail(v) : [];
+    v.want = new Set(want);
+    if (v === this.live) {
+      const cmd = { type: "subscribe", request_id: nextRequestId() };
+      if (this.histParam) cmd.hist = [this.histParam];
+      if (v.large) cmd.detail = want.map((i) => v.params[i]);
+      if (cmd.hist || cmd.detail) this.conn.send(cmd);
+    }
+    if (v.large) this.backfill(v, want);
+  }
+
+  /** Fetch the held steps' detail of tensors not fetched before (GET /api/detail), in chunks. */
+  async backfill(v, want) {
+    const fresh = want.filter((i) => !this.backfilled.has(i));
+    if (!fresh.length || v.runId === null) return;
+    for (const i of fresh) this.backfilled.add(i);
+    const first = [...v.history.rows, ...v.snapshots][0];
+    const since = first ? first.step - 1 : undefined;
+    for (let k = 0; k < fresh.length; k += BACKFILL_CHUNK) {
+      const names = fresh.slice(k, k + BACKFILL_CHUNK).map((i) => v.params[i]);
+      const res = await api.detail({ params: names, run: v.runId, since, limit: MAX_SNAPSHOTS });
+      if (this.view !== v) return;
+      if (!res.ok) {
+        for (const n of names) this.backfilled.delete(v.index.get(n)); // asked again next time
+        return;
+      }
+      if (v.mergeDetail(res.data)) {
+        this.scheduler.resetSome([this.heatmap, this.flow, this.ratio, this.measured.params]);
+        this.statsDirty = true;
+      }
+    }
   }
 
   pickParam(name) {
@@ -434,13 +568,8 @@ class Dashboard {
     this.hist.param = name;
     this.scheduler.resetNow("hist");
     this.measured.pick(name);
-    this.subscribeHist();
+    this.subscribe();
     this.showHistStatus();
-  }
-
-  subscribeHist() {
-    if (!this.histParam || this.view !== this.live) return;
-    this.conn.send({ type: "subscribe", request_id: nextRequestId(), hist: [this.histParam] });
   }
 
   showHistStatus() {
@@ -650,10 +779,12 @@ class Dashboard {
     for (const ev of ((evs.ok && evs.data.events) || []).slice(-400)) state.addEvent(ev);
     if (state.latest) state.step = state.latest.step;
     this.view = state;
+    this.backfilled = new Set();
     this.panel.state = state;
     this.panel.resetSession();
     this.renderLog();
     this.fillParamSelect();
+    this.subscribe();
     this.resetCharts();
     this.showSession();
     const banner = $("historyBanner");
@@ -674,7 +805,8 @@ class Dashboard {
     $("historyBanner").hidden = true;
     this.resetCharts();
     this.showSession();
-    this.subscribeHist();
+    this.backfilled = new Set();
+    this.subscribe();
     $("runPicker").value = String(this.live.runId);
     setRunInUrl(null);
     this.whatif.load();

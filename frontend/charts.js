@@ -5,6 +5,13 @@
 // (timeline.js); while they show older history fetched ahead of the window, they
 // redraw instead of extending. The caller batches messages and calls update() at most
 // once per animation frame.
+//
+// A large run (state.large: more than DETAIL_ALL tensors) is shown by groups (groups.js):
+// the heatmap has one row per group, a click expands a group in place into its modules and
+// tensors (a breadcrumb says which); the bar charts show one bar per group, a click drills
+// into the group's tensors, and "by depth" shows one kind of tensor (or whole blocks) of a
+// stack over its block index. Per-tensor values come from the rows' detail (the tensors the
+// page subscribed to: `wanted()` says which each chart needs).
 
 import {
   COLORS,
@@ -17,24 +24,35 @@ import {
   labelPixels,
 } from "./theme.js";
 import { decadeTicks, logTicks, shortName, sparseTicks } from "./ticks.js";
-import { MAX_SNAPSHOTS } from "./state.js";
+import { childrenOf, commonPrefix } from "./groups.js";
+import { MAX_SNAPSHOTS, statOf } from "./state.js";
 import { markerShapes } from "./timeline.js";
-import { log10OrNull, plotlyText, plottable, positive, quantileRange } from "./util.js";
+import { h, log10OrNull, num, plotlyText, plottable, positive, quantileRange } from "./util.js";
 
 const Plotly = window.Plotly;
 
 /** Bottom margin for the rotated parameter names under a bar chart. */
-function paramMargin(names) {
-  const longest = Math.max(4, ...names.map((n) => shortName(n).length));
+function paramMargin(names, display = null) {
+  const longest = display
+    ? Math.max(4, ...display.map((n) => cutStart(n, DISPLAY_CHARS).length))
+    : Math.max(4, ...names.map((n) => shortName(n).length));
   return names.length > 12 ? Math.ceil(longest * 5.6 * 0.77) + 18 : 34;
 }
 
-function paramAxis(names, el, extra = {}) {
+const DISPLAY_CHARS = 28; // a bar's own label (`display`), at most
+
+/** The category axis of bars `names`; `display` (one per bar) replaces the tick labels. */
+function paramAxis(names, el, extra = {}, display = null) {
   const width = (el.clientWidth || 600) - 80;
+  const ticks = sparseTicks(names, width, 11, 22);
+  if (display) {
+    const at = new Map(names.map((n, j) => [plotlyText(n), display[j]]));
+    ticks.ticktext = ticks.tickvals.map((v) => plotlyText(cutStart(at.get(v), DISPLAY_CHARS)));
+  }
   return axis({
     type: "category",
     tickmode: "array",
-    ...sparseTicks(names, width, 11, 22),
+    ...ticks,
     tickangle: names.length > 12 ? -50 : 0,
     tickfont: { size: 9, color: COLORS.muted },
     showgrid: false,
@@ -81,15 +99,62 @@ function categories(names) {
 // (every redraw paints columns x parameters cells; the scheduler spaces costly draws out).
 const HEATMAP_COLUMNS = MAX_SNAPSHOTS;
 const HEAT_QUANTILE = 0.02; // the colour range: the 2nd to the 98th percentile of log10 |g|
+const HEAT_ROWS = 160; // a large run's rows, at most, while groups are expanded (older ones collapse)
+const MAX_CHILDREN = 128; // rows an expanded node shows, at most (a stack of 110 blocks fits)
+const ROW_PX = 13; // a large run's row height up to TALL_ROWS rows: every label readable
+const TALL_ROWS = 64; // past this many rows the heatmap stops growing; labels are thinned
+const LABEL_CHARS = 30; // a large run's heatmap labels, at most (the full name is in the hover)
+
+/** A label of at most n characters: its end kept (the tensor's own name), an ellipsis before. */
+function cutStart(label, n) {
+  return label.length <= n ? label : `…${label.slice(label.length - n + 1)}`;
+}
+
+/** A group's aggregate under a per-parameter statistic's key, from a row's `groups`. */
+const GROUP_KEY = {
+  grad_norm_raw: "norm_raw",
+  grad_norm: "norm",
+  grad_absmax_raw: "absmax_raw",
+  grad_absmax: "absmax",
+  update_ratio: "ratio_median",
+};
+
+function groupValue(row, key, g) {
+  const list = row && row.groups ? row.groups[GROUP_KEY[key] || key] : null;
+  return list && g !== null && g !== undefined ? list[g] : null;
+}
+
+/** sqrt(sum of squares) of the members' values a row has (NaN/Inf carry through); null if none. */
+function normOf(row, key, members) {
+  let sum = 0;
+  let any = false;
+  for (const i of members) {
+    const v = num(statOf(row, key, i));
+    if (v === null || v === undefined) continue;
+    any = true;
+    sum += v * v;
+  }
+  return any ? Math.sqrt(sum) : null;
+}
 
 export class HeatmapChart {
   constructor(el, onPick) {
     this.el = el;
     this.source = "raw"; // or "final"
-    this.onPick = onPick;
+    this.pickParam = onPick;
+    this.onPick = (cat) => this.clicked(cat);
     this.bound = false;
     this.range = null;
     this.base = 0;
+    // A large run: the rows shown ({key, cat, label, kind, members, g, ancestors}), the expanded
+    // nodes (key -> their ancestors' keys, in the order expanded) and the breadcrumb element.
+    this.entries = null;
+    this.byCat = new Map();
+    this.expanded = new Map();
+    this.state = null;
+    this.onExpand = () => {}; // set by app.js: subscribe to the members shown, redraw
+    this.crumbs = h("nav", { class: "crumbs", dataset: { testid: "heatmap-crumbs" }, hidden: true });
+    el.before(this.crumbs);
   }
 
   key() {
@@ -97,7 +162,191 @@ export class HeatmapChart {
   }
 
   rowOf(r) {
+    if (this.entries) return this.entries.map((e) => log10OrNull(this.valueOf(r, e)));
     return (r[this.key()] || []).map(log10OrNull);
+  }
+
+  valueOf(r, e) {
+    if (e.kind === "group") return groupValue(r, this.key(), e.g);
+    if (e.kind === "tensor") return statOf(r, this.key(), e.members[0]);
+    return normOf(r, this.key(), e.members);
+  }
+
+  /** A large run's rows: every group, an expanded one followed by its modules and tensors. */
+  buildEntries(state) {
+    const out = [];
+    const used = new Set();
+    const add = (e) => {
+      let cat = e.cat;
+      while (used.has(cat)) cat += "\u200b"; // categories are unique
+      used.add(cat);
+      out.push({ ...e, cat });
+    };
+    const params = state.params;
+    const children = (parent, depth) => {
+      const kids = childrenOf(parent.members, params);
+      for (const kid of kids.slice(0, MAX_CHILDREN)) {
+        const ancestors = [...parent.ancestors, parent.key];
+        const pad = "· ".repeat(depth); // the labels are right-aligned: the depth shows as dots
+        if (kid.kind === "tensor") {
+          add({
+            kind: "tensor",
+            key: `t${kid.members[0]}`,
+            cat: kid.key,
+            members: kid.members,
+            ancestors,
+            label: `${pad}${cutStart(kid.label, LABEL_CHARS - 2 * depth)}`,
+          });
+        } else {
+          const key = `m${kid.key}`;
+          const open = this.expanded.has(key);
+          const e = {
+            kind: "module",
+            key,
+            cat: kid.key,
+            members: kid.members,
+            ancestors,
+            label: `${pad}${open ? "▾" : "▸"} ${cutStart(kid.label, LABEL_CHARS - 2 - 2 * depth)}`,
+          };
+          add(e);
+          if (open) children(e, depth + 1);
+        }
+      }
+      if (kids.length > MAX_CHILDREN)
+        add({
+          kind: "more",
+          key: `x${parent.key}`,
+          cat: `${parent.cat} (${kids.length - MAX_CHILDREN} more)`,
+          members: [],
+          ancestors: [],
+          label: `${"· ".repeat(depth)}… ${kids.length - MAX_CHILDREN} more`,
+        });
+    };
+    state.groups.names.forEach((name, g) => {
+      const members = state.groups.members[g];
+      const key = `g${g}`;
+      const open = members.length > 1 && this.expanded.has(key);
+      const mark = members.length > 1 ? (open ? "▾ " : "▸ ") : "";
+      const e = {
+        kind: "group",
+        key,
+        cat: name,
+        members,
+        g,
+        ancestors: [],
+        label: `${mark}${cutStart(name, LABEL_CHARS - 2)}`,
+      };
+      add(e);
+      if (open) children(e, 1);
+    });
+    return out;
+  }
+
+  /** A click on a row: a tensor is picked; a group or module expands (or collapses) in place. */
+  clicked(cat) {
+    if (!this.entries) {
+      this.pickParam(cat);
+      return;
+    }
+    const e = this.byCat.get(cat);
+    if (!e || e.kind === "more") return;
+    if (e.kind === "tensor" || e.members.length === 1) {
+      this.pickParam(this.state.params[e.members[0]]);
+      return;
+    }
+    if (this.expanded.has(e.key)) this.collapse(e.key);
+    else this.expand(e.key, e.ancestors);
+    this.onExpand();
+  }
+
+  collapse(key) {
+    for (const [k, anc] of [...this.expanded]) if (k === key || anc.includes(key)) this.expanded.delete(k);
+  }
+
+  /** Expand a node; the oldest expanded nodes off its path collapse while the rows pass HEAT_ROWS. */
+  expand(key, ancestors) {
+    this.expanded.delete(key);
+    this.expanded.set(key, ancestors);
+    const keep = new Set([...ancestors, key]);
+    while (this.state && this.buildEntries(this.state).length > HEAT_ROWS) {
+      const old = [...this.expanded.keys()].find((k) => !keep.has(k));
+      if (old === undefined) break;
+      this.collapse(old);
+    }
+  }
+
+  /** Expand the group of parameter i and the modules down to it (a tensor opened elsewhere). */
+  expandTo(state, i) {
+    this.state = state;
+    const g = state.groupOf[i];
+    if (!state.large || g === undefined || g < 0) return;
+    let node = { key: `g${g}`, members: state.groups.members[g], ancestors: [] };
+    const path = [];
+    while (node && node.members.length > 1) {
+      path.push(node);
+      const kid = childrenOf(node.members, state.params).find((c) => c.members.includes(i));
+      if (!kid || kid.kind !== "module") break;
+      node = { key: `m${kid.key}`, members: kid.members, ancestors: [...node.ancestors, node.key] };
+    }
+    for (const n of path) this.expand(n.key, n.ancestors);
+  }
+
+  /** The parameter indices whose detail the rows shown need (expanded groups' members). */
+  wanted() {
+    if (!this.entries) return [];
+    const out = [];
+    for (const e of this.entries) if (e.kind !== "group") out.push(...e.members);
+    return out;
+  }
+
+  /** The breadcrumb: all groups › the newest expanded node's path. */
+  showCrumbs(state) {
+    const el = this.crumbs;
+    el.hidden = !this.entries;
+    if (!this.entries) return;
+    const last = [...this.expanded.keys()].pop();
+    const path = last === undefined ? [] : [...this.expanded.get(last), last];
+    const name = (key) => {
+      const e = this.entries.find((x) => x.key === key);
+      return e ? e.cat : key.slice(1);
+    };
+    const all = h(
+      "button",
+      {
+        type: "button",
+        class: "crumb",
+        dataset: { testid: "heatmap-all-groups" },
+        onclick: () => {
+          this.expanded.clear();
+          this.onExpand();
+        },
+      },
+      `all ${state.groups.names.length} groups`,
+    );
+    const parts = [all];
+    path.forEach((key, k) => {
+      parts.push(h("span", { class: "crumb-sep" }, "›"));
+      const text = name(key);
+      parts.push(
+        k === path.length - 1
+          ? h("span", { class: "crumb here mono", title: text }, text)
+          : h(
+              "button",
+              {
+                type: "button",
+                class: "crumb mono",
+                title: text,
+                onclick: () => {
+                  for (const below of path.slice(k + 1)) this.collapse(below);
+                  this.onExpand();
+                },
+              },
+              text,
+            ),
+      );
+    });
+    if (!path.length) parts.push(h("span", { class: "muted small" }, " · click a group's row to expand it"));
+    el.replaceChildren(...parts);
   }
 
   zRange(rows) {
@@ -125,6 +374,11 @@ export class HeatmapChart {
   }
 
   reset(state) {
+    this.state = state;
+    this.entries = state.large && state.groups ? this.buildEntries(state) : null;
+    this.byCat = new Map((this.entries || []).map((e) => [e.cat, e]));
+    this.showCrumbs(state);
+    this.el.dataset.rows = String(this.entries ? this.entries.length : state.params.length);
     const rows = [...state.history.rows, ...state.window().slice(-HEATMAP_COLUMNS)];
     this.base = state.history.rows.length;
     const z = rows.map((r) => this.rowOf(r));
@@ -132,7 +386,7 @@ export class HeatmapChart {
     this.range = [lo, hi];
     this.el.dataset.zmin = String(lo);
     this.el.dataset.zmax = String(hi);
-    const names = state.params;
+    const names = this.entries ? this.entries.map((e) => e.cat) : state.params;
     const cats = categories(names);
     this.byLabel = cats.byLabel;
     const trace = {
@@ -150,9 +404,23 @@ export class HeatmapChart {
       xgap: 0,
       hovertemplate: "%{y}<br>step %{x}<br>log₁₀ ‖g‖ = %{z:.2f}<extra></extra>",
     };
-    const longest = Math.max(4, ...names.map((n) => shortName(n, 26).length));
-    // Rows of at least 8 px, at most 640 px in all; labels thinned to fit.
-    const height = Math.max(260, Math.min(640, 48 + names.length * 10));
+    const longest = this.entries
+      ? Math.max(4, ...this.entries.map((e) => e.label.length))
+      : Math.max(4, ...names.map((n) => shortName(n, 26).length));
+    // Rows of at least 8 px, at most 640 px in all; labels thinned to fit. A large run's rows
+    // (about 60 groups) get ROW_PX each, every label shown.
+    const height = this.entries
+      ? Math.max(260, 48 + Math.min(TALL_ROWS, names.length) * ROW_PX)
+      : Math.max(260, Math.min(640, 48 + names.length * 10));
+    let ticks;
+    if (this.entries) {
+      const k = Math.max(1, Math.ceil((names.length * 11) / (height - 48)));
+      const shown = this.entries.filter((e, j) => j % k === 0 || this.expanded.has(e.key));
+      ticks = {
+        tickvals: shown.map((e) => plotlyText(e.cat)),
+        ticktext: shown.map((e) => plotlyText(e.label)),
+      };
+    } else ticks = sparseTicks(names, height - 48, 11, 26);
     if (this.el.style.height !== `${height}px`) this.el.style.height = `${height}px`;
     const range = this.timeline ? this.timeline.range(state) : null;
     const layout = baseLayout({
@@ -167,8 +435,8 @@ export class HeatmapChart {
         type: "category",
         autorange: "reversed",
         tickmode: "array",
-        ...sparseTicks(names, height - 48, 11, 26),
-        tickfont: { size: 9, color: COLORS.muted },
+        ...ticks,
+        tickfont: { size: this.entries ? 10 : 9, color: COLORS.muted },
         showgrid: false,
       }),
       shapes: markerShapes(state.markers),
@@ -212,32 +480,198 @@ export class HeatmapChart {
 // ---------------------------------------------------------------------------
 // The per-parameter bar charts (3 and 5): one bar (or an overlaid pair) per
 // parameter for the newest snapshot, on a log axis, redrawn when a newer one
-// arrives; a click on a bar picks that parameter. Each chart adds its own part
-// as figure(row, names, labels), given the newest row (null before any), the
-// parameter names and the x axis's categories (the names as Plotly text):
+// arrives; a click on a bar picks that parameter. A large run's bars are its
+// groups (a click drills into the group's tensors), a group's tensors, or a
+// stack's blocks by depth (`bars`). Each chart adds its own part as
+// figure(row, bars, labels), given the newest row (null before any), the bars
+// (`bars()`) and the x axis's categories (their names as Plotly text):
 // {traces, title (of the y axis), values (the log range shows
 // them), top (margin, px; 8 by default), layout (more layout keys)}.
+
+const MAX_BARS = 128; // a drilled-into group's tensors shown, at most
+const BLOCK = "(block)"; // the "by depth" kind that shows whole blocks (their groups' aggregates)
 
 class ParamBarChart {
   constructor(el, onPick) {
     this.el = el;
-    this.onPick = onPick;
+    this.pickParam = onPick;
+    this.onPick = (j) => this.current && this.current.pick(j);
     this.bound = false;
     this.shownStep = null;
+    // A large run: the group drilled into (its index) or the "by depth" view ({stack, kind}).
+    this.drill = null;
+    this.depth = null;
+    this.current = null;
+    this.onView = () => {}; // set by app.js: subscribe to what is shown now, redraw
+    const id = el.dataset.testid.replace(/^chart-/, "");
+    this.id = id;
+    this.depthSelect = h("select", {
+      class: "mono",
+      dataset: { testid: `${id}-depth` },
+      "aria-label": "by depth",
+      onchange: () => this.setDepth(this.depthSelect.value),
+    });
+    this.crumb = h("span", { class: "crumb here mono", dataset: { testid: `${id}-crumb` } });
+    this.nav = h(
+      "nav",
+      { class: "crumbs", dataset: { testid: `${id}-nav` }, hidden: true },
+      h(
+        "button",
+        {
+          type: "button",
+          class: "crumb",
+          dataset: { testid: `${id}-all-groups` },
+          onclick: () => this.showGroups(),
+        },
+        "all groups",
+      ),
+      h("span", { class: "crumb-sep" }, "›"),
+      this.crumb,
+      h("span", { class: "grow" }),
+      h("label", { class: "muted small" }, "by depth ", this.depthSelect),
+    );
+    this.groupsShown = null;
+    el.before(this.nav);
+  }
+
+  showGroups() {
+    this.drill = null;
+    this.depth = null;
+    this.depthSelect.value = "";
+    this.onView();
+  }
+
+  /** Drill into group g: its tensors' bars. */
+  drillTo(g) {
+    this.drill = g;
+    this.depth = null;
+    this.depthSelect.value = "";
+    this.onView();
+  }
+
+  setDepth(value) {
+    if (!value) {
+      this.showGroups();
+      return;
+    }
+    const cut = value.indexOf("|");
+    this.depth = { stack: Number(value.slice(0, cut)), kind: value.slice(cut + 1) };
+    this.drill = null;
+    this.onView();
+  }
+
+  /** The "by depth" choices: per stack, whole blocks (when blocks are groups) and each kind. */
+  fillDepth(groups) {
+    if (this.groupsShown === groups) return;
+    this.groupsShown = groups;
+    const opts = [h("option", { value: "" }, "–")];
+    (groups.stacks || []).forEach((st, si) => {
+      if (st.groups) opts.push(h("option", { value: `${si}|${BLOCK}` }, `${st.name}: whole blocks`));
+      for (const kind of Object.keys(st.kinds || {}))
+        opts.push(h("option", { value: `${si}|${kind}` }, `${st.name}.*.${kind}`));
+    });
+    this.depthSelect.replaceChildren(...opts);
+    this.depthSelect.disabled = opts.length === 1;
+  }
+
+  /**
+   * What the bars are: {names (categories), val(key, j) (a per-parameter statistic's value of
+   * bar j, a group's aggregate for a group), span(j) ([min, max] of a group's members' update
+   * ratios, or null), what (the axis's words), pick(j) (a click on bar j)}.
+   */
+  bars(state) {
+    const row = state.latest;
+    const params = state.params;
+    if (!state.large || !state.groups) {
+      return {
+        mode: "params",
+        names: params,
+        val: (k, j) => (row ? statOf(row, k, j) : null),
+        span: () => null,
+        what: "parameter",
+        pick: (j) => this.pickParam(params[j]),
+      };
+    }
+    const G = state.groups;
+    const groupBars = (gs, names, what, crumb) => ({
+      mode: "groups",
+      names,
+      crumb,
+      val: (k, j) => groupValue(row, k, gs[j]),
+      span: (j) => [groupValue(row, "ratio_min", gs[j]), groupValue(row, "ratio_max", gs[j])],
+      what,
+      pick: (j) => this.drillTo(gs[j]),
+    });
+    const tensorBars = (idx, names, what, crumb) => ({
+      mode: "tensors",
+      names,
+      crumb,
+      val: (k, j) => (row && idx[j] !== null ? statOf(row, k, idx[j]) : null),
+      span: () => null,
+      what,
+      pick: (j) => idx[j] !== null && this.pickParam(params[idx[j]]),
+    });
+    const st = this.depth ? (G.stacks || [])[this.depth.stack] : null;
+    if (st && this.depth.kind === BLOCK && st.groups)
+      return groupBars(st.groups, st.blocks, "block", `${st.name}: whole blocks, by depth`);
+    if (st && st.kinds && st.kinds[this.depth.kind])
+      return tensorBars(
+        st.kinds[this.depth.kind],
+        st.blocks,
+        "block",
+        `${st.name}.*.${this.depth.kind}, by depth`,
+      );
+    if (this.drill !== null && G.members[this.drill]) {
+      const idx = G.members[this.drill].slice(0, MAX_BARS);
+      const names = idx.map((i) => params[i]);
+      const bars = tensorBars(idx, names, "tensor", G.names[this.drill]);
+      const prefix = commonPrefix(names);
+      bars.display = names.map((n) => (prefix ? n.slice(prefix.length + 1) : n)); // the group's own part
+      return bars;
+    }
+    return groupBars(
+      G.names.map((_, g) => g),
+      G.names,
+      "group",
+      null,
+    );
+  }
+
+  /** The parameter indices whose detail the bars shown need. */
+  wanted(state) {
+    if (!state.large || !state.groups) return [];
+    const G = state.groups;
+    const st = this.depth ? (G.stacks || [])[this.depth.stack] : null;
+    if (st && st.kinds && st.kinds[this.depth.kind])
+      return st.kinds[this.depth.kind].filter((i) => i !== null);
+    if (this.drill !== null && G.members[this.drill]) return G.members[this.drill].slice(0, MAX_BARS);
+    return [];
+  }
+
+  showNav(state, bars) {
+    this.nav.hidden = !state.large;
+    if (!state.large) return;
+    this.fillDepth(state.groups);
+    this.crumb.textContent = bars.crumb || `${state.groups.names.length} groups · click a bar`;
+    this.el.dataset.view = bars.mode === "groups" && !bars.crumb ? "groups" : bars.crumb;
   }
 
   render(state, force) {
     const row = state.latest;
     if (!force && row && row.step === this.shownStep) return;
     this.shownStep = row ? row.step : null;
-    const names = state.params;
-    const cats = categories(names);
-    this.byLabel = cats.byLabel;
-    const { traces, title, values, top = 8, layout = {} } = this.figure(row, names, cats.labels);
+    const bars = this.bars(state);
+    this.current = bars;
+    this.showNav(state, bars);
+    const names = bars.names;
+    const labels = names.map(plotlyText);
+    this.byLabel = new Map(labels.map((l, j) => [l, j]));
+    const { traces, title, values, top = 8, layout = {} } = this.figure(row, bars, labels);
+    this.el.dataset.bars = String(names.length);
     const full = baseLayout({
       showlegend: false, // the card header says which colour is which
-      margin: { l: 60, r: 12, t: top, b: paramMargin(names) },
-      xaxis: paramAxis(names, this.el),
+      margin: { l: 60, r: 12, t: top, b: paramMargin(names, bars.display) },
+      xaxis: paramAxis(names, this.el, {}, bars.display),
       yaxis: axis({ type: "log", title: { text: title }, ...logAxisFor(values) }),
       ...layout,
     });
@@ -267,14 +701,15 @@ export class FlowChart extends ParamBarChart {
     return this.metric === "norm" ? ["grad_norm_raw", "grad_norm"] : ["grad_absmax_raw", "grad_absmax"];
   }
 
-  figure(row, names, labels) {
+  figure(row, bars, labels) {
     // What is drawn, for tests and scripts/screenshots.py to wait on.
     this.el.dataset.step = row ? String(row.step) : "";
     this.el.dataset.metric = this.metric;
     const [kr, kf] = this.keys();
     const label = this.metric === "norm" ? "‖g‖₂" : "max |g|";
-    const yr = row ? names.map((_, i) => positive((row[kr] || [])[i])) : [];
-    const yf = row ? names.map((_, i) => positive((row[kf] || [])[i])) : [];
+    const n = bars.names.length;
+    const yr = row ? Array.from({ length: n }, (_, j) => positive(bars.val(kr, j))) : [];
+    const yf = row ? Array.from({ length: n }, (_, j) => positive(bars.val(kf, j))) : [];
     const traces = [
       {
         name: "raw",
@@ -313,7 +748,7 @@ export class FlowChart extends ParamBarChart {
           ]
         : [],
     };
-    return { traces, title: `${label} per parameter`, values: [...yr, ...yf], top: 18, layout };
+    return { traces, title: `${label} per ${bars.what}`, values: [...yr, ...yf], top: 18, layout };
   }
 }
 
@@ -406,11 +841,29 @@ export class HistChart {
 const RATIO_BAND = [1e-4, 1e-2]; // the usual healthy range; 1e-3 is the rule of thumb
 
 export class RatioChart extends ParamBarChart {
-  figure(row, names, labels) {
-    const y = row ? names.map((_, i) => positive((row.update_ratio || [])[i])) : [];
+  figure(row, bars, labels) {
+    const n = bars.names.length;
+    const y = row ? Array.from({ length: n }, (_, j) => positive(bars.val("update_ratio", j))) : [];
     const colors = y.map((v) =>
       v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1] ? COLORS.ratioIn : COLORS.ratioOut,
     );
+    // Groups: the median of their tensors' ratios, the min-max as error bars.
+    const spans = bars.mode === "groups" && row ? y.map((_, j) => bars.span(j)) : null;
+    const extremes = [];
+    const error = spans
+      ? {
+          type: "data",
+          symmetric: false,
+          array: spans.map(([, hi], j) => (y[j] !== null && positive(hi) !== null ? positive(hi) - y[j] : 0)),
+          arrayminus: spans.map(([lo], j) =>
+            y[j] !== null && positive(lo) !== null ? y[j] - positive(lo) : 0,
+          ),
+          color: COLORS.muted,
+          thickness: 1,
+          width: 2,
+        }
+      : undefined;
+    if (spans) for (const [lo, hi] of spans) extremes.push(positive(lo), positive(hi));
     const traces = [
       {
         name: "update / param",
@@ -418,7 +871,10 @@ export class RatioChart extends ParamBarChart {
         x: labels,
         y,
         marker: { color: colors },
-        hovertemplate: "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",
+        ...(error ? { error_y: error } : {}),
+        hovertemplate: spans
+          ? "%{x}<br>‖Δθ‖/‖θ‖ median %{y:.3g}<extra></extra>"
+          : "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",
       },
     ];
     const layout = {
@@ -447,6 +903,11 @@ export class RatioChart extends ParamBarChart {
         },
       ],
     };
-    return { traces, title: "‖Δθ‖ / ‖θ‖", values: [...y, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3], layout };
+    return {
+      traces,
+      title: "‖Δθ‖ / ‖θ‖",
+      values: [...y, ...extremes, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3],
+      layout,
+    };
   }
 }

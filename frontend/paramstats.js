@@ -4,10 +4,12 @@
 // row of the chart per statistic, and a sortable table of the newest sampled
 // step. Parameters are picked by clicking a chart (the heatmap, the flow or the
 // ratio chart, a table row) or by a name filter: a glob matched by the server
-// with the targets' rule (GET /api/targets), never re-implemented here.
+// with the targets' rule (GET /api/targets), never re-implemented here. A large
+// run's table lists the tensors the page has detail of (picked, pinned, expanded,
+// drilled into, worst now), not every tensor; each row can be pinned.
 
 import { api, errorText } from "./api.js";
-import { STATS } from "./state.js";
+import { STATS, hasStats, statOf } from "./state.js";
 import { SERIES_COLORS } from "./modulechart.js";
 import { logTicks } from "./ticks.js";
 import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
@@ -33,6 +35,8 @@ export class ParamStats extends StepChart {
     this.tableShown = null;
     this.state = null;
     this.onChange = () => {}; // set by app.js: redraw now
+    this.onPicked = () => {}; // set by app.js: the picks changed (subscribe to their detail)
+    this.pinButton = null; // set by app.js: (name) => a pin toggle for a table row
     this.buildStatToggles();
     const filter = debounce(() => this.applyFilter(), 300);
     this.c.filter.addEventListener("input", filter);
@@ -72,12 +76,14 @@ export class ParamStats extends StepChart {
     if (!name) return;
     this.picked = [...this.picked.filter((p) => p !== name), name].slice(-MAX_PICKED);
     this.showPicked();
+    this.onPicked();
     this.onChange();
   }
 
   unpick(name) {
     this.picked = this.picked.filter((p) => p !== name);
     this.showPicked();
+    this.onPicked();
     this.onChange();
   }
 
@@ -110,6 +116,7 @@ export class ParamStats extends StepChart {
     if (!matches.length) return;
     this.picked = matches.slice(0, MAX_PICKED);
     this.showPicked();
+    this.onPicked();
     this.onChange();
   }
 
@@ -166,7 +173,7 @@ export class ParamStats extends StepChart {
         const i = state.params.indexOf(p);
         if (i < 0) return;
         const conv = s.scale === "log" ? positive : plottable;
-        const y = rows.map((r) => conv((r[s.key] || [])[i]));
+        const y = rows.map((r) => conv(statOf(r, s.key, i)));
         values.push(...y);
         traces.push({
           name: plotlyText(`${p} ${s.label}`),
@@ -221,9 +228,11 @@ export class ParamStats extends StepChart {
     );
     const body = [];
     if (row) {
-      const order = state.params.map((p, i) => i);
+      const order = state.large
+        ? [...row.detail.keys()].filter((i) => hasStats(row, i))
+        : state.params.map((p, i) => i);
       const { key, desc } = this.sort;
-      const val = (i) => (key === "name" ? state.params[i] : num((row[key] || [])[i]));
+      const val = (i) => (key === "name" ? state.params[i] : num(statOf(row, key, i)));
       order.sort((a, b) => {
         const va = val(a);
         const vb = val(b);
@@ -244,15 +253,20 @@ export class ParamStats extends StepChart {
               onclick: () => this.pick(p),
               title: `show ${p}'s series`,
             },
-            h("td", { class: "mono name" }, p),
+            h("td", { class: "mono name" }, this.pinButton ? this.pinButton(p) : null, p),
             ...STATS.map((s) =>
-              h("td", { class: "mono num", dataset: { stat: s.key } }, fmt((row[s.key] || [])[i])),
+              h("td", { class: "mono num", dataset: { stat: s.key } }, fmt(statOf(row, s.key, i))),
             ),
           ),
         );
       }
     }
     table.replaceChildren(h("thead", {}, head), h("tbody", {}, ...body));
+    const note = document.querySelector('[data-role="param-table-note"]');
+    if (note)
+      note.textContent = state.large
+        ? `the newest sampled step of the ${body.length} tensors followed (picked, pinned, expanded, drilled into, worst now) of ${state.params.length}; click a column to sort, a row to plot it`
+        : "the newest sampled step; click a column to sort, a row to plot it";
   }
 
   ariaSort(key) {

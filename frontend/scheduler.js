@@ -4,13 +4,20 @@
 // the next one waits GAP_FACTOR x its time, so drawing takes at most ~40% of
 // the main thread. On a fast machine every chart keeps up with a 10 steps/s
 // stream; on a slow one (a busy laptop, a CPU-only CI box) charts refresh less
-// often instead of starving clicks, typing and the websocket.
+// often instead of starving clicks, typing and the websocket. For a large run
+// (state.large) a chart off screen is not drawn: its changes are dropped and it
+// is redrawn whole when it scrolls into view (an IntersectionObserver says when);
+// and the charts on screen are drawn at most every LARGE_INTERVAL_MS, with a gap
+// of LARGE_GAP_FACTOR x a draw's time after it (drawing at most ~1/3.5 of the
+// main thread: the messages of a large run cost more to take in).
 
 import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./state.js";
 
 const MIN_INTERVAL_MS = 100;
 const COST_FACTOR = 4; // one chart spends at most ~1/4 of the time drawing
 const GAP_FACTOR = 1.5; // all charts together at most 1 / (1 + 1.5) = 40%
+const LARGE_INTERVAL_MS = 500;
+const LARGE_GAP_FACTOR = 2.5; // at most 1 / (1 + 2.5), about 29%
 
 function emptyPending() {
   return { rows: [], loss: { x: [], y: [] }, markers: false, hist: false, reset: false, dirty: false };
@@ -23,6 +30,8 @@ class Slot {
     this.pending = emptyPending();
     this.nextAt = 0;
     this.lastCost = 0;
+    this.visible = true; // within (or near) the viewport, as the IntersectionObserver last said
+    this.stale = false; // changes were dropped while off screen: redraw whole when visible
   }
 }
 
@@ -39,6 +48,29 @@ export class Scheduler {
     this.queued = false;
     this.globalNextAt = 0;
     this.stats = {}; // name -> {draws, ms}: visible at window.__dashboard for profiling
+  }
+
+  /** Watch which charts are on screen (a large run draws only those). */
+  observe() {
+    if (typeof IntersectionObserver !== "function") return;
+    const io = new IntersectionObserver(
+      (entries) => {
+        for (const e of entries) {
+          const s = this.slots.find((x) => x.chart.el === e.target);
+          if (!s) continue;
+          s.visible = e.isIntersecting;
+          if (s.visible && s.stale) {
+            s.stale = false;
+            s.pending = emptyPending();
+            s.pending.reset = true;
+            s.pending.dirty = true;
+            this.request();
+          }
+        }
+      },
+      { rootMargin: "200px 0px" },
+    );
+    for (const s of this.slots) if (s.chart.el) io.observe(s.chart.el);
   }
 
   /**
@@ -83,10 +115,18 @@ export class Scheduler {
     this.request();
   }
 
-  /** Redraw one chart from scratch now (a toggle the user just clicked). */
+  /**
+   * Redraw one chart from scratch now (a toggle the user just clicked); for a large run, a
+   * chart off screen is redrawn when it scrolls into view instead.
+   */
   resetNow(name) {
     const s = this.slots.find((x) => x.name === name);
     s.pending = emptyPending();
+    const state = this.state();
+    if (state && state.large && !s.visible) {
+      s.stale = true;
+      return;
+    }
     this.draw(s, true, performance.now());
   }
 
@@ -106,8 +146,15 @@ export class Scheduler {
       if (this.slots.some((s) => s.pending.dirty)) this.request();
       return;
     }
+    const state = this.state();
+    const skipHidden = Boolean(state && state.large);
     for (const s of this.slots) {
       if (!s.pending.dirty) continue;
+      if (skipHidden && !s.visible) {
+        s.pending = emptyPending();
+        s.stale = true;
+        continue;
+      }
       if (now < s.nextAt) {
         waiting = true;
         continue;
@@ -130,8 +177,9 @@ export class Scheduler {
     else slot.chart.update(state, pending);
     const cost = performance.now() - t0;
     slot.lastCost = cost;
-    slot.nextAt = now + Math.max(MIN_INTERVAL_MS, COST_FACTOR * cost);
-    this.globalNextAt = performance.now() + GAP_FACTOR * cost;
+    const large = Boolean(state && state.large);
+    slot.nextAt = now + Math.max(large ? LARGE_INTERVAL_MS : MIN_INTERVAL_MS, COST_FACTOR * cost);
+    this.globalNextAt = performance.now() + (large ? LARGE_GAP_FACTOR : GAP_FACTOR) * cost;
     const st = (this.stats[slot.name] ||= { draws: 0, ms: 0 });
     st.draws += 1;
     st.ms += cost;

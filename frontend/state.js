@@ -7,8 +7,15 @@
 // most 4 rows a bucket, replaced by each fetch), and a run compared with.
 // Memory is capped: nothing here grows with the length of the run. (The
 // server's database is server/history/storage.py.)
+//
+// A large run (more than DETAIL_ALL tensors) keeps its rows compact: each row has the
+// groups' aggregates (`row.groups`) and the per-parameter statistics of only the tensors
+// the page asked for (`row.detail`, a Map param index -> {statistic: value}: what the
+// server's `detail` carries, plus what GET /api/detail backfilled), never full-length
+// per-parameter lists. `statOf(row, key, i)` reads one value in either form.
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
+import { DETAIL_ALL, aggregate, groupsFor } from "./groups.js";
 import { num, plotlyText } from "./util.js";
 
 // MAX_SNAPSHOTS and MAX_EVENTS are what the server's `hello` carries (server/settings.py).
@@ -40,7 +47,21 @@ export const STATS = [
   { key: "inf_count", label: "Inf", scale: "linear" },
   { key: "update_ratio", label: "update ratio", scale: "log" },
 ];
-const ROW_FIELDS = [...new Set([...PER_PARAM, ...STATS.map((s) => s.key)])]; // per parameter, in a row
+export const ROW_FIELDS = [...new Set([...PER_PARAM, ...STATS.map((s) => s.key)])]; // per parameter, in a row
+const MAX_DETAIL_ROW = 320; // tensors whose detail a row of a large run keeps, at most
+
+/** One per-parameter statistic of a row: `row[key][i]` (a small run) or from its detail. */
+export function statOf(row, key, i) {
+  const list = row[key];
+  if (list) return list[i];
+  const d = row.detail && row.detail.get(i);
+  return d ? d[key] : undefined;
+}
+
+/** Whether a row has the per-parameter statistics of parameter i. */
+export function hasStats(row, i) {
+  return row.detail ? row.detail.has(i) : Boolean(row.grad_norm_raw && i < row.grad_norm_raw.length);
+}
 
 let changes = 0; // every state's `version` and `histVersion` come from here: never the same twice
 
@@ -53,7 +74,12 @@ export class DashboardState {
     this.session = null;
     this.runId = null;
     this.params = [];
-    this.hookKinds = {};
+    this.index = new Map(); // parameter name -> index
+    this.lower = []; // the names in lower case (the search)
+    this.large = false; // more than DETAIL_ALL tensors: group views, compact rows
+    this.groups = null; // the partition (groups.js): {names, members, stacks}
+    this.groupOf = []; // parameter index -> group index
+    this.want = new Set(); // parameter indices whose detail the page asked for (large runs)
     this.hooks = new Map(); // id -> spec, in server order: what the page shows (showHooks)
     this.appliedHooks = []; // the list at configVersion
     this.requested = null; // {list, version}: a change accepted, not applied yet
@@ -84,6 +110,12 @@ export class DashboardState {
     this.session = session;
     this.runId = session.run_id;
     this.params = (session.params || []).map((p) => (typeof p === "string" ? p : p.name));
+    this.index = new Map(this.params.map((p, i) => [p, i]));
+    this.lower = this.params.map((p) => p.toLowerCase());
+    this.large = this.params.length > DETAIL_ALL;
+    this.groups = groupsFor(session, this.params);
+    this.groupOf = new Array(this.params.length).fill(-1);
+    this.groups.members.forEach((list, g) => list.forEach((i) => (this.groupOf[i] = g)));
     this.hookKinds = session.hook_kinds || {};
     this.setHooks(session.hooks || [], session.config_version || 0);
     this.training = { ...this.training, ...(session.training || {}) };
@@ -145,7 +177,8 @@ export class DashboardState {
     const step = num(s.step);
     if (this.latest !== null && step <= this.latest.step) return null;
     const row = { step, time: s.time, loss: num(s.loss), configVersion: s.config_version };
-    for (const k of ROW_FIELDS) row[k] = s[k] || [];
+    this.perParam(row, s, ROW_FIELDS);
+    row.worst = Array.isArray(s.worst) ? s.worst : null;
     row.total_norm_raw = s.total_norm_raw;
     row.total_norm = s.total_norm;
     row.total_norm_backward = s.total_norm_backward;
@@ -163,6 +196,74 @@ export class DashboardState {
     for (const [name, hg] of Object.entries(s.hist || {})) this.addHist(name, step, hg);
     row.lossAdded = row.loss !== null && this.addLoss(step, row.loss);
     return row;
+  }
+
+  /**
+   * A row's per-parameter part: a small run's full lists as sent; a large run's group
+   * aggregates (computed here from full lists when the server sends none) and the detail of
+   * the tensors asked for (the wire's `detail`, or those tensors out of full lists).
+   */
+  perParam(row, s, keys) {
+    if (!this.large) {
+      for (const k of keys) row[k] = s[k] || [];
+      row.groups = s.groups || null;
+      return;
+    }
+    const full = Array.isArray(s.grad_norm_raw);
+    row.groups = s.groups || (full && this.groups ? aggregate(s, this.groups) : null);
+    const detail = new Map();
+    if (s.detail && Array.isArray(s.detail.index)) {
+      s.detail.index.forEach((i, pos) => {
+        const d = {};
+        for (const k of ROW_FIELDS) d[k] = s.detail[k] ? s.detail[k][pos] : undefined;
+        detail.set(i, d);
+      });
+    } else if (full) {
+      const keep = new Set(this.want);
+      for (const w of s.worst || []) keep.add(w.param);
+      for (const i of keep) {
+        const d = {};
+        for (const k of ROW_FIELDS) d[k] = (s[k] || [])[i];
+        detail.set(i, d);
+      }
+    }
+    row.detail = detail;
+  }
+
+  /**
+   * GET /api/detail's answer ({steps, params, stats}) into the rows held: values a row lacks
+   * are filled in (a row's own live detail stays). Returns how many rows gained any.
+   */
+  mergeDetail(data) {
+    if (!this.large || !data || !Array.isArray(data.steps)) return 0;
+    const idx = (data.params || []).map((p) => this.index.get(p));
+    const at = new Map(data.steps.map((st, j) => [num(st), j]));
+    let changed = 0;
+    for (const row of [...this.history.rows, ...this.snapshots]) {
+      const j = at.get(row.step);
+      if (j === undefined || !row.detail) continue;
+      let any = false;
+      idx.forEach((i, p) => {
+        if (i === undefined || row.detail.has(i)) return;
+        const d = {};
+        let some = false;
+        for (const k of ROW_FIELDS) {
+          const col = data.stats && data.stats[k] && data.stats[k][p];
+          const v = col ? col[j] : undefined;
+          d[k] = v;
+          if (v !== null && v !== undefined) some = true;
+        }
+        if (!some) return; // a thinned step: nothing to show
+        row.detail.set(i, d);
+        any = true;
+      });
+      if (row.detail.size > MAX_DETAIL_ROW) {
+        for (const i of row.detail.keys()) if (!this.want.has(i)) row.detail.delete(i);
+      }
+      if (any) changed++;
+    }
+    if (changed) this.version = ++changes;
+    return changed;
   }
 
   addHist(name, step, hg) {
@@ -292,7 +393,7 @@ export class DashboardState {
         total_norm: s.total_norm,
         total_norm_backward: s.total_norm_backward,
       };
-      for (const k of PER_PARAM) row[k] = s[k] || [];
+      this.perParam(row, s, PER_PARAM);
       rows.push(row);
     }
     const loss = { x: [], y: [] };
