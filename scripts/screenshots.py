@@ -12,7 +12,9 @@ has drawn the last step, and saves `docs/dashboard-<scenario>.png` (1440x900) an
 paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768), both full-page. Training is driven step
 by step near each hook, so the pictures are the same from run to run up to timing noise. The
 scenario pictures are taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its
-shadow comparison (the run without the clip, dashed) and the difference chart open.
+shadow comparison (the run without the clip, dashed) and the difference chart open; `deep` (a
+large model, shown by groups) also gets `docs/dashboard-deep-drill.png`, the page after a click on
+the worst-now list's first tensor.
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ PLANS: dict[str, dict[str, Any]] = {
         "stop": 45,
         "hist": "blocks.1.attn.qkv.weight",
         "flow": "norm",
+    },
+    # a large model, shown by groups: stopped a few steps after layers.71 went wrong, before any
+    # hook; "deep.png" is the overview, "deep-drill.png" the same page after a click on the
+    # worst-now list's first tensor (opened everywhere: its group expanded and drilled into)
+    "deep": {
+        "actions": [],
+        "stop": 64,
+        "hist": None,
+        "flow": "norm",
+        "open_worst": True,
     },
 }
 
@@ -156,6 +168,8 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
         sampled = api.call("GET", "/api/snapshots?limit=1")["snapshots"][-1]["step"]  # the newest snapshot
         show_diff(page, plan)
         paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
+        if plan.get("open_worst"):
+            paths.append(open_worst(page, last, sampled, out / f"dashboard-{scenario}-drill.png"))
         page.close()
         for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
             small = browser.new_page(viewport={"width": width, "height": height})
@@ -198,9 +212,33 @@ def show_diff(page: Any, plan: dict[str, Any]) -> None:
     )
 
 
+def open_worst(page: Any, last: int, sampled: int, path: Path) -> Path:
+    """Click the worst-now list's first tensor, wait until the heatmap shows it (its group
+    expanded down to it), and shoot."""
+    item = page.get_by_test_id("worst-item").first
+    name = item.get_attribute("data-param")
+    item.click()
+    page.wait_for_function(
+        """(name) => { const gd = document.querySelector('[data-testid="chart-heatmap"]');
+          return ((gd._fullData || [])[0]?.y || []).some((y) => String(y).includes(name.split(".").pop())); }""",
+        arg=name,
+        timeout=30_000,
+    )
+    return settle_and_shoot(page, last, sampled, path)
+
+
 def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:
     """Wait until the page has drawn step `last` and its newest snapshot, step `sampled` (paused, no hook
-    pending, no chart redraw due), then take a full-page screenshot."""
+    pending, no chart redraw due), then take a full-page screenshot. A large run's page draws only
+    the charts on screen, so each (but a hidden one) is scrolled into view and drawn first."""
+    slots = page.evaluate("window.__dashboard.scheduler.slots.length")
+    for i in range(slots):
+        page.evaluate(f"window.__dashboard.scheduler.slots[{i}].chart.el?.scrollIntoView()")
+        page.wait_for_function(
+            f"""() => {{ const s = window.__dashboard.scheduler.slots[{i}];
+              return !s.chart.el || s.chart.el.offsetParent === null || (!s.pending.dirty && !s.stale); }}""",
+            timeout=30_000,
+        )
     page.wait_for_function(
         """([last, sampled]) => {
           const flow = document.querySelector('[data-testid="chart-flow"]');

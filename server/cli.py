@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from .history.storage import DEFAULT_DB, StoreError
-from .settings import DEFAULT_HOST, DEFAULT_PORT
+from .settings import DEFAULT_HOST, DEFAULT_PORT, DETAIL_WINDOW
 
 
 class _ScenarioNames(Sequence[str]):
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a built-in scenario in a background thread and serve the dashboard.\n\n"
             "Scenarios: mlp (a small MLP, nothing wrong), exploding (gradients blow up: try clip_norm),\n"
-            "nan (a bad batch poisons the weights: try nan_guard), tiny_gpt (a small transformer).\n\n"
+            "nan (a bad batch poisons the weights: try nan_guard), tiny_gpt (a small transformer),\n"
+            "deep (993 tensors, one block goes unstable: find it from the worst-now list, try scale).\n\n"
             "Training starts when the first page connects (--no-wait: at once), so the scenario can\n"
             "be followed from step 0, and runs until Ctrl-C, at most --steps-per-second steps a second\n"
             "(changeable from the page). Every step is sampled (every=1). A scenario whose loss stays\n"
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"history database, a new run in it per start (default ./{DEFAULT_DB})",
     )
     demo.add_argument("--no-db", action="store_true", help="keep no history on disk")
+    demo.add_argument(
+        "--detail-window",
+        type=int,
+        default=DETAIL_WINDOW,
+        metavar="N",
+        help="recorded snapshots whose per-tensor statistics the history keeps for every step; older"
+        f" steps keep them on every 8th (default {DETAIL_WINDOW})",
+    )
     demo.add_argument(
         "--read-only",
         action="store_true",
@@ -285,6 +294,7 @@ def run_demo(args: argparse.Namespace) -> int:
             token=args.token,
             read_only=args.read_only,
             trusted_proxy=args.trusted_proxy,
+            detail_window=args.detail_window,
         )
     except ValueError as e:
         raise _Fail(str(e)) from None
@@ -311,7 +321,7 @@ def run_demo(args: argparse.Namespace) -> int:
             insp.close()
             raise _Fail(f"--hooks {args.hooks}: {e}") from None
     try:
-        store = None if args.no_db else HistoryStore(args.db)
+        store = None if args.no_db else HistoryStore(args.db, detail_window=settings.detail_window)
     except StoreError as e:
         insp.close()
         raise _Fail(str(e)) from None

@@ -12,6 +12,7 @@ Each scenario is a small model, its optimizer and a deterministic data stream; s
 ``exploding``  a deep tanh MLP whose lr warm-up makes the gradients explode; clip_norm rescues it
 ``nan``        one batch with an inf record at step 30 (and every 100 after); nan_guard rescues it
 ``tiny_gpt``   a 4-layer byte-level GPT (3.3M parameters, 53 tensors) on a shipped text file
+``deep``       a 110-block Llama-shaped model (993 tensors) where layers.71 goes unstable at step 60
 =============  ==============================================================================
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .base import Scenario
+from .deep import Deep
 from .exploding import Exploding
 from .mlp import MLP
 from .nan import NaNBatch
@@ -27,7 +29,7 @@ from .tiny_gpt import TinyGPT
 
 __all__ = ["SCENARIOS", "Scenario", "make"]
 
-_CLASSES: dict[str, type[Scenario]] = {cls.name: cls for cls in (MLP, Exploding, NaNBatch, TinyGPT)}
+_CLASSES: dict[str, type[Scenario]] = {cls.name: cls for cls in (MLP, Exploding, NaNBatch, TinyGPT, Deep)}
 
 SCENARIOS: dict[str, str] = {name: cls.description for name, cls in _CLASSES.items()}
 """Scenario name -> its one-sentence description, in the order the CLI lists them."""

@@ -34,7 +34,7 @@ PROMISED = {
     "replay": ("FILE", "--run", "--host", "--port", "--token"),
     "export": ("FILE", "--run", "--format", "-o"),
 }
-CHOICES = {"demo": ("mlp", "exploding", "nan", "tiny_gpt"), "export": ("csv", "jsonl", "html")}
+CHOICES = {"demo": ("mlp", "exploding", "nan", "tiny_gpt", "deep"), "export": ("csv", "jsonl", "html")}
 
 
 def console_script() -> str:

@@ -66,7 +66,7 @@ def test_help_texts_cover_every_option(capsys):
             "--read-only",
             "--steps-per-second",
             "--hooks",
-            "which scenario: mlp, exploding, nan, tiny_gpt (default mlp)",
+            "which scenario: mlp, exploding, nan, tiny_gpt, deep (default mlp)",
         ],
         "replay": ["FILE", "--run", "--host", "--port", "--token"],
         "export": ["FILE", "--run", "--format", "-o", "html"],
@@ -92,7 +92,7 @@ def test_demo_scenarios_are_the_cores_and_only_demo_imports_torch_for_them(capsy
         main(["demo", "--scenario", "bogus"])
     assert info.value.code == 2
     assert (
-        "invalid choice: 'bogus' (choose from 'mlp', 'exploding', 'nan', 'tiny_gpt')"
+        "invalid choice: 'bogus' (choose from 'mlp', 'exploding', 'nan', 'tiny_gpt', 'deep')"
         in capsys.readouterr().err
     )
     # the names are read from the core (which imports torch) only when demo's help or --scenario needs them

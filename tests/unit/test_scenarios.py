@@ -13,6 +13,7 @@ import torch
 
 import inspector
 from inspector.scenarios import SCENARIOS, Scenario, make
+from inspector.scenarios.deep import Deep
 from inspector.scenarios.exploding import Exploding
 from inspector.scenarios.mlp import MLP
 from inspector.scenarios.nan import NaNBatch
@@ -61,8 +62,8 @@ def guard_before_step(sc: Scenario, action: str) -> None:
 # ---------------------------------------------------------------------------- the registry
 
 
-def test_registry_lists_the_four_scenarios_with_their_texts():
-    classes = {"mlp": MLP, "exploding": Exploding, "nan": NaNBatch, "tiny_gpt": TinyGPT}
+def test_registry_lists_the_scenarios_with_their_texts():
+    classes = {"mlp": MLP, "exploding": Exploding, "nan": NaNBatch, "tiny_gpt": TinyGPT, "deep": Deep}
     assert list(SCENARIOS) == list(classes)
     for name, cls in classes.items():
         assert cls.name == name and SCENARIOS[name] == cls.description
@@ -72,7 +73,7 @@ def test_registry_lists_the_four_scenarios_with_their_texts():
 
 
 def test_make_rejects_an_unknown_name_and_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown scenario 'nope'.*mlp, exploding, nan, tiny_gpt"):
+    with pytest.raises(ValueError, match="unknown scenario 'nope'.*mlp, exploding, nan, tiny_gpt, deep"):
         make("nope")
 
 
