@@ -35,25 +35,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from inspector.stats.groups import AGG_KEYS as GROUP_KEYS  # noqa: E402
 from server.history.storage import HistoryStore  # noqa: E402
 from server.hub import message_text, wire_snapshot  # noqa: E402
 from server.live.worst import WorstNow  # noqa: E402
 from server.protocol import dumps  # noqa: E402
-
-GROUP_KEYS = (
-    "norm_raw",
-    "norm",
-    "absmax_raw",
-    "absmax",
-    "nan_count",
-    "inf_count",
-    "norm_min",
-    "norm_median",
-    "norm_max",
-    "ratio_min",
-    "ratio_median",
-    "ratio_max",
-)
 
 
 def f32(a: np.ndarray) -> list[float]:

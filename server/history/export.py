@@ -21,20 +21,9 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from ..protocol import dumps, jsonsafe
+from .packing import PER_PARAM
 from .storage import HistoryStore
 
-PER_PARAM = (
-    "grad_norm_raw",
-    "grad_norm",
-    "grad_mean",
-    "grad_std",
-    "grad_absmax_raw",
-    "grad_absmax",
-    "nan_count",
-    "inf_count",
-    "param_norm",
-    "update_ratio",
-)
 PER_STEP = ("time", "config_version", "loss", "total_norm_raw", "total_norm", "sampled_every", "overhead")
 
 
