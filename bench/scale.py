@@ -48,6 +48,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import inspector  # noqa: E402
+from inspector.stats.step_stats import StepStats  # noqa: E402
 
 StepFn = Callable[[], torch.Tensor]
 
@@ -234,22 +235,23 @@ def measure(w: Workload, quick: bool) -> dict[str, Any]:
 
 def probe_cost(w: Workload, reps: int = 20) -> tuple[int, float]:
     """CPU microseconds of the unsampled step's statistics alone: the NaN/Inf probe of every
-    gradient (``StepStats.probe()``, a private part: the figure the flat passes change) and its
-    read on the host at the next boundary, after one backward; the median of ``reps``."""
+    gradient (``StepStats.probe()``, the part an Inspector builds, here built on its own: the
+    figure the flat passes change) and its read on the host at the next boundary, after one
+    backward; the median of ``reps``."""
     model, opt, step = w.build()
-    insp = inspector.attach(model, opt, every=10**9)
+    names, tensors = zip(*model.named_parameters(), strict=True)
+    stats = StepStats(list(names), list(tensors))
     step()
     opt.zero_grad(set_to_none=False)  # (gradients kept: zeros)
     times = []
     for _ in range(reps):
         c0 = time.process_time()
-        got = insp._stats.probe()
+        got = stats.probe()
         if got is not None:
             flat = got[1]
             _ = flat.tolist() if isinstance(flat, torch.Tensor) else [x.item() for x in flat]
         times.append(time.process_time() - c0)
-    insp.close()
-    return sum(1 for _ in model.parameters()), statistics.median(times) * 1e6
+    return len(tensors), statistics.median(times) * 1e6
 
 
 def main() -> None:
