@@ -64,21 +64,7 @@ AGG_KEYS = (
     "ratio_max",
 )
 # the rows of the device-side result (counts of members with a value come along, to say None)
-_ROWS = (
-    "norm_raw",
-    "norm",
-    "absmax_raw",
-    "absmax",
-    "norm_min",
-    "norm_median",
-    "norm_max",
-    "ratio_min",
-    "ratio_median",
-    "ratio_max",
-    "n_raw",
-    "n_final",
-    "n_ratio",
-)
+_ROWS = (*(k for k in AGG_KEYS if k not in ("nan_count", "inf_count")), "n_raw", "n_final", "n_ratio")
 
 
 def check_user_groups(groups: Any) -> tuple[tuple[str, str], ...] | None:
