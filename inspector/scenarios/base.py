@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["ReluTeacher", "Scenario"]
+__all__ = ["ReluTeacher", "Scenario", "WarmupSGD"]
 
 
 @contextlib.contextmanager
@@ -163,6 +163,26 @@ class Scenario:
             f"{type(self).__name__}(name={self.name!r}, seed={self.seed}, device={str(self.device)!r}, "
             f"params={n}, steps_done={self.steps_done})"
         )
+
+
+class WarmupSGD(Scenario):
+    """A scenario trained with plain SGD whose learning rate rises linearly to ``peak_lr`` over
+    the first ``warmup_steps`` steps, then stays there (set on ``optimizer.param_groups`` before
+    every step, so a rewind or a reset replays it). Subclasses set both class attributes."""
+
+    peak_lr: ClassVar[float]
+    warmup_steps: ClassVar[int]
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=self.lr_at(1))
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of (1-based) step ``step``: linear warm-up, then constant."""
+        return self.peak_lr * min(1.0, step / self.warmup_steps)
+
+    def before_step(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step_under_way)
 
 
 class ReluTeacher(Scenario):

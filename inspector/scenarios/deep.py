@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Scenario
+from .base import WarmupSGD
 
 __all__ = ["BAD_LAYER", "Deep", "Llama"]
 
@@ -111,7 +111,7 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-class Deep(Scenario):
+class Deep(WarmupSGD):
     """A 110-block Llama-shaped decoder (d_model 16, 2 heads, SwiGLU width 32, vocabulary 32;
     286,160 parameters in 993 tensors) learning a synthetic token stream, plain SGD.
 
@@ -184,17 +184,6 @@ class Deep(Scenario):
         attn = model.layers[BAD_LAYER].self_attn
         for name in self.penalized:
             nn.init.orthogonal_(getattr(attn, name).weight)
-
-    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=self.lr_at(1))
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of (1-based) step ``step``: linear warm-up, then constant."""
-        return self.peak_lr * min(1.0, step / self.warmup_steps)
-
-    def before_step(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step_under_way)
 
     def setup_data(self, gen: torch.Generator) -> None:
         logits = torch.randn(self.vocab_size, self.vocab_size, generator=gen) * 3.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Scenario
+from .base import WarmupSGD
 
 __all__ = ["Exploding"]
 
 
-class Exploding(Scenario):
+class Exploding(WarmupSGD):
     """An 8-layer tanh MLP (16 -> 64 x 8 -> 1) on a smooth regression task, SGD, lr warm-up to 0.3.
 
     The learning rate rises linearly from 0.003 to ``peak_lr`` = 0.3 over the first
@@ -61,17 +61,6 @@ class Exploding(Scenario):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0.0, self.gain / m.in_features**0.5)
                 nn.init.zeros_(m.bias)
-
-    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=self.lr_at(1))
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of (1-based) step ``step``: linear warm-up, then constant."""
-        return self.peak_lr * min(1.0, step / self.warmup_steps)
-
-    def before_step(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.step_under_way)
 
     def setup_data(self, gen: torch.Generator) -> None:
         self._w1 = torch.randn(self.in_features, self.teacher_width, generator=gen) / self.in_features**0.5
