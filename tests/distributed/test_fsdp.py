@@ -56,6 +56,33 @@ def kill(procs: list[subprocess.Popen]) -> None:
             p.communicate()
 
 
+def run_ranks(script: str, *args: str) -> list[dict]:
+    """Run `script` (python -c) on two gloo ranks to the end; each rank's `RESULT {json}` line,
+    parsed (a rank that failed fails the test with its output)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    root = Path(__file__).resolve().parents[2]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            env={**env, "RANK": str(r)},
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        kill(procs)
+    results = []
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+        results.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]))
+    return results
+
+
 def wait_for_server(c: httpx.Client, procs: list[subprocess.Popen]) -> None:
     def health():
         try:
@@ -285,27 +312,7 @@ def test_fsdp2_every_kind_acts_on_shards_and_reports_full_tensors(tmp_path):
     """Every hook kind on an FSDP2 model, on both ranks, without an error: per_tensor clip_norm by
     each full tensor's norm (the final full norms are at most max_norm), freeze drops the gradient,
     a python hook sees the DTensor, a histogram counts the full gradient, module_log reports."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    root = Path(__file__).resolve().parents[2]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", EVERY_KIND],
-            env={**env, "RANK": str(r)},
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        kill(procs)
-    results = []
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out
-        results.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]))
+    results = run_ranks(EVERY_KIND)
     for res in results:
         assert res["errors"] == [], res["errors"]
         assert res["host_data"] == [], res["host_data"]  # masks, indices, counts: device constants

@@ -5,16 +5,9 @@ reference made from the snapshot's own per-tensor lists (full tensors, not shard
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.distributed.test_fsdp import kill
-from tests.support import free_port
+from tests.distributed.test_fsdp import run_ranks
 from tests.unit.test_groups import assert_close, reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -60,27 +53,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("kind", ["fsdp", "ddp"])
 def test_group_aggregates_under_two_ranks_equal_the_reference(kind: str) -> None:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    root = Path(__file__).resolve().parents[2]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, kind],
-            env={**env, "RANK": str(r)},
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        kill(procs)
-    results = []
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out
-        results.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]))
+    results = run_ranks(SCRIPT, kind)
     for res in results:
         assert res["errors"] == [], res["errors"]
         members = res["groups"]["members"]
