@@ -41,6 +41,17 @@ export class Watch {
     this.pins = []; // names, in pin order
     this.key = null;
     this.worstShown = null;
+    // The list re-ranks with every sampled step; while the pointer is over it, it holds still so
+    // that a click opens the tensor that was under the pointer (redrawn once the pointer leaves).
+    this.worstHeld = false;
+    this.worstRow = null;
+    this.worstEl.addEventListener("pointerenter", () => {
+      this.worstHeld = true;
+    });
+    this.worstEl.addEventListener("pointerleave", () => {
+      this.worstHeld = false;
+      this.showWorst();
+    });
     this.search.addEventListener("input", () => this.runSearch());
     this.search.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter") {
@@ -59,6 +70,7 @@ export class Watch {
     const stacks = state.groups ? state.groups.stacks || [] : [];
     this.presetBtn.hidden = !stacks.length;
     this.worstShown = null;
+    this.worstRow = null;
     this.showPins();
     this.runSearch();
     this.showWorst();
@@ -179,22 +191,39 @@ export class Watch {
     this.results.hidden = false;
   }
 
-  /** The newest row's `worst` list, redrawn when a newer row brings one. */
+  /** The newest row's `worst` list, redrawn when a newer row brings one; while the pointer is
+   * over the list, the row shown stays (a pin changed there redraws that same row). */
   showWorst() {
     const st = this.state;
-    const row = st ? st.latest : null;
-    const list = row && row.worst;
+    const newest = st ? st.latest : null;
+    const held = this.worstHeld && this.worstRow && newest && this.worstRow.step !== newest.step;
+    const row = held ? this.worstRow : newest;
     const key = row ? `${row.step}|${this.pins.length}` : "";
-    if (key === this.worstShown) return;
+    const heldNote = () =>
+      `step ${row.step}, held while the pointer is over the list (newest: step ${newest.step})`;
+    if (key === this.worstShown) {
+      // the same row: its elements stay (a click under way lands on them); only the note says
+      // that newer steps are waiting
+      if (held) {
+        this.worstNote.dataset.held = "true";
+        this.worstNote.textContent = heldNote();
+      }
+      return;
+    }
     this.worstShown = key;
+    this.worstRow = row;
+    const list = row && row.worst;
     if (!list) {
       this.worstEl.replaceChildren();
       this.worstNote.textContent = row ? "no ranking from this server" : "waiting for the first sampled step";
       return;
     }
-    this.worstNote.textContent = list.length
-      ? `step ${row.step}: furthest from their own last 32 sampled values (robust z of log₁₀)`
-      : `step ${row.step}: nothing ranked yet (a tensor needs 8 sampled values)`;
+    this.worstNote.dataset.held = String(held);
+    this.worstNote.textContent = held
+      ? heldNote()
+      : list.length
+        ? `step ${row.step}: furthest from their own last 32 sampled values (robust z of log₁₀)`
+        : `step ${row.step}: nothing ranked yet (a tensor needs 8 sampled values)`;
     this.worstEl.replaceChildren(
       ...list
         .slice(0, 10)

@@ -230,7 +230,14 @@ def test_a_worst_now_click_opens_the_tensor_everywhere(large, new_page) -> None:
     page, log = open_page(large, new_page)
     item = page.get_by_test_id("worst-item").first
     expect(item).to_be_visible(timeout=90_000)  # a tensor is ranked after 8 sampled steps
+    # The list re-ranks every sampled step; with the pointer over it, it holds still, so the
+    # tensor read here is still the one clicked after newer steps have arrived.
+    page.get_by_test_id("worst-list").hover()
     name = item.get_attribute("data-param")
+    note = page.get_by_test_id("worst-note")
+    expect(note).to_have_attribute("data-held", "true", timeout=30_000)
+    expect(note).to_contain_text("held while the pointer is over the list")
+    assert item.get_attribute("data-param") == name
     item.click()
     expect(page.get_by_test_id("param-picked").locator(f'[data-param="{name}"]')).to_have_count(1)
     expect(page.get_by_test_id("hist-param")).to_have_value(name)
@@ -243,6 +250,10 @@ def test_a_worst_now_click_opens_the_tensor_everywhere(large, new_page) -> None:
     expect(
         page.get_by_test_id("param-table").locator(f'[data-testid="param-row"][data-param="{name}"]')
     ).to_have_count(1)
+    # Once the pointer leaves, the list shows the newest step again.
+    page.mouse.move(0, 0)
+    expect(note).not_to_have_attribute("data-held", "true")
+    expect(note).to_contain_text("furthest from their own last 32 sampled values")
     assert log.errors == []
 
 
