@@ -6,14 +6,15 @@
 
 When ``measure`` is set (sampled steps), each application adds to its hook's effect
 accumulators: elements changed, and squared norms before and after, as device tensors. They
-hold one step: a ``post_accumulate`` hook's effect sums that step's backwards (every
-micro-batch under gradient accumulation), a ``pre_step`` hook's is its one application (the
-last closure evaluation for LBFGS); :meth:`HookState.reset_effects` clears them.
+hold one step: a ``post_accumulate`` hook's effect over that step's backwards is as
+:mod:`inspector.hooks.accumulation` says (which also decides which backward runs which hook), a
+``pre_step`` hook's is its one application (the last closure evaluation for LBFGS);
+:meth:`HookState.reset_effects` clears them.
 
 Sparse gradients (``nn.Embedding(sparse=True)``) are left alone by every kind that edits values
-(``clip_value``, ``clip_norm``, ``scale``, ``l2``, ``noise``, and ``python``: its function is
-called for dense gradients only), which go on acting on the dense gradients among their
-targets (a ``global`` ``clip_norm`` takes its norm over those). Two kinds act on a sparse
+(``clip_value``, ``clip_norm``, ``zclip``, ``scale``, ``l2``, ``noise``, and ``python``: its function
+is called for dense gradients only), which go on acting on the dense gradients among their
+targets (a ``global`` ``clip_norm`` or ``zclip`` takes its norm over those). Two kinds act on a sparse
 gradient as a whole: ``freeze`` sets it to None like any other, and ``nan_guard`` checks its
 stored values (``zero`` empties it, ``skip`` drops it with the others), so that a guard on
 ``*`` guards every parameter.
@@ -62,6 +63,7 @@ class ParamTarget:
     param: Tensor
     layout: Layout | None = None  # FSDP2: the model's layout (every target of such a model has it)
     sharded: bool = False  # FSDP2 shards this parameter: its gradient here is this rank's shard
+    group: int = 0  # its group in Inspector.groups (zclip's mode "group")
 
     def grad(self) -> Tensor | None:
         """The gradient this rank edits: ``param.grad``, or its local shard (a view) under FSDP2."""
@@ -114,6 +116,13 @@ class HookState:
     before_sq: Tensor | float = 0.0
     after_sq: Tensor | float = 0.0
     measured: bool = False
+    # post_accumulate: per target (parameter index), the effect of the application the step's gradient
+    # keeps (its last), folded with the sums above by effect() (inspector.hooks.accumulation)
+    last: dict[int, tuple[Tensor | float, Tensor | float, Tensor | float]] = field(default_factory=dict)
+    # this step's effect values of a kind's own, beside the three above (zclip: threshold, clipped, warmup)
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    zclip: ZClipState | None = None  # a zclip hook's running statistics (inspector.hooks.zclip)
+    groups: int = 1  # how many groups the run has (zclip's mode "group": one slot each)
 
     def generator(self, device: torch.device, stream: int = 0) -> torch.Generator:
         """The hook's noise stream on ``device``: stream 0 (seeded ``seed``, the same on every rank),
@@ -126,8 +135,19 @@ class HookState:
             self.generators[key] = gen  # type: ignore[index]
         return gen
 
+    def effect(self) -> tuple[Tensor | float, Tensor | float, Tensor | float]:
+        """This step's effect: elements changed, squared norms before and after (sums over targets)."""
+        changed, before, after = self.changed, self.before_sq, self.after_sq
+        for c, b, a in self.last.values():
+            changed, before, after = changed + c, before + b, after + a
+        return changed, before, after
+
     def reset_effects(self) -> None:
         self.changed, self.before_sq, self.after_sq, self.measured = 0.0, 0.0, 0.0, False
+        if self.last:
+            self.last = {}
+        if self.extra:
+            self.extra = {}
 
 
 def _sq(norms: list[Tensor]) -> Tensor:
@@ -401,11 +421,18 @@ def _nan_guard_read(
     )
 
 
-def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> PostFinding | None:
+def apply_post_accumulate(
+    state: HookState, t: ParamTarget, measure: bool, effect: str = "sum"
+) -> PostFinding | None:
     """Apply one enabled ``post_accumulate`` hook to ``t.param.grad`` in place (one backward).
 
     A sparse gradient is left alone, except by ``nan_guard`` (see the module docstring), which
     returns its NaN/Inf counts of this backward (on device, unread: see :class:`PostFinding`).
+
+    ``effect`` says how a measured application joins the step's effect
+    (:mod:`inspector.hooks.accumulation` chooses): ``"sum"`` adds it to the sums; ``"last"``
+    replaces this target's earlier one of the step; ``"last_norms"`` replaces its norms and adds
+    its changed elements to the target's earlier ones.
     """
     g = t.grad()  # under FSDP2 this rank's shard, after FSDP's reduce-scatter
     spec, p = state.spec, state.spec.params
@@ -474,7 +501,15 @@ def apply_post_accumulate(state: HookState, t: ParamTarget, measure: bool) -> Po
                 changed = (snap != g).sum().float()
     if measure:
         assert before is not None
-        _add_effect(state, changed, before, sq_norm(dense(g)))
+        after = sq_norm(dense(g))
+        if effect == "sum":
+            _add_effect(state, changed, before, after)
+        else:
+            prev = state.last.get(t.index)
+            if effect == "last_norms" and prev is not None:
+                changed = prev[0] + changed
+            state.last[t.index] = (changed, before, after)
+            state.measured = True
     return finding
 
 

@@ -6,7 +6,9 @@ keeps torch's registrations in line with the plan:
 
 - ``param.register_post_accumulate_grad_hook`` on each parameter that an enabled
   ``post_accumulate`` hook targets (the torch hook receives the **parameter**; its gradient
-  is ``param.grad``), running those hooks in ``position`` order once per backward; what a
+  is ``param.grad``), running those hooks in ``position`` order once per backward, and
+  ``param.register_hook`` where gradient accumulation needs it, so that ``scale``, ``l2`` and
+  ``noise`` act once per step (:mod:`inspector.hooks.accumulation`); what a
   ``nan_guard`` among them counts (on the device, unread) joins the step's deferred NaN/Inf
   check (:mod:`inspector.stats.deferred`: one report per step, with the streak rule of
   :mod:`inspector.stats.nonfinite`, as at ``pre_step``);
@@ -31,7 +33,7 @@ hooks (optimizer step pre/post, root forward pre/post) are
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,8 @@ from torch import Tensor, nn
 from ..stats.sharded import Layout, is_dtensor
 from ..stats.tensor_stats import dense, sq_norm
 from ..wire.records import HookSpec
-from .ops import HookState, ParamTarget, apply_post_accumulate
+from .accumulation import Accumulation, Chain, split, supported
+from .ops import HookState, ParamTarget, PostFinding
 from .owned import OwnedHook, hide_from_copies
 from .targets import match
 
@@ -57,6 +60,7 @@ class Plan:
     pre: tuple[tuple[HookState, tuple[ParamTarget, ...]], ...] = ()
     post: dict[int, tuple[tuple[HookState, ParamTarget], ...]] = field(default_factory=dict)
     module: dict[str, tuple[HookState, ...]] = field(default_factory=dict)
+    chains: dict[int, Chain] = field(default_factory=dict)  # post, split for accumulation
 
 
 def _tensors_in(x: Any) -> Iterator[Tensor]:
@@ -86,6 +90,8 @@ class TorchHooks:
         scaler: the GradScaler whose scale module norms are divided by, or None.
         per_rank: keep each parameter's local gradient norm (DDP's per-rank spread).
         layout: the FSDP2 layout of the parameters, or None.
+        group_of: each parameter's group index (``Groups.of``), or None (one group): ``zclip``'s
+            mode ``group`` keeps statistics per group.
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class TorchHooks:
         scaler: Any = None,
         per_rank: bool = False,
         layout: Layout | None = None,
+        group_of: Sequence[int] | None = None,
     ) -> None:
         self.params = params
         self.tensors = tensors
@@ -108,11 +115,14 @@ class TorchHooks:
         self._scaler = scaler
         self.layout = layout
         self._per_rank = per_rank
+        self._group_of = list(group_of) if group_of is not None else [0] * len(params)
         self.plan = Plan()
         self.states: dict[str, HookState] = {}
         self.dirty = False  # the plan changed since torch's registrations were last synced
         self.spent = 0.0  # seconds inside these hooks since the last take_spent()
         self._post_handles: dict[int, Any] = {}
+        self._pre_handles: dict[int, Any] = {}  # pre-accumulation hooks (inspector.hooks.accumulation)
+        self.accum = Accumulation()
         self._module_handles: dict[str, Any] = {}
         self._module_in_handles: dict[str, Any] = {}  # forward pre-hooks, for grad_input
         self._local_handles: list[Any] = []
@@ -153,7 +163,9 @@ class TorchHooks:
         for s in applied:
             st = self.states.get(s.id)
             if st is None or st.spec.kind != s.kind or st.spec.params != s.params:
-                st = HookState(s, fn=fns.get(s.id))
+                old, st = st, HookState(s, fn=fns.get(s.id), groups=max(self._group_of, default=0) + 1)
+                if old is not None and old.spec.kind == s.kind:
+                    st.zclip = old.zclip  # zclip's statistics survive an edit (kept if they still fit)
             st.spec = s
             states[s.id] = st
             if not s.enabled:
@@ -165,7 +177,12 @@ class TorchHooks:
             lay = self.layout
             targets = tuple(
                 ParamTarget(
-                    index[n], n, self.tensors[index[n]], lay, lay is not None and lay.sharded[index[n]]
+                    index[n],
+                    n,
+                    self.tensors[index[n]],
+                    lay,
+                    lay is not None and lay.sharded[index[n]],
+                    self._group_of[index[n]],
                 )
                 for n in match(self.params, s.target)
             )
@@ -179,8 +196,12 @@ class TorchHooks:
                         frozen.add(t.index)
         self._frozen = sorted(frozen)
         self.states = states
+        exact = self.layout is None and supported()
         self.plan = Plan(
-            tuple(pre), {i: tuple(v) for i, v in post.items()}, {n: tuple(v) for n, v in module.items()}
+            tuple(pre),
+            {i: tuple(v) for i, v in post.items()},
+            {n: tuple(v) for n, v in module.items()},
+            {i: split(tuple(v), exact) for i, v in post.items()},
         )
         self.dirty = True
 
@@ -191,6 +212,11 @@ class TorchHooks:
             self._post_handles.pop(i).remove()
         for i in set(plan.post) - set(self._post_handles):
             self._post_handles[i] = self.tensors[i].register_post_accumulate_grad_hook(self._post_hook(i))
+        want_pre = {i for i, c in plan.chains.items() if c.needs_pre}
+        for i in set(self._pre_handles) - want_pre:
+            self._pre_handles.pop(i).remove()
+        for i in want_pre - set(self._pre_handles):
+            self._pre_handles[i] = self.tensors[i].register_hook(self._pre_hook(i))
         for n in set(self._module_handles) - set(plan.module):
             self._module_handles.pop(n).remove()
         for n in set(plan.module) - set(self._module_handles):
@@ -230,21 +256,24 @@ class TorchHooks:
         hooks' states (their noise streams, their effects): ``sync()`` registers them again."""
         for h in [
             *self._post_handles.values(),
+            *self._pre_handles.values(),
             *self._module_handles.values(),
             *self._module_in_handles.values(),
         ]:
             h.remove()
         self._post_handles.clear()
+        self._pre_handles.clear()
         self._module_handles.clear()
         self._module_in_handles.clear()
         self.dirty = True
 
     def remove_all(self) -> None:
         """Remove every torch hook registered here and forget the plan (``close()``)."""
-        handles = [*self._post_handles.values(), *self._module_handles.values()]
+        handles = [*self._post_handles.values(), *self._pre_handles.values(), *self._module_handles.values()]
         for h in [*handles, *self._module_in_handles.values(), *self._local_handles]:
             h.remove()
         self._post_handles.clear()
+        self._pre_handles.clear()
         self._module_handles.clear()
         self._module_in_handles.clear()
         self._local_handles.clear()
@@ -265,6 +294,7 @@ class TorchHooks:
             self.local_sq = [None] * len(self.tensors)
         if self.post_found:
             self.post_found.clear()
+        self.accum.end_step()
         for st in self.states.values():
             if st.measured:
                 st.reset_effects()
@@ -275,6 +305,18 @@ class TorchHooks:
         its last backward with any (zeros: none), the action ``zero`` if a zeroing guard watches it."""
         found, self.post_found = self.post_found, {}
         return [(i, *found[i]) for i in sorted(found)]
+
+    def post_edited(self) -> frozenset[int]:
+        """The parameters whose gradient an enabled ``post_accumulate`` hook may change between
+        backward passes (every kind but a ``nan_guard`` that only reports)."""
+        return frozenset(
+            i
+            for i, entries in self.plan.post.items()
+            if any(
+                not (st.spec.kind == "nan_guard" and st.spec.params.get("action") == "report")
+                for st, _ in entries
+            )
+        )
 
     def take_spent(self) -> float:
         spent, self.spent = self.spent, 0.0
@@ -292,24 +334,43 @@ class TorchHooks:
     def _post_hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(param: Tensor) -> None:  # receives the PARAMETER; its gradient is param.grad
             t0 = time.perf_counter()
-            for st, target in self.plan.post.get(i, ()):
-                try:
-                    finding = apply_post_accumulate(st, target, self._is_sampled())
-                except Exception as e:
-                    self._on_failure(st.spec, target.name, e)
-                    continue
-                if finding is not None:
-                    # one report per step, not per backward: the step's deferred check takes these
-                    prev = self.post_found.get(i)
-                    action = st.spec.params["action"]
-                    if prev is None:
-                        self.post_found[i] = (finding.counts, action)
-                    else:  # on device: the last backward that found any, else the earlier one
-                        counts = torch.where(finding.counts.sum() > 0, finding.counts, prev[0])
-                        self.post_found[i] = (counts, "zero" if "zero" in (prev[1], action) else action)
+            chain = self.plan.chains.get(i)
+            if chain is not None:  # the chain in position order, once per step where it must be
+                self.accum.run(i, chain, param, self._is_sampled(), self._post_finding, self._post_failed)
             self.spent += time.perf_counter() - t0
 
         return hook
+
+    def _pre_hook(self, i: int) -> Callable[[Tensor], Tensor | None]:
+        """``param.register_hook``: a later backward of the step, before it accumulates (accumulation)."""
+        fn = self.accum.pre_hook(i, self.tensors[i], lambda: self.plan.chains.get(i), self._is_sampled)
+
+        def hook(grad: Tensor) -> Tensor | None:
+            t0 = time.perf_counter()
+            try:
+                return fn(grad)
+            except Exception as e:  # never take the backward down: the parameter's hooks are disabled
+                chain = self.plan.chains.get(i)
+                for st, target in chain.entries if chain is not None else ():
+                    self._on_failure(st.spec, target.name, e)
+                return None
+            finally:
+                self.spent += time.perf_counter() - t0
+
+        return hook
+
+    def _post_failed(self, st: HookState, target: ParamTarget, err: BaseException) -> None:
+        self._on_failure(st.spec, target.name, err)
+
+    def _post_finding(self, i: int, st: HookState, finding: PostFinding) -> None:
+        # one report per step, not per backward: the step's deferred check takes these
+        prev = self.post_found.get(i)
+        action = st.spec.params["action"]
+        if prev is None:
+            self.post_found[i] = (finding.counts, action)
+        else:  # on device: the last backward that found any, else the earlier one
+            counts = torch.where(finding.counts.sum() > 0, finding.counts, prev[0])
+            self.post_found[i] = (counts, "zero" if "zero" in (prev[1], action) else action)
 
     def _module_hook(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:

@@ -602,16 +602,18 @@ class StepStats:
             grouped = self._group_device(raw, meta, pvec, uvec)
             if grouped is not None:
                 pack.add("groups", grouped)
-        eff_ids, effs = [], []
+        eff_ids, effs, eff_extra = [], [], {}
         for st in states:
             if st.measured:
                 effs.append(
                     [
                         x.float() if isinstance(x, Tensor) else torch.full((), float(x), device=dev)
-                        for x in (st.changed, st.before_sq, st.after_sq)
+                        for x in st.effect()
                     ]
+                    + [v.float().reshape(()) for v in st.extra.values()]  # a kind's own (zclip's)
                 )
                 eff_ids.append(st.spec.id)
+                eff_extra[st.spec.id] = list(st.extra)
         if self.layout is None:
             for hid, e in zip(eff_ids, effs, strict=True):
                 pack.add(f"eff:{hid}", e)
@@ -675,11 +677,13 @@ class StepStats:
                 scalars[k] = v
         effects = {}
         for hid in eff_ids:
-            changed, bsq, asq = data[f"eff:{hid}"]
+            changed, bsq, asq, *extra = data[f"eff:{hid}"]
             effects[hid] = {
                 "changed": int(changed) if math.isfinite(changed) else changed,
                 "norm_ratio": math.sqrt(asq / bsq) if bsq > 0 and math.isfinite(bsq) else None,
             }
+            for k, v in zip(eff_extra[hid], extra, strict=True):  # NaN: no value (zclip warming up)
+                effects[hid][k] = (int(v) if v.is_integer() else v) if math.isfinite(v) else None
         hist = {}
         bad = {i for i, v in zip(raw_idx, raw_absmax_vals, strict=False) if not math.isfinite(v)}
         bad.update(

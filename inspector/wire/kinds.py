@@ -8,7 +8,9 @@ Points (where a hook runs; see README.md "Where each hook runs, and what it sees
 - ``pre_step``: an optimizer step pre-hook, once per optimizer step, on the final
   accumulated (all-reduced, unscaled) gradients, batched over every target.
 - ``post_accumulate``: ``Tensor.register_post_accumulate_grad_hook`` on each target
-  parameter, once per backward (per micro-batch), on that parameter's ``.grad`` in place.
+  parameter, once per backward (per micro-batch), on that parameter's ``.grad`` in place. Under
+  gradient accumulation ``scale``, ``l2`` and ``noise`` act once on the step's gradient, not once
+  per backward (see :mod:`inspector.hooks.accumulation`), except between two of the other kinds.
 - ``module``: tensor hooks on a module's forward output (and inputs), for logging and checks.
 """
 
@@ -27,7 +29,8 @@ POINTS = ("pre_step", "post_accumulate", "module")
 # One line per point, sent with each kind's schema (`point_descriptions`) for the page's form.
 POINT_DESCRIPTIONS = {
     "pre_step": "before optimizer.step(): the final gradients (accumulated, unscaled), once per step",
-    "post_accumulate": "as each backward accumulates into .grad (every micro-batch); already inside 'raw'",
+    "post_accumulate": "as each backward accumulates into .grad (every micro-batch; scale, l2 and noise "
+    "count once per step); already inside 'raw'",
     "module": "on each target module's backward (grad_output / grad_input), every backward",
 }
 
@@ -126,7 +129,8 @@ KINDS: dict[str, KindDef] = {
         KindDef(
             "l2",
             _PRE_POST,
-            "Add lam * param to the gradient (classic L2 penalty, coupled to the optimizer).",
+            "Add lam * param to the gradient (classic L2 penalty, coupled to the optimizer). At "
+            "post_accumulate under gradient accumulation it is added once per step.",
             (ParamDef("lam", "number", "penalty weight", required=True, minimum=0),),
         ),
         KindDef(
@@ -155,7 +159,8 @@ KINDS: dict[str, KindDef] = {
         KindDef(
             "noise",
             _PRE_POST,
-            "Add Gaussian noise N(0, std^2) from a dedicated generator seeded with seed (never the global RNG).",
+            "Add Gaussian noise N(0, std^2) from a dedicated generator seeded with seed (never the global "
+            "RNG). At post_accumulate under gradient accumulation one draw per step.",
             (
                 ParamDef("std", "number", "standard deviation", required=True, minimum=0),
                 ParamDef("seed", "integer", "generator seed", default=0, minimum=0, maximum=2**63 - 1),
