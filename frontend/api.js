@@ -114,10 +114,22 @@ export const api = {
     request("GET", "/api/detail", { params: { params: (params || []).join(","), run, since, limit } }),
   runs: () => request("GET", "/api/runs"),
   checkpoints: () => request("GET", "/api/checkpoints"),
-  rewind: (id) => request("POST", `/api/checkpoints/${encodeURIComponent(id)}/rewind`),
+  // skip: "since_checkpoint" (the batches received since the checkpoint are not received again)
+  rewind: (id, skip = null) =>
+    request("POST", `/api/checkpoints/${encodeURIComponent(id)}/rewind`, skip ? { body: { skip } } : {}),
   shadow: () => request("GET", "/api/shadow"),
   startShadow: () => request("POST", "/api/shadow"),
   stopShadow: () => request("DELETE", "/api/shadow"),
+  // the flight recorder and spike detection (flight.js)
+  spikes: () => request("GET", "/api/spikes"),
+  setSpikes: (change) => request("PUT", "/api/spikes", { body: change }),
+  flight: ({ run, since, until } = {}) => request("GET", "/api/flight", { params: { run, since, until } }),
+  flightNow: () => request("POST", "/api/flight"),
+  // rules for unattended runs (rules.js); addRule also takes {preset: name}
+  rules: () => request("GET", "/api/rules"),
+  addRule: (rule) => request("POST", "/api/rules", { body: rule }),
+  updateRule: (id, patch) => request("PATCH", `/api/rules/${encodeURIComponent(id)}`, { body: patch }),
+  removeRule: (id) => request("DELETE", `/api/rules/${encodeURIComponent(id)}`),
 };
 
 /**

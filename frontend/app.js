@@ -11,9 +11,14 @@ import { FlowChart, HeatmapChart, HistChart, RatioChart } from "./charts.js";
 import { LossChart } from "./losschart.js";
 import { EventLog } from "./eventlog.js";
 import { addExport } from "./exporting.js";
+import { FlightCard } from "./flight.js";
 import { HookPanel } from "./hookpanel.js";
 import { MeasuredCards } from "./measuredcards.js";
+import { NoiseChart } from "./noise.js";
+import { OptimNowChart, OptimTimeChart } from "./optim.js";
 import { PresetDialog } from "./presets.js";
+import { RanksCard } from "./ranks.js";
+import { RulesPanel } from "./rules.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
@@ -50,6 +55,19 @@ class Dashboard {
     this.hist = new HistChart($("chartHist"));
     this.ratio = new RatioChart($("chartRatio"), pick);
     this.measured = new MeasuredCards(() => this.scheduler); // what is measured, beyond the main charts
+    this.ranks = new RanksCard(byTestId("card-ranks")); // under torch.distributed only
+    this.optimNow = new OptimNowChart(byTestId("chart-optim-now"), byTestId("optim-note")); // optim.js
+    this.optimTime = new OptimTimeChart(byTestId("chart-optim-time"));
+    this.noise = new NoiseChart(byTestId("chart-noise"), {
+      status: byTestId("noise-status"),
+      caveats: byTestId("noise-caveats"),
+      select: byTestId("noise-group"),
+      redraw: () => this.scheduler.resetNow("noise"),
+    }); // noise.js
+    this.flight = new FlightCard(byTestId("card-flight"), {
+      spikes: () => this.view.markers.filter((m) => m.kind === "spike"),
+      note: (text) => this.localEvent("spikes", text),
+    }); // flight.js
     this.watch = new Watch({ open: (name) => this.openTensor(name), changed: () => this.subscribe() });
     this.measured.params.pinButton = (name) => this.watch.pinButton(name, "table-pin");
     this.measured.params.onPicked = () => this.subscribe();
@@ -76,6 +94,9 @@ class Dashboard {
         ["ratio", this.ratio],
         ["hist", this.hist],
         ...this.measured.charts(),
+        ["optimNow", this.optimNow],
+        ["optimTime", this.optimTime],
+        ["noise", this.noise],
       ],
       () => this.view,
       () => this.everyFrame(),
@@ -88,6 +109,8 @@ class Dashboard {
     );
     for (const c of [this.loss, this.heatmap]) this.timeline.join(c);
     this.measured.join(this.timeline);
+    this.timeline.join(this.optimTime);
+    this.timeline.join(this.noise);
     this.timeControls = timeControls({
       header: $("chartLoss").closest(".card").querySelector(".card-head"),
       loss: this.loss,
@@ -117,6 +140,7 @@ class Dashboard {
       presets: document.querySelector('[data-role="presets"]'),
       dialog: this.dialog,
     });
+    this.rules = new RulesPanel($("cardRules"), { view: () => this.view, live: () => this.live }); // rules.js
     this.bindControls();
     // CSV and PNG export on every chart card.
     for (const el of document.querySelectorAll(".card .chart"))
@@ -260,6 +284,9 @@ class Dashboard {
       case "shadow_state":
         this.whatif.onMessage(msg);
         break;
+      case "flight": // a flight recorder dump (flight.js)
+        if (this.view === live) this.flight.onMessage(msg);
+        break;
       default:
         break; // ack: mutations go over HTTP; the subscribe ack needs nothing
     }
@@ -268,15 +295,30 @@ class Dashboard {
   addEvent(ev) {
     if (!this.live.addEvent(ev)) return;
     this.whatif.onEvent(ev);
+    this.rules.onEvent(ev);
     if (ev.kind === "scenario_reset") {
       this.resetStep = num(ev.step);
       if (this.view === this.live) this.showSession();
     }
     if (this.view !== this.live) return;
     this.log.addServerEvent(ev);
-    if (["hook_applied", "nonfinite", "step_skipped", "scenario_reset", "rewind"].includes(ev.kind)) {
+    const marked = [
+      "hook_applied",
+      "nonfinite",
+      "step_skipped",
+      "scenario_reset",
+      "rewind",
+      "batches_skipped",
+      "rule_fired",
+      "rule_failed",
+    ];
+    if (marked.includes(ev.kind)) {
       this.scheduler.mark((p, name) => (name === "loss" || name === "heatmap") && (p.markers = true));
       this.statsDirty = true;
+    }
+    if (ev.kind === "spike") {
+      this.scheduler.mark((p, name) => name === "loss" && (p.markers = true));
+      this.flight.onSpike(num(ev.step));
     }
   }
 
@@ -334,7 +376,13 @@ class Dashboard {
     if (this.view === live) this.resetCharts();
     this.showSession();
     this.loadRuns();
+    if (this.view === live) {
+      this.flight.setGroups(live.groups ? live.groups.names : []);
+      const stored = live.readOnly || Boolean(session.history && session.history.db); // (a replay reads one)
+      this.flight.load(live.runId, { live: !live.readOnly, stored });
+    }
     if (this.view === live) this.whatif.load();
+    if (this.view === live) this.rules.load();
     if (this.pendingRun !== undefined) {
       const run = this.pendingRun;
       this.pendingRun = undefined;
@@ -354,6 +402,7 @@ class Dashboard {
     this.watch.showWorst();
     const v = this.view;
     this.panel.showEffects({ ...(v.latest ? v.latest.hook_effects : {}), ...this.measured.moduleEffects(v) });
+    this.ranks.show(v.latest, v.params);
     if (!this.histParam) this.defaultHistParam();
     this.showHistStatus();
   }
@@ -424,6 +473,7 @@ class Dashboard {
     const off = ro || (this.disconnected && this.view === this.live); // nothing to command
     for (const id of ["pause", "resume", "step", "rate", "reapplyHooks"]) $(id).disabled = off;
     this.panel.setReadOnly(off, this.view !== this.live);
+    this.rules.setReadOnly(off, this.view !== this.live);
     document.body.classList.toggle("read-only", ro);
   }
 
@@ -794,6 +844,7 @@ class Dashboard {
     $("runPicker").value = String(state.runId);
     setRunInUrl(state.runId);
     this.whatif.load();
+    this.rules.load();
   }
 
   backToLive() {
@@ -810,6 +861,7 @@ class Dashboard {
     $("runPicker").value = String(this.live.runId);
     setRunInUrl(null);
     this.whatif.load();
+    this.rules.load();
   }
 
   renderLog() {

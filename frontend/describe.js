@@ -1,7 +1,8 @@
 // One line of text for each event kind (server/PROTOCOL.md lists them), used by the event
 // log and by the hover text of the loss chart's markers.
 
-import { num } from "./util.js";
+import { describeRuleEvent } from "./ruletext.js";
+import { fmt, num } from "./util.js";
 
 /** A target or module name as shown: the root module's name is "", shown as "(root)". */
 export function targetName(name) {
@@ -65,10 +66,21 @@ export function describeEvent(ev) {
       return `${ev.hook_id} failed on ${ev.param}: ${ev.message} (hook disabled)`;
     case "step_skipped":
       return `step skipped (${ev.reason})`;
+    case "spike":
+      return describeSpike(ev);
     case "history_paused":
       return `history recording paused: ${ev.reason}`;
     case "history_resumed":
       return `history recording resumed: ${ev.reason}`;
+    case "command":
+      return describeCommand(ev);
+    case "rule_fired":
+    case "rule_failed":
+    case "rule_capped":
+    case "rule_added":
+    case "rule_updated":
+    case "rule_removed":
+      return describeRuleEvent(ev); // ruletext.js
     default: {
       const text = ev.message ?? ev.reason ?? ev.text;
       if (text !== undefined) return String(text);
@@ -76,6 +88,22 @@ export function describeEvent(ev) {
       return rest.map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
     }
   }
+}
+
+/** An agent's command (a `command` event from /mcp): the tool, its arguments, its result. */
+export function describeCommand(ev) {
+  const args = Object.entries(ev.args || {})
+    .filter(([, v]) => v !== null && v !== undefined)
+    .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`)
+    .join(", ");
+  const head = `${ev.what || "command"}${args ? ` (${args})` : ""}`;
+  if (ev.result === "ok") return head;
+  const detail = Array.isArray(ev.detail)
+    ? ev.detail.map((d) => d.msg).join("; ")
+    : typeof ev.detail === "string"
+      ? ev.detail
+      : "";
+  return `${head} refused (${ev.status ?? "error"})${detail ? `: ${detail}` : ""}`;
 }
 
 /** The step an event belongs to (a hook change: its applied_step). */
@@ -101,4 +129,12 @@ function diff(before, after) {
     }
   }
   return out.join(", ");
+}
+
+/** A spike event: which signal, how many sigmas, its value against its running mean. */
+export function describeSpike(ev) {
+  const what = ev.signal === "group" ? `group ${ev.group}` : ev.signal === "grad_norm" ? "‖g‖" : "loss";
+  const z = Number(ev.z);
+  const sig = Number.isFinite(z) ? `${z.toFixed(1)}σ` : `${ev.z}σ`;
+  return `spike: ${what} ${sig} (${fmt(ev.value)}, mean ${fmt(ev.mean)}; threshold ${ev.threshold}σ)`;
 }

@@ -13,6 +13,7 @@ const LABELS = {
   hook_error: ["hook error", "bad"],
   telemetry_error: ["telemetry", "bad"],
   step_skipped: ["skipped", "warn"],
+  spike: ["spike", "warn"],
   history_paused: ["history", "warn"],
   history_resumed: ["history", "info"],
   server_error: ["server", "bad"],
@@ -21,6 +22,13 @@ const LABELS = {
   connection: ["connection", "info"],
   training: ["training", "info"],
   run: ["run", "info"],
+  command: ["agent", "agent"], // an agent's command through /mcp (its `who`)
+  rule_fired: ["rule fired", "rule"],
+  rule_failed: ["rule failed", "bad"],
+  rule_capped: ["rule", "warn"],
+  rule_added: ["rule", "info"],
+  rule_updated: ["rule", "info"],
+  rule_removed: ["rule", "info"],
 };
 
 export class EventLog {

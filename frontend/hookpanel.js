@@ -104,6 +104,18 @@ export class HookPanel {
   }
 }
 
+/** A zclip hook's own effect: warming up (steps left), or its threshold and whether it clipped. */
+function zclipParts(effect, params) {
+  if (effect.warmup) return [`warming up: ${effect.warmup} of ${params.warmup} steps left`];
+  const parts = [];
+  if (effect.threshold !== undefined && effect.threshold !== null)
+    parts.push(`threshold ${fmt(effect.threshold)}`);
+  if (params.mode === "group")
+    parts.push(`${effect.clipped || 0} group${effect.clipped === 1 ? "" : "s"} clipped`);
+  else parts.push(effect.clipped ? "clipped" : "not clipped");
+  return parts;
+}
+
 /** One row of the list: kind, point, status, the target and parameters editable in place, toggle, remove. */
 class HookRow {
   constructor(spec, panel) {
@@ -225,7 +237,10 @@ class HookRow {
     if (effect.changed !== undefined && effect.changed !== null) parts.push(`changed ${fmt(effect.changed)}`);
     if (effect.norm_ratio !== undefined && effect.norm_ratio !== null)
       parts.push(`‖g‖ × ${fmt(effect.norm_ratio)}`);
+    const zclip = this.spec.kind === "zclip";
+    if (zclip) parts.push(...zclipParts(effect, this.spec.params));
     for (const [k, v] of Object.entries(effect)) {
+      if (zclip && ["threshold", "clipped", "warmup"].includes(k)) continue;
       if (k !== "changed" && k !== "norm_ratio" && (typeof v === "number" || typeof v === "string"))
         parts.push(`${k} ${fmt(v)}`);
     }

@@ -1,5 +1,5 @@
 // The loss chart: loss and global gradient norm over steps, with markers at hook changes
-// (a symbol per action), scenario resets and NaN/Inf; non-finite values as markers; an EMA
+// (a symbol per action), scenario resets, NaN/Inf, spikes and rule firings; non-finite values as markers; an EMA
 // smoothing (raw kept faint); another run of the database overlaid. It draws once with
 // Plotly.newPlot / Plotly.react (reset), then grows with Plotly.extendTraces over a bounded
 // window; it shares its step axis with the other time charts (timeline.js).
@@ -22,8 +22,9 @@ const NORM_BACKWARD = 7; // as backward left the gradients, where the user's loo
 const CMP_LOSS = 8;
 const CMP_NORM = 9;
 const CMP_MARKS = 10;
-const MARKS = 11; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset line, reset tip
-const MARK_TRACES = [11, 12, 13, 14, 15, 16];
+const MARKS = 11; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset line, reset tip, spike line, spike tip,
+// rule fired line, tip, rule failed line, tip
+const MARK_TRACES = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22];
 const LOG_AUTO_DECADES = 3; // a loss spanning more than this many decades is drawn on a log axis
 
 /** Ticks that fit an axis of this many pixels (about 30 px a label). */
@@ -378,14 +379,14 @@ export class LossChart {
   }
 
   markerTraces(markers) {
-    const mk = (kind, name, style, lineColor) => {
+    const mk = (kind, name, style, lineColor, tipY = 0.96) => {
       const ms = markers.filter((m) => m.kind === kind);
       const color = (m) => style(m)[1];
       const line = {
         name,
         showlegend: false,
         x: ms.flatMap((m) => [m.x, m.x, null]),
-        y: ms.flatMap(() => [0, 0.96, null]),
+        y: ms.flatMap(() => [0, tipY, null]),
         yaxis: "y3",
         type: "scatter",
         mode: "lines",
@@ -395,7 +396,7 @@ export class LossChart {
       const tip = {
         name,
         x: ms.map((m) => m.x),
-        y: ms.map(() => 0.96),
+        y: ms.map(() => tipY),
         hovertext: ms.map((m) => m.text),
         customdata: ms.map((m) => m.action || kind),
         yaxis: "y3",
@@ -410,6 +411,10 @@ export class LossChart {
       ...mk("hook", "hook change", (m) => HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update, COLORS.hook),
       ...mk("nonfinite", "NaN/Inf", () => ["x", COLORS.nonfinite], COLORS.nonfinite),
       ...mk("reset", "scenario reset", () => ["star", COLORS.reset], COLORS.reset),
+      ...mk("spike", "spike", () => ["triangle-down", COLORS.spike], COLORS.spike),
+      // a rule's firing: below the tips above (a rewind's branch marker shares its step)
+      ...mk("rule", "rule fired", () => ["diamond", COLORS.rule], COLORS.rule, 0.76),
+      ...mk("rule_failed", "rule failed", () => ["diamond-open", COLORS.ruleFailed], COLORS.ruleFailed, 0.76),
     ];
   }
 

@@ -75,8 +75,28 @@ export const SELECTORS = {
   chartShadowDiff: "chart-shadow-diff",
   checkpoints: "checkpoints",
   rewindCheckpoint: "rewind-checkpoint",
+  rewindSkip: "rewind-skip",
   markerPop: "marker-pop",
   markerRewind: "marker-rewind",
+  // the Rules panel (rules.js)
+  cardRules: "card-rules",
+  ruleList: "rule-list",
+  ruleRow: "rule-row",
+  ruleToggle: "rule-toggle",
+  ruleRemove: "rule-remove",
+  ruleFired: "rule-fired",
+  ruleError: "rule-error",
+  rulePreset: "rule-preset",
+  rulePresetError: "rule-preset-error",
+  addRuleForm: "add-rule-form",
+  addRuleSignal: "add-rule-signal",
+  addRuleOp: "add-rule-op",
+  addRuleThreshold: "add-rule-threshold",
+  addRuleFor: "add-rule-for",
+  addRuleCooldown: "add-rule-cooldown",
+  addRuleAction: "add-rule-action",
+  addRuleSubmit: "add-rule-submit",
+  addRuleError: "add-rule-error",
 };
 
 /** `hook-param-<name>`: a parameter field, in a hook row and in the add-hook form. */

@@ -15,6 +15,7 @@
 // per-parameter lists. `statOf(row, key, i)` reads one value in either form.
 
 import { describeEvent, describeHookChange, eventStep } from "./describe.js";
+import { firingLines } from "./ruletext.js";
 import { DETAIL_ALL, aggregate, groupsFor } from "./groups.js";
 import { num, plotlyText } from "./util.js";
 
@@ -185,7 +186,11 @@ export class DashboardState {
     row.overhead = s.overhead;
     row.sampled_every = s.sampled_every;
     row.hook_effects = s.hook_effects || {};
+    row.ranks = s.ranks || null; // under torch.distributed: the per-rank values (ranks.js)
     row.modules = s.modules || {};
+    row.optim = s.optim || null; // the optimizer's state and update geometry (optim.js)
+    row.noise_scale = s.noise_scale || null; // the gradient noise scale (noise.js)
+    row.lr = Array.isArray(s.lr) ? s.lr : null; // per optimizer param group (noise.js)
     this.snapshots.push(row);
     if (this.snapshots.length > MAX_SNAPSHOTS * 1.25) {
       this.snapshots.splice(0, this.snapshots.length - MAX_SNAPSHOTS);
@@ -372,7 +377,11 @@ export class DashboardState {
       for (const old of this.events.splice(0, this.events.length - MAX_EVENTS)) this.seenSeq.delete(old.seq);
     }
     const marker = markerFor(ev);
-    if (marker) this.markers.push(marker);
+    // one spike marker a step: the signals that spiked at it, one line each
+    const same =
+      marker && marker.kind === "spike" && this.markers.find((m) => m.kind === "spike" && m.x === marker.x);
+    if (same) same.text += `<br>${marker.text.replace(/^step \d+: /, "")}`;
+    else if (marker) this.markers.push(marker);
     return true;
   }
 
@@ -392,6 +401,10 @@ export class DashboardState {
         total_norm_raw: s.total_norm_raw,
         total_norm: s.total_norm,
         total_norm_backward: s.total_norm_backward,
+        // the whole model's optimizer values only (optim.js's time chart)
+        optim: s.optim && s.optim.model ? { kind: s.optim.kind, model: s.optim.model } : null,
+        noise_scale: s.noise_scale || null, // noise.js
+        lr: Array.isArray(s.lr) ? s.lr : null,
       };
       this.perParam(row, s, PER_PARAM);
       rows.push(row);
@@ -446,8 +459,26 @@ export function markerFor(ev) {
     const what = Number(ev.from_step) > Number(ev.step) ? "branch" : "rewind";
     return { x, kind: "branch", text: plotlyText(`step ${x}: ${what} · ${describeEvent(ev)}`) };
   }
+  if (ev.kind === "batches_skipped") {
+    // at the rewind's step: the new branch starts there without the window's batches
+    return { x, kind: "skip", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
+  }
   if (ev.kind === "scenario_reset") {
     return { x, kind: "reset", text: plotlyText(`step ${x}: scenario reset · ${describeEvent(ev)}`) };
+  }
+  if (ev.kind === "spike") {
+    return { x, kind: "spike", text: plotlyText(`step ${x}: ${describeEvent(ev)}`) };
+  }
+  if (ev.kind === "rule_fired" || ev.kind === "rule_failed") {
+    // a rewind: the steps after the checkpoint are another branch's; the marker goes where the
+    // run went on from (beside the branch marker), its hover naming the step it fired at
+    const r = ev.result;
+    const back = ev.kind === "rule_fired" && r && r.rewound ? num(r.step) : null;
+    return {
+      x: back ?? x,
+      kind: ev.kind === "rule_fired" ? "rule" : "rule_failed",
+      text: firingLines(ev).map(plotlyText).join("<br>"),
+    };
   }
   return null;
 }

@@ -21,6 +21,9 @@ export const COLORS = {
   compareLoss: "#c3f0c8",
   compareNorm: "#ffd8b0",
   branch: "#f778ba",
+  spike: "#f2cc60",
+  rule: "#39d0c5", // a rule's firing (rules.js)
+  ruleFailed: "#ff6b81",
 };
 
 // A hook change's marker on the time charts, by action: [symbol, colour] (the hover names

@@ -239,7 +239,7 @@ export function markerShapes(markers) {
           ? (HOOK_ACTIONS[m.action] || HOOK_ACTIONS.update)[1]
           : m.kind === "reset"
             ? COLORS.reset
-            : m.kind === "branch"
+            : m.kind === "branch" || m.kind === "skip"
               ? COLORS.branch
               : COLORS.nonfinite,
       width: 1,

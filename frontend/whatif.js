@@ -18,7 +18,7 @@ import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
 import { h, num, plotlyText, positive } from "./util.js";
 
 const Plotly = window.Plotly;
-export const SHADOW_TRACES = 5; // loss, raw norm, final norm, branch line, branch tip
+export const SHADOW_TRACES = 6; // loss, raw norm, final norm, branch line, branch tip, skipped batches
 const MAX_POINTS = 3000;
 
 function emptyShadow() {
@@ -60,6 +60,7 @@ export function shadowTraces(state) {
     ...extra,
   });
   const branches = (state.markers || []).filter((m) => m.kind === "branch");
+  const skips = (state.markers || []).filter((m) => m.kind === "skip");
   return [
     line("loss", sh.loss, COLORS.compareLoss),
     line("raw norm", sh.raw, COLORS.raw, { yaxis: "y2", opacity: 0.7 }),
@@ -84,6 +85,18 @@ export function shadowTraces(state) {
       type: "scatter",
       mode: "markers",
       marker: { color: COLORS.branch, size: 11, symbol: "y-down-open", line: { width: 2 } },
+      hovertemplate: "%{hovertext}<extra></extra>",
+    },
+    {
+      // a rewind that skipped batches: under its branch marker, the window in the hover
+      name: "batches skipped",
+      x: skips.map((m) => m.x),
+      y: skips.map(() => 0.86),
+      hovertext: skips.map((m) => m.text),
+      yaxis: "y3",
+      type: "scatter",
+      mode: "markers",
+      marker: { color: COLORS.branch, size: 10, symbol: "arrow-bar-right", line: { width: 1.5 } },
       hovertemplate: "%{hovertext}<extra></extra>",
     },
   ];
@@ -169,12 +182,25 @@ export class WhatIf {
       () => this.end(),
     );
     this.cpList = h("span", { class: "cp-list" });
+    // a rewind from here may skip the batches received since the checkpoint (inspector/whatif/skip.py)
+    this.skipBox = h("input", { type: "checkbox", dataset: { testid: SELECTORS.rewindSkip } });
+    this.skipLabel = h(
+      "label",
+      {
+        class: "small cp-skip",
+        title:
+          "rewind and skip the batches received since the checkpoint: the steps that led here do not " +
+          "see them again (recorded as a batches_skipped event)",
+      },
+      this.skipBox,
+      " skip the batches since the checkpoint",
+    );
     this.cpSummary = h(
       "summary",
       { class: "small", dataset: { testid: SELECTORS.checkpoints } },
       "checkpoints",
     );
-    const cps = h("details", { class: "checkpoints" }, this.cpSummary, this.cpList);
+    const cps = h("details", { class: "checkpoints" }, this.cpSummary, this.skipLabel, this.cpList);
     this.bar = h(
       "div",
       { class: "whatif-bar", dataset: { testid: SELECTORS.whatifBar } },
@@ -312,9 +338,11 @@ export class WhatIf {
 
   async rewind(cp) {
     this.pop.hidden = true;
-    const res = await api.rewind(cp.id);
-    if (!res.ok) this.note(`rewind to ${cp.id}: ${errorText(res)}`);
-    else this.note(`rewind to ${cp.id} (step ${cp.step}) requested: at the next step boundary`);
+    const skip = this.skipBox.checked ? "since_checkpoint" : null;
+    const res = await api.rewind(cp.id, skip);
+    const what = skip ? "rewind and skip" : "rewind";
+    if (!res.ok) this.note(`${what} to ${cp.id}: ${errorText(res)}`);
+    else this.note(`${what} to ${cp.id} (step ${cp.step}) requested: at the next step boundary`);
   }
 
   /** The newest checkpoint taken before `step` (to undo what happened at `step`). */
@@ -446,6 +474,7 @@ export class WhatIf {
     this.compareBtn.disabled = ro;
     this.endBtn.hidden = !(isLive && sh.active);
     this.endBtn.disabled = ro;
+    this.skipBox.disabled = ro;
     this.diffBtn.hidden = !sh.x.length;
     this.bar.dataset.shadow = sh.active ? "active" : sh.x.length ? "ended" : "none";
     if (sh.x.length || sh.active) {

@@ -19,7 +19,9 @@ gloo group (CPU tensors, so an NCCL job's GPUs are never synchronised for it). E
   unused slot). A sharded parameter's histogram is a collective, so every rank takes rank 0's
   choice (the page's subscriptions live on rank 0).
 - ``local_norms``: on sampled steps, each parameter's local gradient norm (under FSDP2, of this
-  rank's shard): rank 0's snapshot reports their spread (``ranks``).
+  rank's shard): rank 0's snapshot reports their spread (``ranks``). Under DDP with the gradient
+  noise scale on, one more column per parameter follows them: this rank's small-batch squared
+  norm (:mod:`inspector.stats.noise_scale`), averaged over the ranks by every rank.
 
 While paused, rank 0 repeats the exchange every ``HEARTBEAT`` seconds, so the other ranks
 wait in a bounded collective (the group's timeout), never in DDP's all-reduce. If a peer
@@ -128,8 +130,15 @@ class Rows:
         """The first parameter whose local gradient was not finite on ``rank`` (or -1)."""
         return int(self.rows[rank, self.LOCAL_BAD])
 
+    def extra_mean(self, n: int) -> list[float]:
+        """The columns after the ``n`` local norms (the gradient noise scale's small-batch squared
+        norms, :mod:`inspector.stats.noise_scale`), averaged over the ranks (NaN where one had none)."""
+        return self.rows[:, self.NORMS + n :].mean(dim=0).tolist()
+
     def spread(self, n: int) -> dict[str, list[Any]]:
-        """Per parameter: min and max of the local norms across ranks, and which rank."""
+        """Per parameter: min and max of the local norms across ranks, and which rank; per rank
+        (``rank_norm``, ``rank_nonfinite``): its local gradients' norm over every parameter, and
+        the first parameter it found not finite (None: none)."""
         norms = self.rows[
             :, self.NORMS : self.NORMS + n
         ]  # (world, n_params); NaN where a rank had no gradient
@@ -143,9 +152,18 @@ class Rows:
             vals = t.tolist()
             return [None if none[i] else (int(v) if idx else v) for i, v in enumerate(vals)]
 
+        # per rank (one entry a rank, so their length is the world size): the norm of its local
+        # gradients over every parameter it had one for, and the first parameter whose local
+        # gradient it found not finite (the check read at this boundary), from the same rows
+        sq = torch.where(torch.isnan(norms), torch.zeros_like(norms), norms).pow(2).sum(dim=1)
+        seen = ~torch.isnan(norms).all(dim=1)
+        rank_norm = [v if ok else None for v, ok in zip(sq.sqrt().tolist(), seen.tolist(), strict=True)]
+        bad = [int(v) for v in self.rows[:, self.LOCAL_BAD].tolist()]
         return {
             "norm_min": clean(lo),
             "norm_max": clean(hi),
             "argmin": clean(argmin, True),
             "argmax": clean(argmax, True),
+            "rank_norm": rank_norm,
+            "rank_nonfinite": [v if v >= 0 else None for v in bad],
         }

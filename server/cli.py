@@ -53,6 +53,9 @@ security: the server binds 127.0.0.1 by default. Any other --host requires a tok
 one is generated when --token is not given, and printed once in the URL
 (http://HOST:PORT/#token=T). The page keeps it for its own origin (no cookie).
 Scripts send 'Authorization: Bearer T' (or ?token=T).
+agent interface: MCP (streamable HTTP) at http://HOST:PORT/mcp, behind the same
+guards and token; its write tools refuse on a --read-only server. It needs the
+mcp package: pip install gradient-inspector[agent].
 """
 
 
@@ -169,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--hooks",
         metavar="PRESET.json",
         help="start with these hooks (a preset, as GET /api/hooks/export writes it)",
+    )
+    demo.add_argument(
+        "--rules",
+        metavar="RULES.json",
+        help="start with these rules (a JSON file as insp.save_rules() writes it, or a preset's name: "
+        '"safe overnight", "clip on spike"); see README "Unattended runs: rules"',
     )
     demo.add_argument(
         "--no-wait",
@@ -313,13 +322,20 @@ def run_demo(args: argparse.Namespace) -> int:
             raise _Fail(f"--threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
     sc = scenarios.make(args.scenario, seed=args.seed)
-    insp = inspector.attach(sc.model, sc.optimizer, every=1)
+    # the demo shows the flight recorder and spike detection (off by default: a fixed cost a step)
+    insp = inspector.attach(sc.model, sc.optimizer, every=1, flight=256)
     if preset is not None:
         try:
             insp.import_hooks(preset)
         except inspector.HookError as e:
             insp.close()
             raise _Fail(f"--hooks {args.hooks}: {e}") from None
+    if args.rules:
+        try:
+            insp.load_rules(args.rules)
+        except inspector.HookError as e:
+            insp.close()
+            raise _Fail(f"--rules {args.rules}: {e}") from None
     try:
         store = None if args.no_db else HistoryStore(args.db, detail_window=settings.detail_window)
     except StoreError as e:

@@ -12,7 +12,7 @@ Only for typing: nothing here imports the core, so replay and export never impor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 __all__ = ["Core", "CoreCheckpoint", "CoreCheckpoints", "CoreHookHandle"]
@@ -67,8 +67,11 @@ class CoreCheckpoints(Protocol):
         """`{"checkpoints", "bytes", "keep", "rewinds", "refused"}` (`GET /api/checkpoints`)."""
         ...
 
-    def add_state(self, key: str, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
-        """Save `save()` with every checkpoint, and `load(value)` it on a rewind."""
+    def add_state(
+        self, key: str, save: Callable[[], Any], load: Callable[[Any], None], *, data: bool = False
+    ) -> None:
+        """Save `save()` with every checkpoint, and `load(value)` it on a rewind (`data`: the data
+        stream's state, so `batches()`'s position goes back with it)."""
         ...
 
     def service(self, *, owner: bool = False) -> None:
@@ -112,6 +115,23 @@ class Core(Protocol):
 
     def param_info(self) -> list[dict[str, Any]]: ...
 
+    @property
+    def spike_detection(self) -> dict[str, Any] | None:
+        """The spike detector's settings (None: the flight recorder is off)."""
+        ...
+
+    def set_spike_detection(
+        self,
+        *,
+        enabled: bool | None = None,
+        z: float | None = None,
+        warmup: int | None = None,
+        alpha: float | None = None,
+        cooldown: int | None = None,
+    ) -> dict[str, Any]: ...
+
+    def flight_recorder(self) -> dict[str, Any]: ...
+
     def match_targets(self, glob: str, point: str = "pre_step") -> list[str]: ...
 
     # -- hooks -----------------------------------------------------------------------------------------
@@ -137,6 +157,20 @@ class Core(Protocol):
     ) -> dict[str, Any]: ...
 
     def remove_hook(self, hook_id: str) -> None: ...
+
+    # rules (inspector.rules)
+    @property
+    def rules(self) -> list[dict[str, Any]]: ...
+
+    def add_rule(self, rule: Mapping[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]: ...
+
+    def update_rule(self, rule_id: str, **change: Any) -> dict[str, Any]: ...
+
+    def remove_rule(self, rule_id: str) -> None: ...
+
+    def load_rules(self, preset: Any) -> list[dict[str, Any]]: ...
+
+    def set_rule_handler(self, action: str, fn: Callable[[dict[str, Any]], Any] | None) -> None: ...
 
     def hooks(self) -> list[dict[str, Any]]: ...
 
@@ -189,4 +223,6 @@ class Core(Protocol):
     @property
     def checkpoints(self) -> CoreCheckpoints: ...
 
-    def rewind(self, checkpoint: str) -> dict[str, Any]: ...
+    def rewind(self, checkpoint: str, skip: Any = None) -> dict[str, Any]: ...
+
+    def batches(self, iterable: Any) -> Iterator[Any]: ...

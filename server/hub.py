@@ -33,6 +33,7 @@ from typing import Any
 
 from starlette.status import WS_1001_GOING_AWAY, WS_1013_TRY_AGAIN_LATER
 
+from .history.optim import cut_optim
 from .history.packing import PER_PARAM, packable, short_values
 from .protocol import dumps
 from .settings import DETAIL_ALL
@@ -53,7 +54,8 @@ def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, 
     A large run's (more than `DETAIL_ALL` parameter tensors) has its ten per-parameter lists
     replaced by one `detail`: `{"index": [...], key: [values aligned to index], ...}` for the
     parameters `index` (ascending; an out-of-range one is left out). A snapshot that has its
-    `detail` already (history read without it) is left as it is. The group aggregates and the
+    `detail` already (history read without it) is left as it is. `optim`'s per-parameter lists are
+    cut to the same `index` (`optim["index"]`, server/history/optim.py). The group aggregates and the
     detail's values are written with the fewest digits that keep their float32 value
     (`short_values`: exact for the core's float32 statistics, half as long)."""
     first = snap.get("grad_norm_raw")
@@ -76,6 +78,8 @@ def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, 
         elif k != "events":
             out[k] = v
     out["detail"] = detail
+    if "optim" in out:  # its per-parameter lists cut the same way (server/history/optim.py)
+        out["optim"] = cut_optim(out["optim"], keep)
     return out
 
 

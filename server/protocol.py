@@ -113,6 +113,32 @@ class CheckpointBody(BaseModel):
     label: Annotated[StrictStr, Field(max_length=200)] | None = None
 
 
+class RewindBody(BaseModel):
+    """POST /api/checkpoints/{id}/rewind: an optional `skip`, the batches the new branch does not
+    receive (inspector/whatif/skip.py): `"since_checkpoint"`, a count, or `[first, last]`; the core
+    checks it against the data position (a 422 naming `skip`, nothing changed)."""
+
+    model_config = _FORBID
+    skip: (
+        Literal["since_checkpoint"]
+        | Annotated[StrictInt, Field(ge=1)]
+        | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=2, max_length=2)]
+        | None
+    ) = None
+
+
+class SpikeBody(BaseModel):
+    """PUT /api/spikes: the spike detector's settings to change (the others stay); the core checks
+    the ranges too (a 422 naming the field, nothing changed)."""
+
+    model_config = _FORBID
+    enabled: StrictBool | None = None
+    z: Annotated[float, Field(strict=True, ge=0.5, le=1000, allow_inf_nan=False)] | None = None
+    warmup: Annotated[StrictInt, Field(ge=2, le=1_000_000)] | None = None
+    alpha: Annotated[float, Field(strict=True, ge=1e-6, lt=1, allow_inf_nan=False)] | None = None
+    cooldown: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
+
+
 class RateBody(BaseModel):
     """POST /api/training/rate: `null` lifts the cap."""
 

@@ -19,7 +19,9 @@ Order of checks, for HTTP and for the websocket handshake:
    set: cookies ignore ports, so one would reach every other server on the
    same host. The page keeps the token in `sessionStorage`, which is scoped
    to its origin, port included (frontend/api.js).
-4. Read-only: every mutating method answers 403 before its body is looked at.
+4. Read-only: every mutating method answers 403 before its body is looked at, except on the
+   agent interface (`AGENT_PATH`, server/agent.py): MCP carries reads and writes alike as POSTs,
+   and its write tools refuse themselves on a read-only server (an error result, nothing changed).
 5. A per-client budget of mutating requests (429 past it).
 6. Bodies of mutating requests: 413 past `max_body` bytes; a non-empty body
    must be JSON (`application/json` or `+json`, else 415) and parse (else 422,
@@ -53,6 +55,7 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # and <link> requests carry no Authorization header), none of it holds data.
 PUBLIC_PATHS = ("/", "/api/health", "/docs", "/openapi.json", "/vendor/plotly.min.js")
 PUBLIC_PREFIXES = ("/static/", "/docs-assets/")
+AGENT_PATH = "/mcp"  # the agent interface (MCP, streamable HTTP): behind every check but read-only's 403
 WS_SUBPROTOCOL = "gradient-inspector"  # what the server selects when the page offers its token
 WS_TOKEN_PREFIX = "gi-token."
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -252,7 +255,7 @@ class SecurityMiddleware:
                     "missing or wrong token: open the URL printed at start-up, or send "
                     "'Authorization: Bearer TOKEN'",
                 )
-        if deny is None and mutating and self.guard.read_only:
+        if deny is None and mutating and self.guard.read_only and scope["path"] != AGENT_PATH:
             deny = (403, "read-only: this server does not accept commands")
         if deny is None and mutating and not self._take(scope):
             deny = (429, "too many commands: slow down")

@@ -81,6 +81,11 @@ def hook_kinds() -> dict[str, Any]:
     return inspector.hook_kinds()
 
 
+def slim_flight_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A flight-recorder row without its per-tensor lists (what pages get)."""
+    return {k: v for k, v in row.items() if k not in ("raw", "final")}
+
+
 class Source:
     """The interface (and the read-only defaults). See the module docstring."""
 
@@ -234,6 +239,9 @@ class Source:
             "events": evs,
         }
 
+    def note_command(self, fields: dict[str, Any]) -> None:
+        """Record a `command` event (an agent's command, `commands.record`); a recorded run takes none."""
+
     # commands: every one is refused by a read-only source
     def add_hook(
         self, kind: str, *, target: str, point: str | None, enabled: bool, params: dict[str, Any]
@@ -252,6 +260,42 @@ class Source:
     def training_command(self, action: str) -> dict[str, Any]:
         raise read_only_error()
 
+    # rules (inspector.rules): kept by the training process; a replay has their events only
+    def rules(self) -> list[dict[str, Any]]:
+        return []
+
+    def add_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        raise read_only_error()
+
+    def update_rule(self, rule_id: str, change: dict[str, Any]) -> dict[str, Any]:
+        raise read_only_error()
+
+    def remove_rule(self, rule_id: str) -> None:
+        raise read_only_error()
+
+    def load_rules(self, preset: Any) -> list[dict[str, Any]]:
+        raise read_only_error()
+
+    def flight(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        tensors: bool = False,
+    ) -> list[dict[str, Any]]:
+        """`GET /api/flight`: the stored flight-recorder rows of a run."""
+        return self._store().flight(self._run(run), since=since, until=until, tensors=tensors)
+
+    def flight_now(self, *, tensors: bool = False) -> dict[str, Any]:
+        raise read_only_error()
+
+    def spike_settings(self) -> dict[str, Any] | None:
+        return None
+
+    def set_spikes(self, change: dict[str, Any]) -> dict[str, Any]:
+        raise read_only_error()
+
     def set_rate(self, steps_per_second: float | None) -> dict[str, Any]:
         raise read_only_error()
 
@@ -265,7 +309,7 @@ class Source:
     def checkpoint(self, label: str | None) -> dict[str, Any]:
         raise read_only_error()
 
-    def rewind(self, cp_id: str) -> dict[str, Any]:
+    def rewind(self, cp_id: str, skip: Any = None) -> dict[str, Any]:
         raise read_only_error()
 
     def shadow_state(self, points: bool = True) -> dict[str, Any] | None:

@@ -100,7 +100,7 @@ class Live:
         **settings: Any,
     ) -> None:
         self.sc = scenarios.make(scenario, seed=0)
-        self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every)
+        self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every, flight=256)
         self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
         self.db = (db if isinstance(db, Path) else tmp / f"history-{id(self)}.sqlite") if db else None
         store = HistoryStore(self.db) if self.db else None

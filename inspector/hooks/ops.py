@@ -22,7 +22,8 @@ stored values (``zero`` empties it, ``skip`` drops it with the others), so that 
 Under FSDP2 (:mod:`inspector.stats.sharded`) a target's gradient is a DTensor and every kind works on
 ``grad.to_local()``, this rank's shard: ``clip_value``, ``scale``, ``l2``, ``noise`` and ``freeze``
 act on the shards; ``clip_norm`` takes each full tensor's norm from the shards' ``p``-th power sums
-(a max for ``inf``) in one collective per application, so ``global`` equals ``clip_grad_norm_``;
+(a max for ``inf``) in one collective per application, so ``global`` equals ``clip_grad_norm_``
+(``zclip`` takes its norms the same way, so every rank keeps the same statistics);
 ``nan_guard`` decides from the NaN/Inf counts summed across the mesh (one collective per
 application), so every rank zeroes or skips alike. ``noise`` draws a replicated parameter's noise
 from the hook's one stream (seeded ``seed``: the same on every rank) and a sharded parameter's from
@@ -41,8 +42,9 @@ import torch
 from torch import Tensor
 
 from ..stats.sharded import Layout, local
-from ..stats.tensor_stats import clamp_abs_, dense, foreach_norm, real_dtype, sq_norm
+from ..stats.tensor_stats import clamp_abs_, dense, device_constant, foreach_norm, real_dtype, sq_norm
 from ..wire.records import HookSpec
+from .zclip import ZClipState, state_key, zclip_coefs
 
 __all__ = [
     "GuardResult",
@@ -186,15 +188,7 @@ def _clip_norm_coefs(
     in float32."""
     if layout is None or sharded is None or not any(sharded):
         return _native_clip_coefs(grads, max_norm, norm_type, mode)
-    norms = foreach_norm(grads, norm_type)
-    if layout is not None and sharded is not None and any(sharded):
-        dev = grads[0].device
-        stacked = torch.stack([n.to(dev) for n in norms])
-        if math.isinf(norm_type):
-            norms = list(layout.combine(stacked, (False,) * len(norms)).unbind())
-        else:
-            summed = layout.combine(stacked.pow(norm_type), tuple(sharded))
-            norms = list(summed.pow(1.0 / norm_type).unbind())
+    norms = list(_full_norms(grads, norm_type, layout, sharded).unbind())
     if mode == "global":
         dev = grads[0].device
         stacked = torch.stack([n.to(dev) for n in norms])
@@ -205,6 +199,39 @@ def _clip_norm_coefs(
         torch.clamp(max_norm / (n + 1e-6), max=1.0).to(real_dtype(g))
         for n, g in zip(norms, grads, strict=True)
     ]
+
+
+def _full_norms(
+    grads: list[Tensor], norm_type: float, layout: Layout | None, sharded: list[bool] | None
+) -> Tensor:
+    """Each gradient's norm (float32, stacked on the first one's device). Under FSDP2 (``layout``,
+    ``sharded`` per gradient) ``grads`` are the local shards, and each full tensor's norm comes
+    from the shards' ``p``-th power sums (a max for ``inf``): one collective."""
+    dev = grads[0].device
+    stacked = torch.stack([n.to(dev) for n in foreach_norm(grads, norm_type)])
+    if layout is None or sharded is None or not any(sharded):
+        return stacked
+    if math.isinf(norm_type):
+        return layout.combine(stacked, (False,) * len(grads))
+    return layout.combine(stacked.pow(norm_type), tuple(sharded)).pow(1.0 / norm_type)
+
+
+def _zclip(state: HookState, tg: list[ParamTarget], grads: list[Tensor], measure: bool) -> list[Tensor]:
+    """``zclip``'s factor for each gradient (:mod:`inspector.hooks.zclip`), its statistics updated
+    on the device; when ``measure``, its threshold, clipped count and warm-up left join the effect."""
+    p = state.spec.params
+    norms = _full_norms(grads, float(p["norm_type"]), tg[0].layout, [t.sharded for t in tg])
+    dev = norms.device
+    group = p["mode"] == "group"
+    slots = state.groups if group else 1
+    key = state_key(state.spec.target, p, slots, dev)
+    if state.zclip is None or state.zclip.key != key:
+        state.zclip = ZClipState.fresh(key, slots, dev)
+    slot_of = device_constant(tuple(t.group for t in tg), torch.int64, dev) if group else None
+    coef, effect = zclip_coefs(state.zclip, norms, slot_of, slots, p)
+    if measure:
+        state.extra = effect
+    return [c.to(g.device, real_dtype(g)) for c, g in zip(coef.unbind(), grads, strict=True)]
 
 
 def _native_clip_coefs(grads: list[Tensor], max_norm: float, norm_type: float, mode: str) -> list[Tensor]:
@@ -268,6 +295,16 @@ def apply_pre_step(state: HookState, targets: list[ParamTarget], measure: bool) 
                 tg[0].layout,
                 [t.sharded for t in tg],
             )
+            if measure:
+                changed = torch.stack(
+                    [
+                        (c < 1).float().to(grads[0].device) * g.numel()
+                        for c, g in zip(coefs, grads, strict=True)
+                    ]
+                ).sum()
+            torch._foreach_mul_(grads, coefs)
+        elif kind == "zclip":
+            coefs = _zclip(state, tg, grads, measure)
             if measure:
                 changed = torch.stack(
                     [

@@ -50,11 +50,21 @@ class Scenario:
         model: the ``nn.Module``; built on the CPU, then moved to ``device``.
         optimizer: the ``torch.optim.Optimizer`` over ``model.parameters()``.
         steps_done: completed calls to :meth:`step` since construction or :meth:`reset`.
+        micro_batches: a class attribute: backward passes per step (gradient accumulation; 1:
+            none). Each batch is drawn whole, as without accumulation, and split along its
+            first dimension into that many micro-batches (``torch.tensor_split``; a subclass
+            keeps its batch a multiple of it, so they are equal).
+        batches_drawn: batches drawn from the data stream since construction or :meth:`reset`
+            (equal to ``steps_done`` unless a rewind skipped some: then the stream is ahead).
+        batch_source: None (each :meth:`step` draws its batch), or an iterator of batches that
+            :meth:`step` takes its batch from instead, e.g. ``insp.batches(sc.stream())`` (the
+            demo: so that a rewind can skip batches, inspector/whatif/skip.py).
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     try_this: ClassVar[str]
+    micro_batches: ClassVar[int] = 1
 
     def __init__(self, *, seed: int = 0, device: torch.device | str | None = None) -> None:
         self.seed = seed
@@ -71,6 +81,8 @@ class Scenario:
         # The data stream is drawn on the CPU from this generator, then moved to `device`.
         self._data_gen = torch.Generator()
         self.steps_done = 0
+        self.batches_drawn = 0
+        self.batch_source: Iterator[tuple[Any, ...]] | None = None
         self._reset_data()
 
     # -- subclass interface ------------------------------------------------------------------
@@ -117,25 +129,56 @@ class Scenario:
         """Run one full training step and return the detached loss (a 0-d tensor on ``device``).
 
         ``zero_grad(set_to_none=True)``, forward, loss, ``backward()``, ``optimizer.step()``.
-        Nothing here reads a value back to the host (no ``.item()``): the caller decides when
-        to pay for that sync.
+        With ``micro_batches`` K > 1 the batch is split into K equal micro-batches, each with its
+        own forward and ``backward()`` of its loss divided by K (the usual accumulation: the
+        summed gradient is that of the whole batch's mean loss, up to rounding); the loss
+        returned is the mean of the K losses. Nothing here reads a value back to the host (no
+        ``.item()``): the caller decides when to pay for that sync.
         """
         self.before_step()
-        batch = tuple(t.to(self.device, non_blocking=True) for t in self.next_batch(self._data_gen))
+        drawn = next(self.batch_source) if self.batch_source is not None else self.draw_batch()
+        batch = tuple(t.to(self.device, non_blocking=True) for t in drawn)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.compute_loss(*batch)
-        loss.backward()
+        k = self.micro_batches
+        if k == 1:
+            loss = self.compute_loss(*batch)
+            loss.backward()
+        else:
+            losses = []
+            for part in zip(*(t.tensor_split(k) for t in batch), strict=True):
+                micro = self.compute_loss(*part)
+                (micro / k).backward()
+                losses.append(micro.detach())
+            loss = torch.stack(losses).mean()
         self.optimizer.step()
         self.steps_done += 1
         return loss.detach()
 
+    def draw_batch(self) -> tuple[Any, ...]:
+        """The next batch of the data stream (on the CPU), counted in ``batches_drawn``."""
+        batch = self.next_batch(self._data_gen)
+        self.batches_drawn += 1
+        return batch
+
+    def stream(self) -> Iterator[tuple[Any, ...]]:
+        """The data stream as an endless iterator (:meth:`draw_batch` at each ``next``); it follows
+        :meth:`set_data_state` and :meth:`reset`."""
+        while True:
+            yield self.draw_batch()
+
     def data_state(self) -> dict[str, Any]:
-        """Where the scenario is: ``{"steps_done", "gen"}`` (its data generator's state), for a checkpoint."""
-        return {"steps_done": self.steps_done, "gen": self._data_gen.get_state()}
+        """Where the scenario is: ``{"steps_done", "batches", "gen"}`` (batches drawn, its data
+        generator's state), for a checkpoint."""
+        return {
+            "steps_done": self.steps_done,
+            "batches": self.batches_drawn,
+            "gen": self._data_gen.get_state(),
+        }
 
     def set_data_state(self, state: dict[str, Any]) -> None:
         """Go back (or on) to a :meth:`data_state`: the next batches are those that followed it."""
         self.steps_done = int(state["steps_done"])
+        self.batches_drawn = int(state.get("batches", state["steps_done"]))
         self._data_gen.set_state(state["gen"].clone())
 
     def reset(self) -> None:
@@ -151,6 +194,7 @@ class Scenario:
             p.grad = None
         self.optimizer.state.clear()  # Adam/AdamW/momentum buffers are rebuilt on the next step
         self.steps_done = 0
+        self.batches_drawn = 0
         self._reset_data()
 
     def _reset_data(self) -> None:

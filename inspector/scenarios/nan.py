@@ -13,8 +13,8 @@ __all__ = ["NaNBatch"]
 class NaNBatch(ReluTeacher):
     """A 3-layer ReLU MLP (8 -> 32 -> 32 -> 1), MSE loss, SGD lr 0.02 with momentum 0.9.
 
-    The batch of step ``bad_step`` (30, counting the first step as 1) and of every
-    ``bad_every`` (100) steps after it (130, 230, ...) holds one corrupted record: its
+    The ``bad_step``-th batch drawn (30, counting the first as 1: the batch of step 30) and
+    every ``bad_every``-th (100) after it (130, 230, ...) holds one corrupted record: its
     features are all ``inf``. The forward pass turns that row into NaN (inf times weights of
     both signs), so the loss and every parameter's gradient are NaN on that step. Without a
     guard the optimizer writes NaN into every weight and the model is lost for good; with the
@@ -48,9 +48,10 @@ class NaNBatch(ReluTeacher):
     noise_std = 0.1
 
     @classmethod
-    def is_bad_step(cls, step: int) -> bool:
-        """Whether (1-based) step ``step`` gets the corrupted batch: 30, 130, 230, ..."""
-        return step >= cls.bad_step and (step - cls.bad_step) % cls.bad_every == 0
+    def is_bad_step(cls, n: int) -> bool:
+        """Whether the (1-based) ``n``-th batch drawn is a corrupted one: 30, 130, 230, ... It is the
+        batch of step ``n`` unless a rewind skipped batches (the stream is then ahead of the steps)."""
+        return n >= cls.bad_step and (n - cls.bad_step) % cls.bad_every == 0
 
     def build_model(self) -> nn.Module:
         h = self.hidden
@@ -63,6 +64,6 @@ class NaNBatch(ReluTeacher):
 
     def next_batch(self, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().next_batch(gen)
-        if self.is_bad_step(self.step_under_way):
+        if self.is_bad_step(self.batches_drawn + 1):
             x[0] = float("inf")  # the corrupted record; its target stays finite
         return x, y

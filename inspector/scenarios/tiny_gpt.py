@@ -129,8 +129,10 @@ class TinyGPT(Scenario):
     """A 4-layer byte-level GPT (d_model 256, 4 heads, context 128) learning the shipped corpus.
 
     Batches are 16 random windows of 129 bytes of ``inspector/data/tiny_corpus.txt``
-    (inputs: the first 128, targets: the last 128); the loss is the mean next-byte cross
-    entropy, which starts near ln 256 = 5.5. AdamW, lr 1e-3, betas (0.9, 0.95), weight
+    (inputs: the first 128, targets: the last 128), accumulated over 4 micro-batches of 4
+    windows (four forward and backward passes per step, as a larger model would be trained;
+    it gives the gradient noise scale its two batch sizes, 4 and 16); the loss is the mean
+    next-byte cross entropy, which starts near ln 256 = 5.5. AdamW, lr 1e-3, betas (0.9, 0.95), weight
     decay 0.1 on the matrices only (embeddings and Linear weights; not on biases or
     LayerNorm), no schedule. One step takes about a second of CPU time on one core (about 40 GFLOP).
     Parameters: ``tok_emb.weight``, ``pos_emb.weight``, ``blocks.{0-3}.{ln1,attn.qkv,attn.proj,
@@ -140,7 +142,7 @@ class TinyGPT(Scenario):
     name = "tiny_gpt"
     description = (
         "A 4-layer byte-level GPT (3.3M parameters in 53 tensors) trained with AdamW on a small "
-        "English text; a realistic model to watch, nothing is broken on purpose."
+        "English text, 4 micro-batches accumulated per step; a realistic model to watch, nothing is broken on purpose."
     )
     try_this = (
         "Add freeze on blocks.0.* and watch that block's update ratio drop to zero while the loss "
@@ -149,6 +151,7 @@ class TinyGPT(Scenario):
 
     block_size = 128
     batch_size = 16
+    micro_batches = 4  # gradient accumulation: 4 backward passes of 4 windows per step
     lr = 1e-3
 
     def build_model(self) -> nn.Module:

@@ -99,7 +99,8 @@ class ShardedStats:
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
             v = torch.stack([x.to(dev) for x in e])
-            cols.append((f"eff:{hid}", v, (True, True, True)))
+            # (a kind's own values after the three, zclip's, are the same on every rank: not summed)
+            cols.append((f"eff:{hid}", v, (True, True, True) + (False,) * (len(e) - 3)))
         for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
             cols.append((f"hist:{i}", h.to(dev), (False, False) + (True,) * (h.numel() - 2)))
         flat, rows = lay.combine_rows(

@@ -20,6 +20,9 @@ where that transfer shows something rare does it read again: a non-finite raw gr
 and Inf counts, or the float64 norm of finite values whose float32 norm overflowed (both from
 the gradient as it is at the boundary, where no ``pre_step`` hook changed it).
 
+The gradient noise scale (:mod:`inspector.stats.noise_scale`, when on) adds its per-parameter
+sums of squared backward increments to that transfer and its estimates to the snapshot.
+
 The snapshot's group aggregates (:mod:`inspector.stats.groups`) are made on the device from the
 same per-tensor vectors and ride in that one transfer; under FSDP2 they are made on the host from
 the per-tensor values once these are combined across the ranks.
@@ -53,6 +56,8 @@ from ..wire.records import Snapshot
 from .deferred import guard_counts, pack_guard_counts
 from .groups import Groups
 from .histsel import HIST_BINS
+from .noise_scale import NoiseScale
+from .optim_state import OptimProbe
 from .sharded import Layout, local
 from .sharded_stats import ShardedStats
 from .telemetry import Pack
@@ -90,6 +95,7 @@ class RawRead:
     moments: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     # the gradients' norms as the last backward left them, and the scale they are scaled by
     backward: tuple[list[Tensor] | Tensor, Tensor | None] | None = None
+    backward_index: list[int] | None = None  # the parameters those norms are of, in order
 
 
 def _backward_total(data: dict[str, list[float]]) -> float | None:
@@ -100,6 +106,19 @@ def _backward_total(data: dict[str, list[float]]) -> float | None:
     total = math.sqrt(sum(v * v for v in norms))
     scale = (data.get("backward_scale") or [1.0])[0]
     return total / scale if scale else total
+
+
+def _backward_norms(raw: RawRead | None, data: dict[str, list[float]], n: int) -> list[float | None] | None:
+    """Each parameter's norm as the last backward left it, unscaled (None: not taken, or no
+    gradient): before the user's own code between ``backward()`` and ``step()`` changed it."""
+    norms = data.get("backward_norm")
+    if raw is None or raw.backward_index is None or not norms or len(norms) != len(raw.backward_index):
+        return None
+    scale = (data.get("backward_scale") or [1.0])[0] or 1.0
+    out: list[float | None] = [None] * n
+    for i, v in zip(raw.backward_index, norms, strict=True):
+        out[i] = v / scale
+    return out
 
 
 def _vector(values: Tensor | list[Tensor]) -> Tensor | None:
@@ -151,6 +170,11 @@ class StepStats:
         layout: Layout | None = None,
         groups: Groups | None = None,
     ) -> None:
+        self.noise: NoiseScale | None = None  # the noise-scale instrument (set by the Inspector), or None
+        self.optim: OptimProbe | None = (
+            None  # the optimizer's state and update geometry (set by the Inspector)
+        )
+        self.failures: list[tuple[str, BaseException]] = []  # an instrument's error, disabled (take_failures)
         self.params = params
         self.tensors = tensors
         self.layout = layout
@@ -387,6 +411,26 @@ class StepStats:
         }
         self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
         self._pack = pack
+        if self.optim is not None and self.layout is None:
+            try:  # the gradients' sample for the optimizer's geometry (inspector.stats.optim_state)
+                plan = self._flat if self._kept is not None else None
+                kept = self.update.differences()  # (before the update: the strides it sampled with)
+                self.optim.before_update(self._fgrads, self._params_local(), plan, kept[1] if kept else None)
+            except Exception as e:  # never take training down for telemetry: this instrument is off
+                self._optim_failed(e)
+
+    def _optim_failed(self, err: BaseException) -> None:
+        """The optimizer-state instrument raised: it is turned off, and the error reported (the
+        lifecycle takes it with :meth:`take_failures`, as a ``telemetry_error`` event)."""
+        if self.optim is not None:
+            self.optim.close()
+        self.optim = None
+        self.failures.append(("the optimizer state and update geometry", err))
+
+    def take_failures(self) -> list[tuple[str, BaseException]]:
+        """The instruments' errors since the last call (each instrument is off after its first)."""
+        out, self.failures = self.failures, []
+        return out
 
     def _exact_histograms(self, indices: list[int], raw: RawRead | None) -> dict[int, list[float]]:
         """The histograms of gradients that hold NaN or Inf (the transfer showed a non-finite
@@ -536,8 +580,26 @@ class StepStats:
                 return out
         return self.groups.aggregate_host(norm_raw, norm, absmax_raw, absmax, nan_count, inf_count, ratio)
 
+    def _optim_read(self, data: dict[str, list[float]], step: int, grad_norm: list[float | None]) -> Any:
+        """``Snapshot.optim`` from the transfer (None: the instrument is off or measured nothing)."""
+        if self.optim is None or self.layout is not None:
+            return None
+        try:
+            return self.optim.read(data, step, data.get("update_norm"), grad_norm)
+        except Exception as e:  # never take training down for telemetry: this instrument is off
+            self._optim_failed(e)
+            return None
+
+    def final_norms(self) -> Tensor | None:
+        """The sampled step's final 2-norms as one vector (after :meth:`final`; None under FSDP2)."""
+        return self._vecs.get("final_norm")
+
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
+        if self.noise is not None:
+            self.noise.end_step()
+        if self.optim is not None:
+            self.optim.end_step()
         if self.raw_read is None and self._pack is None and not self.update.kept and self._kept is None:
             return  # an unsampled step's probe (``probe()``) keeps nothing here
         self.raw_read = None
@@ -555,6 +617,8 @@ class StepStats:
     def close(self) -> None:
         self.end_step()
         self.update.close()
+        if self.optim is not None:
+            self.optim.close()
 
     def snapshot(
         self,
@@ -624,6 +688,14 @@ class StepStats:
         if self._sharded is not None:
             effs_by_id = list(zip(eff_ids, effs, strict=True))
             self._sharded.combine(pack, raw, self._part, meta, pnorms, unorms, effs_by_id)
+        if self.noise is not None:
+            self.noise.pack(pack)
+        if self.optim is not None and self.layout is None:
+            try:  # the update's geometry and the Adam state (inspector.stats.optim_state)
+                flat_diff = self._kept if self._kept is not None and unorms is not None else None
+                self.optim.add(pack, self.update.differences() if flat_diff is None else None, flat_diff)
+            except Exception as e:  # never take training down for telemetry: this instrument is off
+                self._optim_failed(e)
         data = pack.transfer()  # the one host transfer of this snapshot
         local_norms = None
         if raw is not None and (raw.local_index or "shard_norm" in data):
@@ -634,6 +706,8 @@ class StepStats:
                 shard_idx = [i for i in raw.index if self.layout.sharded[i]]
                 for i, v in zip(shard_idx, data.get("shard_norm", []), strict=True):
                     local_norms[i] = v
+        if self.noise is not None:
+            self.noise.received(data)  # (under DDP its values join the exchange's rows)
         spread = ranks(local_norms) if ranks is not None else None
 
         def scatter(indices: list[int], values: list[float] | None) -> list[float | None]:
@@ -649,6 +723,16 @@ class StepStats:
         raw_absmax_vals = data.get("raw_absmax", [])
         counts = self._raw_rare(raw_idx, raw_norm_vals, raw_absmax_vals, data) if raw_idx else {}
         grad_norm_raw = scatter(raw_idx, raw_norm_vals)
+        noise_scale = (
+            self.noise.observe(
+                data,
+                grad_norm_raw,
+                backward=_backward_norms(raw, data, n),
+                edited=hooks.post_edited(),
+            )
+            if self.noise is not None
+            else None
+        )
         grad_norm = scatter(fin_idx, data.get("final_norm"))
         absmax_final = scatter(fin_idx, data.get("final_absmax"))
         if self.layout is None:  # (under FSDP2 a shard's float64 norm is not the tensor's)
@@ -752,5 +836,7 @@ class StepStats:
             overhead=overhead,
             total_norm_backward=_backward_total(data),
             groups=groups,
+            noise_scale=noise_scale,
+            optim=self._optim_read(data, step, grad_norm),
             events=events,
         )

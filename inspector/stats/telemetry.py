@@ -200,8 +200,10 @@ class Pack:
                 values = torch.stack([v.reshape(()).to(dev, torch.float32) for v in values])
         if values.dim() != 1:
             values = values.reshape(-1)
+        part = values if values.dtype == torch.float32 else values.float()
+        # a name only with its part: a conversion that raises leaves the pack as it was
         self._names.append(name)
-        self._parts.append(values if values.dtype == torch.float32 else values.float())
+        self._parts.append(part)
 
     def __bool__(self) -> bool:
         return bool(self._parts)

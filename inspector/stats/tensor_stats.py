@@ -639,6 +639,11 @@ class FlatPlan:
         small = self._seg(flat.double().square_(), "sum").sqrt_()
         return self._merge(small, foreach_norm(large) if large else [], torch.float32)
 
+    def sums_of_flat(self, flat: Tensor) -> Tensor:
+        """Per-tensor sums (float32, all ``n``; summed in float64) of a buffer laid out as :meth:`flat`'s,
+        for a plan with no large tensor (the dot products of two such buffers, multiplied)."""
+        return self._merge(self._seg(flat.double(), "sum"), [], torch.float32)
+
     def norms(self, xs: list[Tensor]) -> Tensor:
         """Per-tensor 2-norms as one 1-D float32 tensor."""
         return self.norms_of_flat(self.flat(xs), [xs[k] for k in self.large])

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .tensor_stats import foreach_norm
 
-__all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "strides"]
+__all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "sample_view", "strides"]
 
 BUDGET = 0.10  # the largest share of the parameters' bytes kept
 FLOOR = 1 << 20  # bytes always allowed (a model under 10 MiB may keep more than 10 %)
@@ -120,6 +120,12 @@ def _sample(p: Tensor, s: int) -> Tensor:
     return f[: rows * b].view(rows, b)[::s]
 
 
+def sample_view(t: Tensor, s: int) -> Tensor:
+    """The elements of ``t`` (a parameter, or a tensor of its shape: its gradient) that a parameter
+    sampled at stride ``s`` keeps, as a view where ``t`` is contiguous (see the module docstring)."""
+    return _sample(t, s)
+
+
 class UpdateProbe:
     """Keeps (a sample of) the parameters before the update; see the module docstring."""
 
@@ -167,6 +173,14 @@ class UpdateProbe:
             torch._foreach_sub_(self._bufs, self._views(ps))  # before - after, in place
             norms = foreach_norm(self._bufs)
         return [n * s if s != 1.0 else n for n, s in zip(norms, self._scale, strict=True)]
+
+    def differences(self) -> tuple[list[Tensor], list[int], list[float]] | None:
+        """After :meth:`update_norms`: the buffers (``before - after``, each parameter's sample),
+        each parameter's stride and the factor its sampled norm is scaled by; None when nothing was
+        kept this step. Read-only for the caller (:mod:`inspector.stats.optim_state`)."""
+        if not self.kept or self._bufs is None:
+            return None
+        return self._bufs, self._strides, self._scale
 
     def end_step(self) -> None:
         self.kept = False

@@ -63,6 +63,13 @@ class DistributedSync:
         self._apply_edits = apply_edits  # StepLifecycle.apply_edits, the edit rule (lock held), on every rank
         self._checks: list[Check] = []  # checks read at this boundary, reported after the exchange
         self._hist_next: list[int] = []  # FSDP2: the next step's histograms, rank 0's choice
+        # the gradient noise scale's columns (one per parameter, after the local norms, on sampled
+        # steps with them), and the last such exchange's values averaged over the ranks
+        self.noise_cols: Callable[[], list[float]] | None = None
+        self.noise_mean: list[float] | None = None
+        # the rules (inspector.rules): rank 0's decisions travel with its pending changes, and every
+        # rank receives them at the same exchange (set by the Inspector; None: none)
+        self.rules: Any = None
 
     @property
     def active(self) -> bool:
@@ -101,7 +108,8 @@ class DistributedSync:
         rank0 = plane.rank == 0
         with gate.cond:
             hold = rank0 and gate.decide_hold()
-            payload = rank0 and bool(self._reg.pending)
+            outbox = self.rules.outbox if rank0 and self.rules is not None else []
+            payload = rank0 and (bool(self._reg.pending) or bool(outbox))
             next_sampled = self._cadence.is_sampled(step + 1)
             if first and rank0 and self._sharded:
                 self._hist_next = self._hist.due(self._clock.sampled_count + 1) if next_sampled else []
@@ -111,6 +119,8 @@ class DistributedSync:
         norms = None
         if with_norms:
             norms = local_norms if local_norms is not None else [math.nan] * self._n
+            if self.noise_cols is not None:
+                norms = [*norms, *self.noise_cols()]
         try:
             rows = plane.exchange(
                 hold,
@@ -121,14 +131,19 @@ class DistributedSync:
                 self._hist_next if rank0 and self._sharded else None,
             )
             changes = None
+            fired: list[dict[str, Any]] = []
             if rows.payload:
                 with gate.cond:
-                    mine = list(self._reg.pending) if rank0 else None
-                changes = plane.broadcast(mine)
+                    mine = (list(self._reg.pending), list(outbox)) if rank0 else None
+                changes, fired = plane.broadcast(mine)
+                if rank0:
+                    del outbox[: len(fired)]
         except Exception as e:
             self._failed(e, step)
             return None, False
         with gate.cond:
+            if fired and self.rules is not None:
+                self.rules.receive(fired)
             if changes is not None:
                 if not rank0:
                     self._reg.adopt(changes)
@@ -149,6 +164,8 @@ class DistributedSync:
                 self._nonfinite.step(
                     found, c.step, rank=ranks_of[0] if ranks_of else None, all_ranks=ranks_of
                 )
+        if first:
+            self.noise_mean = rows.extra_mean(self._n) if with_norms and self.noise_cols is not None else None
         return (rows.spread(self._n) if with_norms else None), rows.hold
 
     def sync_edits(self) -> None:

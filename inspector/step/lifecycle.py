@@ -47,6 +47,7 @@ from ..hooks.owned import OwnedHook, hide_from_copies
 from ..hooks.registry import Change, Registry
 from ..hooks.torch_hooks import TorchHooks
 from ..stats.deferred import Check, Deferred, build_check
+from ..stats.flight import FlightRecorder
 from ..stats.histsel import HistSelection, learning_rates
 from ..stats.nonfinite import NO_FINDINGS, NonfiniteReport
 from ..stats.step_stats import RawRead, StepStats
@@ -102,6 +103,7 @@ class StepLifecycle:
         scaler: amp.ScalerWatch,
         branches: Checkpoints,
         owner: object,
+        flight: FlightRecorder | None = None,
     ) -> None:
         # the Inspector, kept (and nothing read of it): the step hooks on the user's model and
         # optimizer are this object's methods, so they keep the Inspector alive as long as they
@@ -124,6 +126,7 @@ class StepLifecycle:
         self._cadence = cadence
         self._scaler = scaler
         self._branches = branches
+        self._flight = flight  # every step's norms and the spike detector (None: off)
         # under torch.distributed: every boundary's exchange, the held boundary, script edits
         self.sync: DistributedSync | None = None
         if attached.dist is not None:
@@ -147,8 +150,13 @@ class StepLifecycle:
         self._bw_queued = False  # a callback at the end of the backward under way is queued
         # the norms the last backward left, and the scale they are scaled by (sampled steps)
         self._bw: tuple[list[Tensor] | Tensor, Tensor | None] | None = None
+        self._bw_index: list[int] = []  # the parameters whose norms _bw holds, in order
         self._hist_chosen: list[int] | None = None  # the step under way's histograms, once chosen
         self._telemetry_seen: set[str] = set()  # statistics failures reported so far (each once)
+        # the rules (inspector.rules), set by the Inspector; evaluated at the boundary from the
+        # step's snapshot (sampled steps) and events, values already on the host
+        self.rules: Any = None
+        self._snap: Any = None  # this boundary's snapshot, for the rules
 
     @property
     def _distributed(self) -> bool:
@@ -204,6 +212,8 @@ class StepLifecycle:
         """Training is over: the last steps' records (late ones included) and NaN/Inf checks are
         sent now, waiting for their copies to the host."""
         self.flush_late()
+        if self._flight is not None:
+            self._flight.complete()
         self._records.flush_pending()
         self.drain_deferred(wait=True)
 
@@ -331,9 +341,13 @@ class StepLifecycle:
         optimizer's ``grad_scale`` taken at the step."""
         self._bw_queued = False
         try:
-            grads = [
-                g for g in (t.grad for t in self._at.tensors) if g is not None and g.layout == torch.strided
+            index = [
+                i
+                for i, t in enumerate(self._at.tensors)
+                if t.grad is not None and t.grad.layout == torch.strided
             ]
+            grads = [self._at.tensors[i].grad for i in index]
+            self._bw_index = index
             scale = getattr(self._at.scaler, "_scale", None)  # the scale this backward's loss was scaled by
             self._bw = (
                 (self._stats.norms_now(grads), scale if isinstance(scale, Tensor) else None)
@@ -466,6 +480,8 @@ class StepLifecycle:
             if probe is not None:
                 check = _ProbeCheck(self._nonfinite, clock.step + 1, probe[0])
                 self._deferred.submit_flat(clock.step + 1, probe[1], check)
+                if self._flight is not None:
+                    self._flight_norms(probe[0], probe[1], None)
                 clock.spend(time.perf_counter() - t0)
                 return
         touched: set[int] = set()  # sampled steps: the parameters a pre_step hook may edit in place
@@ -493,6 +509,7 @@ class StepLifecycle:
             self._telemetry_failed("the raw gradient statistics", e)
             raw, sampled = RawRead([], [], False), False
         raw.backward, self._bw = (self._bw if sampled else None), None
+        raw.backward_index = self._bw_index if raw.backward is not None else None
         skip = False
         guards: list[GuardResult] = []
         for state, targets in plan.pre:
@@ -522,7 +539,36 @@ class StepLifecycle:
                 self._stats.final(raw, hooks_ran=bool(plan.pre) or skip, guards=guards, touched=touched)
             except Exception as e:  # the snapshot then shows what it has (nulls)
                 self._telemetry_failed("the final gradient statistics", e)
+        if self._flight is not None:
+            try:
+                self._flight_general(raw, sampled, bool(plan.pre) or skip)
+            except Exception as e:  # never take training down for telemetry
+                self._telemetry_failed("the flight recorder", e)
         clock.spend(time.perf_counter() - t0)
+
+    def _flight_norms(
+        self, index: list[int], raw: Any, final: Any, final_index: list[int] | None = None
+    ) -> None:
+        """The step's norms into the flight recorder (:mod:`inspector.stats.flight`)."""
+        try:
+            self._flight.norms(self._clock.step + 1, index, raw, final, final_index)  # type: ignore[union-attr]
+        except Exception as e:  # never take training down for telemetry
+            self._telemetry_failed("the flight recorder", e)
+
+    def _flight_general(self, raw: RawRead, sampled: bool, hooks_ran: bool) -> None:
+        """The flight recorder's norms where the probe alone did not run: the raw norms the step
+        took; the final ones from the sampled statistics, or one more norm where a hook ran."""
+        if not raw.index:
+            return
+        final: Any = None
+        final_index: list[int] | None = None
+        if hooks_ran:
+            final = self._stats.final_norms() if sampled else None
+            if final is None:
+                fin = [(i, g) for i, p in enumerate(self._at.tensors) if (g := p.grad) is not None]
+                final_index = [i for i, _ in fin]
+                final = self._stats.norms_now([g for _, g in fin]) if fin else []
+        self._flight_norms(raw.index, raw.norm_tensors if sampled else raw.probe, final, final_index)
 
     def _telemetry_failed(self, what: str, err: BaseException) -> None:
         """Our statistics raised inside the user's ``optimizer.step()``: report it (once per part and
@@ -560,6 +606,13 @@ class StepLifecycle:
 
     def flush_late(self) -> None:
         """Send the records made after step N's boundary (before the next forward) as step N's."""
+        if self._flight is not None:
+            acc = self._records.late.get("loss")
+            if acc is not None and not self._records.discard_late:
+                try:
+                    self._flight.late_loss(self._clock.step, acc[0] if acc[1] == 1 else acc[0] / acc[1])
+                except Exception as e:  # never take training down for telemetry
+                    self._telemetry_failed("the flight recorder", e)
         self._records.flush_late(self._clock.step)
 
     # ================================================================= the boundary
@@ -583,11 +636,20 @@ class StepLifecycle:
                 # from another thread may apply (no step is under way) and must not reach this
                 # step's snapshot
                 version, states = self._reg.version, list(self._hooks.states.values())
+        if self._flight is not None:
+            try:
+                acc = rec.get("loss")
+                self._flight.end_step(
+                    step, None if acc is None else acc[0] if acc[1] == 1 else acc[0] / acc[1]
+                )
+            except Exception as e:  # never take training down for telemetry
+                self._telemetry_failed("the flight recorder", e)
         now = time.perf_counter()
         spent = clock.take_spent() + self._hooks.take_spent() + (now - t0)
         self._cadence.observe(step, sampled, spent, clock.wall(now))
         t1 = time.perf_counter()
         hold = False
+        self._snap = None
         if sampled or dist:
             hold = self._publish_step(
                 step, sampled, dist, events, rec, version if sampled else 0, states if sampled else []
@@ -598,7 +660,11 @@ class StepLifecycle:
             if rec:
                 self._records.defer(step, rec)
         clock.spend(time.perf_counter() - t1)  # counted with the next step
+        rules = self.rules if self.rules is not None and self.rules.active else None
         if dist:
+            if rules is not None:  # what the exchange brought from rank 0: every rank acts here
+                with gate.cond:  # (the rules' state is shared with the server's threads)
+                    rules.boundary(step, self._snap, events)
             self.sync.hold(step, hold)  # type: ignore[union-attr]
         else:
             if gate.should_hold():
@@ -611,6 +677,8 @@ class StepLifecycle:
                 # a checkpoint taken here holds it, as one taken between steps does, and a rewind
                 # here restores it, nothing deciding again after it
                 clock.decide_next(self._cadence.is_sampled(step + 1))
+                if rules is not None:  # (a rewind it asks for is carried out here, as a held one is)
+                    rules.boundary(step, self._snap, events)
                 self.apply_edits(torch_ok=True)
                 gate.hold(lambda: self.apply_edits(torch_ok=True))
         clock.mark_boundary()
@@ -657,6 +725,9 @@ class StepLifecycle:
                     message=f"the snapshot could not be built: {describe_error(e)}",
                     step=step,
                 )
+            self._snap = snap
+            for what, err in self._stats.take_failures():  # an instrument turned off (stats.optim_state)
+                self._telemetry_failed(what, err)
         if dist and not exchanged:
             exchange(None)
         self._stats.end_step()

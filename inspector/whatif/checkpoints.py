@@ -7,7 +7,8 @@ A :class:`Checkpoint` holds what the next steps of a run depend on:
 - the optimizer's ``state_dict()`` (momentum, Adam's moments, the param groups' lr ...),
   deep-copied to host memory, and the ``GradScaler``'s when one is attached;
 - the inspector's own state: the step counter, the hook config in force (specs with their ids,
-  the Python callables of ``python`` hooks), every ``noise`` hook's generator states, the
+  the Python callables of ``python`` hooks), every ``noise`` hook's generator states, every
+  ``zclip`` hook's running statistics of the norm, the
   cadence (which steps are sampled next, and so get statistics and histograms) and the streak of
   non-finite steps (so a rewound run samples, and reports NaN/Inf, as it did the first time);
 - what a caller registered with :meth:`Checkpoints.add_state` (the demo: its data stream).
@@ -16,6 +17,9 @@ The global RNG, the user's data loader and LR schedulers are not saved: after a 
 loop the loader goes on, so the next batches differ from those of the abandoned branch, and a
 scheduler goes on counting unless it was registered with :meth:`Checkpoints.add_state` (the
 learning rate itself comes back with the optimizer's state).
+A checkpoint records the data position of ``insp.batches(loader)`` (the index of the next batch),
+and ``rewind(id, skip=...)`` names a window of batches the new branch does not receive, recorded
+as a ``batches_skipped`` event: see :mod:`inspector.whatif.skip`.
 
 When things happen: a request (a checkpoint, a rewind) is carried out by the training thread at
 a **step boundary**, never while a step is under way: at the next boundary, or at once when the
@@ -37,7 +41,7 @@ state is the user's), with an optimizer or a scaler that has no ``state_dict()``
 A rewind: the model, optimizer and scaler get the checkpoint's state in place (the same
 objects, so every hook stays valid; gradients are set to None), the step counter goes back
 to the checkpoint's step, the hook config becomes the checkpoint's (one change, action
-``rewind``, announced like any other), noise streams resume where they were, the snapshots
+``rewind``, announced like any other), noise streams and zclip's statistics resume where they were, the snapshots
 of the abandoned branch leave the ring buffer, and a ``rewind`` event (``step``: the
 checkpoint's step, ``from_step``) tells subscribers (the server keeps the abandoned branch
 as a run of its own). Records made after the abandoned step's boundary are dropped.
@@ -66,8 +70,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..hooks.zclip import ZClipState
 from ..wire.errors import CheckpointBusy, CheckpointError, CheckpointNotFound, InspectorError, shown
 from ..wire.records import HookSpec
+from .skip import BatchCursor, check_skip
 
 if TYPE_CHECKING:
     from ..feed import Feed
@@ -143,6 +149,7 @@ class Checkpoint:
     hooks: tuple[HookSpec, ...] = ()
     fns: dict[str, Any] = field(default_factory=dict)
     generators: dict[str, dict[Any, Tensor]] = field(default_factory=dict)
+    zclip: dict[str, dict[str, Any]] = field(default_factory=dict)  # zclip hooks' statistics, on the host
     extra: dict[str, Any] = field(default_factory=dict)
     seq: int = 0  # the last event's seq when it was taken
     config_version: int = 0
@@ -150,6 +157,7 @@ class Checkpoint:
     dropped: str | None = None  # why a rewind dropped it (taken on the branch that rewind abandoned)
     cadence: dict[str, Any] = field(default_factory=dict)  # which steps are sampled next, and counted
     nonfinite: dict[str, Any] = field(default_factory=dict)  # the non-finite streak's state
+    position: int | None = None  # the data position: the index of the next batch (whatif/skip.py)
 
     def info(self) -> dict[str, Any]:
         """``{"id", "label", "auto", "step", "time", "bytes", "taken", "config_version", "hooks"}``."""
@@ -191,6 +199,7 @@ class Checkpoints:
         records: Recorder,
         deferred: Deferred,
         feed: Feed,
+        data: BatchCursor | None = None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             from ..wire.errors import HookError
@@ -214,6 +223,9 @@ class Checkpoints:
         self._next = 1
         self.rewinds = 0  # rewinds carried out so far
         self._states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        self._data = data  # the data position and skipped windows (whatif/skip.py)
+        self._data_keys: set[str] = set()  # states that are the data stream's (add_state(..., data=True))
+        self._skips: dict[str, tuple[Any, Any]] = {}  # a waiting rewind's skip: (checked, as asked)
         # The scaler at a boundary inside scaler.step(): its update() for this iteration is still
         # to come, so what a checkpoint keeps of it is read, and what a rewind gives it is loaded,
         # after that update (settle_scaler(), at the next forward): a checkpoint holds the scaler
@@ -260,13 +272,21 @@ class Checkpoints:
             raise CheckpointError(why)
 
     # ------------------------------------------------------------ requests (any thread)
-    def add_state(self, key: str, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
+    def add_state(
+        self, key: str, save: Callable[[], Any], load: Callable[[Any], None], *, data: bool = False
+    ) -> None:
         """Save ``save()`` with every checkpoint (under ``key``) and call ``load(value)`` on a rewind
         (the training thread, at a boundary). What ``save`` returns is copied (tensors to host
         memory, the rest deep-copied), so a live ``state_dict()`` will do: for an LR scheduler,
-        ``add_state("scheduler", sched.state_dict, sched.load_state_dict)``."""
+        ``add_state("scheduler", sched.state_dict, sched.load_state_dict)``. ``data``: this state
+        is the data stream's (the batches come again from the checkpoint's position after a
+        rewind): ``insp.batches``'s position then goes back with it (inspector/whatif/skip.py)."""
         with self._gate.cond:
             self._states[key] = (save, load)
+            if data:
+                self._data_keys.add(key)
+            else:
+                self._data_keys.discard(key)
 
     def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
         """Request a checkpoint; returns its id (``c1``, ``c2``, ...). See the module docstring."""
@@ -295,22 +315,46 @@ class Checkpoints:
             self._kick()
             return cp.info()
 
-    def rewind(self, cp_id: str) -> dict[str, Any]:
+    def rewind(self, cp_id: str, skip: Any = None) -> dict[str, Any]:
         """Request a rewind to checkpoint ``cp_id``; returns ``{"checkpoint", "step", "done"}``
         (``done``: carried out already; else at the next boundary). A rewind to ``cp_id`` that
-        waits already is this request too (a double click rewinds once)."""
+        waits already is this request too (a double click rewinds once; its ``skip`` becomes this
+        one's). ``skip``: a window of batches that the new branch does not receive
+        (inspector/whatif/skip.py); refused with HookError (``loc`` ``skip``), nothing changed,
+        when it cannot be honoured."""
+        checked = check_skip(skip)
         with self._gate.cond:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
             cp = self._find(cp_id)
-            if any(kind == "rewind" and c is cp for kind, c in self._queue):
+            if checked is not None:
+                self._plan(cp, checked)  # refused now, before anything is queued
+            waiting = any(kind == "rewind" and c is cp for kind, c in self._queue)
+            if not waiting:
+                self._bound("rewind")
+            self._skips.pop(cp.id, None)
+            if checked is not None:
+                self._skips[cp.id] = (checked, skip)
+            if waiting:
                 return {"checkpoint": cp.id, "step": cp.step, "done": False}
-            self._bound("rewind")
             self._queue.append(("rewind", cp))
             before = self.rewinds
             self._kick()
             return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+
+    def _seekable(self) -> bool:
+        """Whether a rewind puts the data stream back too (a state registered with ``data=True``)."""
+        return bool(self._data_keys)
+
+    def _plan(self, cp: Checkpoint, checked: tuple[Any, ...]) -> tuple[int, int] | None:
+        """The window of a rewind to ``cp`` with ``checked`` (from check_skip), or HookError."""
+        if self._data is None:
+            from ..wire.errors import HookError
+
+            raise HookError(("skip",), "this Inspector keeps no data position")
+        position = cp.position if cp.position is not None else self._data.position
+        return self._data.plan(position, checked, seekable=self._seekable())
 
     def _bound(self, kind: str) -> None:
         """Refuse a request of ``kind`` when ``keep`` of them wait already (lock held)."""
@@ -377,6 +421,7 @@ class Checkpoints:
         with self._gate.cond:
             self._items.clear()
             self._queue.clear()
+            self._skips.clear()
             self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
             self._gate.cond.notify_all()  # a wait() for a request gives up on it
 
@@ -413,7 +458,7 @@ class Checkpoints:
                     last = cp
                 else:
                     last = None
-                    self._restore(cp)
+                    self._restore(cp, self._skips.pop(cp.id, None))
             except Exception as e:  # never take training down: report it
                 from ..wire.errors import describe_error
 
@@ -464,6 +509,7 @@ class Checkpoints:
             # the stored states are never changed (a rewind loads fresh() copies of them)
             cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
             cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
+            cp.zclip = last.zclip
             cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
         else:
             if at.root is not None:
@@ -479,6 +525,11 @@ class Checkpoints:
                 for hid, st in self._hooks.states.items()
                 if st.generators
             }
+            cp.zclip = {
+                hid: host_copy(st.zclip.state_dict())
+                for hid, st in self._hooks.states.items()
+                if st.zclip is not None
+            }
             cp.extra = {key: host_copy(save()) for key, (save, _) in self._states.items()}
             clock = self._clock.state_dict()
             cp.cadence = {
@@ -488,12 +539,20 @@ class Checkpoints:
             }
             cp.nonfinite = self._nonfinite.state_dict()
         cp.config_version = reg.version
+        cp.position = self._data.position if self._data is not None else None
         if self._update_to_come():
             cp.scaler = None  # read after this iteration's update() (settle_scaler)
             self._scaler_later.append(cp)
             self.scaler_pending = True
         cp.bytes = nbytes(
-            [cp.model, cp.optim, cp.scaler, list(cp.generators.values()), list(cp.extra.values())]
+            [
+                cp.model,
+                cp.optim,
+                cp.scaler,
+                list(cp.generators.values()),
+                list(cp.zclip.values()),
+                list(cp.extra.values()),
+            ]
         )
         self._items[cp.id] = cp
         while len(self._items) > self.keep:
@@ -514,12 +573,14 @@ class Checkpoints:
         cp.seq = self._events.seq  # its own event included: it belongs to every branch that starts here
 
     # ------------------------------------------------------------ restoring
-    def _restore(self, cp: Checkpoint) -> None:
+    def _restore(self, cp: Checkpoint, skip: tuple[Any, Any] | None = None) -> None:
         if cp.dropped is not None:
             raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
         check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
+        # the skipped window, against the data position now (refused before anything is changed)
+        window = self._plan(cp, skip[0]) if skip is not None else None
         from_step = self._clock.step
         abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
         # the abandoned branch's records go out as its own first; later late ones are dropped
@@ -563,6 +624,19 @@ class Checkpoints:
                 else "); no step abandoned: state and hooks are the checkpoint's again"
             ),
         )
+        if self._data is not None:
+            position = cp.position if cp.position is not None else self._data.position
+            skipped = self._data.rewound(
+                cp_id=cp.id,
+                cp_step=cp.step,
+                cp_position=position,
+                from_step=from_step,
+                window=window,
+                seekable=self._seekable(),
+                asked=skip[1] if skip is not None else None,
+            )
+            if skipped is not None:
+                self._events.emit("batches_skipped", **skipped)
         self._gate.publish()
 
     def adopt(self, cp: Checkpoint) -> None:
@@ -602,6 +676,7 @@ class Checkpoints:
         self._reg.restore(cp.hooks, cp.fns)  # queued: applied by the drain below
         self._edits.drain(cp.step + 1, torch_ok=True)
         set_generators(self._hooks.states, cp.generators)
+        set_zclip(self._hooks.states, cp.zclip)
         self._nonfinite.load_state_dict(cp.nonfinite or {"last": None, "streak": 0})
         for key, (_, load) in self._states.items():
             if key in cp.extra:
@@ -707,6 +782,12 @@ def set_generators(states: dict[str, Any], saved: dict[str, dict[Any, Tensor]]) 
             gen.set_state(state.clone())
             gens[key] = gen
         st.generators = gens
+
+
+def set_zclip(states: dict[str, Any], saved: dict[str, dict[str, Any]]) -> None:
+    """Give each ``zclip`` hook its saved statistics, on their device (none saved: a fresh start)."""
+    for hid, st in states.items():
+        st.zclip = ZClipState.from_state_dict(fresh(saved[hid])) if hid in saved else None
 
 
 def _size(n: int) -> str:

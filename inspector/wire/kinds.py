@@ -45,6 +45,7 @@ class ParamDef:
     minimum: float | None = None  # inclusive
     exclusive_minimum: float | None = None
     maximum: float | None = None  # inclusive
+    exclusive_maximum: float | None = None
     enum: tuple[str, ...] | None = None
     allow_inf: bool = False  # norm_type accepts inf (or the string "inf")
 
@@ -120,10 +121,70 @@ KINDS: dict[str, KindDef] = {
             rule=_clip_norm_rule,
         ),
         KindDef(
+            "zclip",
+            ("pre_step",),
+            "Adaptive clipping (ZClip): clip the global norm (or each group's) when it is more than z "
+            "standard deviations above its own running mean (EMAs of the norm and its variance, fed "
+            "the clipped norm), after a warm-up of statistics only; no threshold to tune.",
+            (
+                ParamDef(
+                    "z", "number", "clip above mean + z * std of the norm", default=2.5, exclusive_minimum=0
+                ),
+                ParamDef(
+                    "alpha",
+                    "number",
+                    "EMA decay of the norm's mean and variance (an edit restarts them)",
+                    default=0.97,
+                    exclusive_minimum=0,
+                    exclusive_maximum=1,
+                ),
+                ParamDef(
+                    "warmup",
+                    "integer",
+                    "steps of statistics only, before any clipping",
+                    default=25,
+                    minimum=1,
+                    maximum=2**31 - 1,
+                ),
+                ParamDef(
+                    "min_threshold",
+                    "number",
+                    "never clip to below this norm (0: no floor)",
+                    default=0.0,
+                    minimum=0,
+                ),
+                ParamDef(
+                    "clip_to",
+                    "string",
+                    "clip to ZClip's reciprocal value mean + z^2 * std^2 / (norm - mean) (lower the "
+                    "larger the spike), or to the threshold itself",
+                    default="reciprocal",
+                    enum=("reciprocal", "threshold"),
+                ),
+                ParamDef(
+                    "mode",
+                    "string",
+                    "one norm over all targets, or one per group (insp.groups) with its own statistics "
+                    "(an edit restarts them)",
+                    default="global",
+                    enum=("global", "group"),
+                ),
+                ParamDef(
+                    "norm_type",
+                    "number",
+                    "p of the p-norm; inf for the max-norm (an edit restarts the statistics)",
+                    default=2.0,
+                    exclusive_minimum=0,
+                    allow_inf=True,
+                ),
+            ),
+        ),
+        KindDef(
             "scale",
             _PRE_POST,
             "Multiply gradients by factor. Not a per-layer learning rate under Adam-like optimizers, "
-            "which normalise the gradient's scale away.",
+            "which normalise the gradient's scale away. At post_accumulate under gradient accumulation "
+            "the step's gradient is multiplied once (each micro-batch's share scaled once).",
             (ParamDef("factor", "number", "multiplier (negative allowed)", required=True),),
         ),
         KindDef(
@@ -228,6 +289,8 @@ def _check_value(p: ParamDef, value: Any) -> Any:
         raise HookError(loc, f"must be > {p.exclusive_minimum:g} (got {shown(value)})")
     if p.minimum is not None and not value >= p.minimum:
         raise HookError(loc, f"must be >= {p.minimum:g} (got {shown(value)})")
+    if p.exclusive_maximum is not None and not value < p.exclusive_maximum:
+        raise HookError(loc, f"must be < {p.exclusive_maximum:g} (got {shown(value)})")
     if p.maximum is not None and not value <= p.maximum:
         raise HookError(loc, f"must be <= {p.maximum:.0f} (got {shown(value)})")
     return value
@@ -290,6 +353,8 @@ def _schema(p: ParamDef) -> dict[str, Any]:
         s["minimum"] = p.minimum
     if p.exclusive_minimum is not None:
         s["exclusiveMinimum"] = p.exclusive_minimum
+    if p.exclusive_maximum is not None:
+        s["exclusiveMaximum"] = p.exclusive_maximum
     if p.maximum is not None:
         s["maximum"] = p.maximum
     if p.allow_inf:

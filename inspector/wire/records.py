@@ -122,6 +122,15 @@ class Snapshot:
     # norm_raw, norm, absmax_raw, absmax, nan_count, inf_count, norm_min, norm_median, norm_max,
     # ratio_min, ratio_median, ratio_max; None: the run has no groups (never from an Inspector)
     groups: dict[str, list[Any]] | None = None
+    # the gradient noise scale (inspector.stats.noise_scale): b_simple, trace_sigma, g_sq, b_small,
+    # b_big, batch_source, k, mode, ema, samples, reason, and groups (b_simple, trace_sigma, g_sq
+    # aligned with Inspector.groups["names"]); nulls until there is an estimate; None: instrument off
+    noise_scale: dict[str, Any] | None = None
+    # the optimizer's state and update geometry (inspector.stats.optim_state): per-tensor lists
+    # exp_avg_norm, exp_avg_sq_sqrt_norm, below_eps_frac, step_ratio, cos_update_grad, cos_grad_prev,
+    # the same keys per group under "groups", "kind" ("adam" or "other") and "cos_prev_gap";
+    # None: not measured (off, FSDP2, nothing measured this step)
+    optim: dict[str, Any] | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     _wire: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 

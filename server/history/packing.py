@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from .optim import put_optim, take_optim
+
 __all__ = ["PER_PARAM", "PackError", "join", "pack", "packable", "short_values", "split", "unpack"]
 
 PER_PARAM = (
@@ -280,10 +282,15 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
     """A snapshot as stored: `(rest, detail, groups)`: the snapshot without its packable
     per-parameter lists and group aggregates, and those packed (None when there is none to pack).
     A list that is not `packable`, or not as long as the others, stays in `rest` (so do all of
-    them when one holds an int beyond int64's range)."""
+    them when one holds an int beyond int64's range). `optim`'s six per-parameter lists are packed
+    with them, as columns `optim.<key>` (server/history/optim.py)."""
+    orig_optim = snap.get("optim")
     per = {k: snap[k] for k in PER_PARAM if k in snap and packable(snap[k])}
     n = max((len(v) for v in per.values()), default=0)
     per = {k: v for k, v in per.items() if len(v) == n}
+    if per:  # Snapshot.optim's per-parameter lists go with them (server/history/optim.py)
+        snap, optim_cols = take_optim(snap, n)
+        per.update(optim_cols)
     groups = snap.get("groups")
     grouped: dict[str, list[Any]] = {}
     if isinstance(groups, dict) and groups:
@@ -300,6 +307,8 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
     except (ValueError, OverflowError):
         grouped = {}
     rest = {k: v for k, v in snap.items() if k not in per and not (grouped and k == "groups")}
+    if "optim" in snap and not per and isinstance(snap["optim"], dict) and isinstance(orig_optim, dict):
+        rest["optim"] = orig_optim  # (nothing packed after all: its lists stay in the JSON)
     return rest, detail, groups_blob
 
 
@@ -311,10 +320,14 @@ def join(
 ) -> dict[str, Any]:
     """A stored snapshot read back whole: `rest` with the per-parameter lists (`detail`, or, for a
     step whose detail was thinned, `thinned` being the run's number of parameters, None for each)
-    in their wire place (after `lr`) and `groups`. A row that kept its lists in its JSON (a
-    database from before the packed columns) is returned as it is."""
+    in their wire place (after `lr`) and `groups`; `optim`'s packed lists back in `optim`. A row
+    that kept its lists in its JSON (a database from before the packed columns) is returned as it
+    is."""
     if detail is None and thinned is not None:
         detail = {k: [None] * thinned for k in PER_PARAM}
+    if detail is not None:
+        detail = dict(detail)
+    put_optim(rest, detail, thinned)  # Snapshot.optim's packed lists back in it (server/history/optim.py)
     if detail is None and groups is None:
         return rest
     out: dict[str, Any] = {}

@@ -22,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from .optim import cut_optim
 from .packing import PER_PARAM, PackError, join, unpack
 from .schema import StoreError
 
@@ -424,6 +425,8 @@ class HistoryReader:
                 if not detail:
                     snap = {k: v for k, v in snap.items() if k not in PER_PARAM}
                     snap["detail"] = {"index": [], **{k: [] for k in PER_PARAM}}
+                    if "optim" in snap:  # its per-parameter lists too (server/history/optim.py)
+                        snap["optim"] = cut_optim(snap["optim"], [])
                     snap = join(snap, None, groups)
                 elif _thinned(det):  # None for every parameter
                     if n_params is None:
@@ -520,6 +523,30 @@ class HistoryReader:
         )
         data = [e for seq, d in rows if (e := self._decode("events", run, "seq", seq, d)) is not None]
         return data[::-1] if order == "DESC" else data
+
+    def flight(
+        self, run: int, *, since: int | None = None, until: int | None = None, tensors: bool = False
+    ) -> list[dict[str, Any]]:
+        """The flight recorder's dumped steps of a run (`since < step <= until`), oldest first, at
+        most MAX_ROWS; without `tensors` each row without its per-tensor `raw` and `final` lists.
+        A database older than the `flight` table has none."""
+        try:
+            rows = self._all(
+                "SELECT step, data FROM flight WHERE run = ? AND step > ? AND step <= ? ORDER BY step LIMIT ?",
+                (run, -1 if since is None else since, 2**62 if until is None else until, MAX_ROWS),
+            )
+        except sqlite3.OperationalError:
+            return []
+        out = []
+        for step, d in rows:
+            row = self._decode("flight", run, "step", step, d)
+            if row is None:
+                continue
+            if not tensors:
+                row.pop("raw", None)
+                row.pop("final", None)
+            out.append(row)
+        return out
 
     def hooks(self, run: int) -> tuple[int, list[dict[str, Any]]]:
         """A run's hook configuration as last requested, `(config_version, hooks)`, as the live

@@ -49,6 +49,11 @@ CREATE TABLE IF NOT EXISTS hook_changes (
     hooks TEXT NOT NULL,           -- JSON: the full hook list after the change
     PRIMARY KEY (run, config_version)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS flight (  -- the flight recorder's dumped steps, one row per step (latest dump)
+    run INTEGER NOT NULL, step INTEGER NOT NULL,
+    data TEXT NOT NULL,            -- JSON: {"step", "loss", "nonfinite", "norm_raw", "norm", "groups_raw", "raw", "final"}
+    PRIMARY KEY (run, step)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS hook_requests (
     run INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL,
     action TEXT, hook_id TEXT,     -- add, update, remove, import; the hook's id (null for import)

@@ -235,6 +235,11 @@ class HistoryStore(HistoryReader):
 
         self._queue.put(("event", run, event_fields(event)))
 
+    def add_flight(self, run: int, rows: list[dict[str, Any]]) -> None:
+        """Queue a flight-recorder dump's rows (idempotent by step: a step dumped again replaces
+        its row)."""
+        self._queue.put(("flight", run, {"rows": rows}))
+
     def add_hooks(self, run: int, config_version: int, hooks: list[dict[str, Any]]) -> None:
         self._queue.put(
             ("hooks", run, {"config_version": config_version, "hooks": hooks, "time": time.time()})
@@ -391,6 +396,11 @@ class HistoryStore(HistoryReader):
                         "INSERT OR REPLACE INTO events (run, seq, kind, time, step, data) VALUES (?,?,?,?,?,?)",
                         (run, int(p.get("seq", 0)), p.get("kind"), p.get("time"), p.get("step"), dumps(p)),
                     )
+                elif kind == "flight":
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO flight (run, step, data) VALUES (?,?,?)",
+                        [(run, int(r["step"]), dumps(r)) for r in p["rows"]],
+                    )
                 elif kind == "request":
                     conn.execute(
                         "INSERT OR REPLACE INTO hook_requests (run, seq, time, action, hook_id, config_version,"
@@ -470,7 +480,7 @@ class HistoryStore(HistoryReader):
                 conn.execute("UPDATE runs SET label = ? WHERE id = ?", (item[2], item[1]))
             else:
                 _, run, to_run, step, (seq_lo, seq_hi), version = item
-                for table in ("snapshots", "scalars"):
+                for table in ("snapshots", "scalars", "flight"):
                     conn.execute(
                         f"UPDATE {table} SET run = ? WHERE run = ? AND step > ?", (to_run, run, step)
                     )

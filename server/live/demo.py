@@ -23,7 +23,12 @@ What-if (server/live/shadow.py): between two steps the thread carries out the
 inspector's checkpoint and rewind requests (`insp.checkpoints.service`), and
 makes and steps the shadow copy of a comparison (`whatif.after_step`). A
 checkpoint of the demo also saves the scenario's data position, so a rewind
-replays the same batches (in a user's loop the data loader goes on).
+replays the same batches (in a user's loop the data loader goes on). The scenario
+takes its batches through `insp.batches(scenario.stream())`, its state registered
+as the data stream's (`add_state(..., data=True)`): a rewind with `skip` goes back
+to the checkpoint's position and draws and drops the skipped window
+(inspector/whatif/skip.py): on `nan`, a rewind from past step 30 to before it
+with the batches since the checkpoint skipped never meets the bad batch again.
 """
 
 from __future__ import annotations
@@ -69,7 +74,9 @@ class Trainer:
         self.bad = 0  # consecutive non-finite losses
         self._in_step = False  # inside scenario.step() (a checkpoint taken at its boundary)
         self.whatif = ShadowHost(insp, scenario, auto=auto_shadow, give_up_after=reset_after)
-        insp.checkpoints.add_state("scenario", self._save_state, self._load_state)
+        # the scenario's data stream is seekable: a rewind puts it back, and can skip batches
+        insp.checkpoints.add_state("scenario", self._save_state, self._load_state, data=True)
+        scenario.batch_source = insp.batches(scenario.stream())
         insp.checkpoints.on_request.append(self._request)
         self.error: BaseException | None = None
         self._rate = steps_per_second

@@ -48,11 +48,22 @@ from ..history.storage import HistoryStore
 from ..hub import wire_snapshot
 from ..protocol import dumps
 from ..settings import DETAIL_CAP
-from ..sources import ApiError, Publish, Source, detail_of, hook_kinds, param_indices, read_only_error
+from ..sources import (
+    ApiError,
+    Publish,
+    Source,
+    detail_of,
+    hook_kinds,
+    param_indices,
+    read_only_error,
+    slim_flight_row,
+)
 from . import whatif
 from .worst import WorstNow
 
 log = logging.getLogger("gradient_inspector.server")
+
+FLIGHT_KEPT = 4096  # flight-recorder rows of the last dumps kept in memory (16 dumps of 256)
 
 
 class LiveSource(Source):
@@ -92,6 +103,8 @@ class LiveSource(Source):
         self.history_outlives_server = history_outlives_server
         self.run_id = 0 if store is None else None
         self.whatif = getattr(trainer, "whatif", None)  # the demo's shadow comparisons (shadow.py)
+        if self.whatif is not None and hasattr(insp, "set_rule_handler"):
+            insp.set_rule_handler("end_shadow", self._end_shadow)  # the rules' end_shadow action
         self.started = time.time()
         self._publish: Publish | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -108,9 +121,17 @@ class LiveSource(Source):
         self._worst = WorstNow()  # updated on the dispatcher thread, under _worst_lock
         self._worst_lock = threading.Lock()
         self._worst_at: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()  # step -> its worst
+        self._flight_recent: dict[int, dict[str, Any]] = {}  # step -> the last dumps' rows (pages' form)
         self._detail_lock = threading.Lock()
         self._detail_subs: dict[str, list[int]] = {}  # client id -> its detail parameters
         self._detail_index: tuple[int, ...] = ()  # their fair union, capped (replaced whole)
+
+    def _end_shadow(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The rules' ``end_shadow`` action (inspector.rules): asks the demo's shadow to end (a flag
+        under the shadow's lock: safe on the training thread at the boundary)."""
+        if not self.whatif.stop("ended by a rule"):
+            raise RuntimeError("no comparison is running")
+        return {"ended": True}
 
     def groups(self) -> dict[str, Any]:
         """The run's groups description (`Inspector.groups`): `{"source", "names", "members", "stacks"}`."""
@@ -180,6 +201,10 @@ class LiveSource(Source):
         if self.store is not None:
             self.store.close()
 
+    def note_command(self, fields: dict[str, Any]) -> None:
+        """A `command` event in the run's event log (`commands.record`), at the current step."""
+        self.insp.add_event("command", step=self.insp.step, **fields)
+
     def _history_status(self, kind: str, reason: str) -> None:
         self.insp.add_event(kind, reason=reason)
 
@@ -211,6 +236,17 @@ class LiveSource(Source):
                     store.add_event(run, payload)
                 elif kind == "hooks":
                     store.add_hooks(run, int(payload["config_version"]), payload["hooks"])
+                elif kind == "flight":
+                    store.add_flight(run, payload["rows"])
+            if kind == "flight":  # the pages get the steps without their per-tensor lists
+                payload = {**payload, "rows": [slim_flight_row(r) for r in payload["rows"]]}
+                payload.pop("params", None)
+                with self._lock:  # kept here too: a page that connects before the store has them
+                    for r in payload["rows"]:
+                        self._flight_recent.pop(int(r["step"]), None)
+                        self._flight_recent[int(r["step"])] = r
+                    while len(self._flight_recent) > FLIGHT_KEPT:
+                        self._flight_recent.pop(next(iter(self._flight_recent)))
             if kind == "event" and payload.get("kind") == "rewind":
                 self._rewound(payload)
             elif (
@@ -258,6 +294,8 @@ class LiveSource(Source):
                 del self._recent_scalars[s]
             for s in [s for s in self._worst_at if s > step]:  # the abandoned steps' rankings
                 del self._worst_at[s]
+            for s in [s for s in self._flight_recent if s > step]:  # the abandoned steps' dumps
+                del self._flight_recent[s]
         store, run = self.store, self.run_id
         if store is None or run is None or int(ev.get("from_step") or 0) <= step:
             return  # at the checkpoint's own step no step was abandoned: no branch to keep
@@ -512,10 +550,10 @@ class LiveSource(Source):
             raise read_only_error()
         return whatif.checkpoint(self, label)
 
-    def rewind(self, cp_id: str) -> dict[str, Any]:
+    def rewind(self, cp_id: str, skip: Any = None) -> dict[str, Any]:
         if self.read_only:
             raise read_only_error()
-        return whatif.rewind(self, cp_id)
+        return whatif.rewind(self, cp_id, skip)
 
     def shadow_state(self, points: bool = True) -> dict[str, Any] | None:
         return whatif.shadow_state(self, points)
@@ -530,10 +568,84 @@ class LiveSource(Source):
             raise read_only_error()
         whatif.shadow_stop(self)
 
+    def rules(self) -> list[dict[str, Any]]:
+        return self.insp.rules
+
+    def add_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        return self._rule_command(self.insp.add_rule, rule)  # type: ignore[no-any-return]
+
+    def update_rule(self, rule_id: str, change: dict[str, Any]) -> dict[str, Any]:
+        return self._rule_command(self.insp.update_rule, rule_id, **change)  # type: ignore[no-any-return]
+
+    def remove_rule(self, rule_id: str) -> None:
+        self._rule_command(self.insp.remove_rule, rule_id)
+
+    def load_rules(self, preset: Any) -> list[dict[str, Any]]:
+        return self._rule_command(self.insp.load_rules, preset)  # type: ignore[no-any-return]
+
+    def _rule_command(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A rule command: 422 naming the field, 404 for an unknown rule id (nothing changed)."""
+        import inspector
+
+        try:
+            return self._command(fn, *args, **kwargs)
+        except ApiError as e:
+            if (
+                e.status == 422
+                and isinstance(e.detail, list)
+                and e.detail
+                and e.detail[0].get("loc") == ["rule_id"]
+            ):
+                raise ApiError(404, e.detail[0]["msg"]) from e
+            raise
+        except inspector.InspectorError as e:  # closed
+            raise ApiError(409, str(e)) from e
+
     def training_command(self, action: str) -> dict[str, Any]:
         fn = {"pause": self.insp.pause, "resume": self.insp.resume, "step": self.insp.step_once}[action]
         self._command(fn)
         return dict(self.insp.state)
+
+    def flight(
+        self,
+        run: int | None = None,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+        tensors: bool = False,
+    ) -> list[dict[str, Any]]:
+        """`GET /api/flight`: the stored rows, and for this run also the last dumps' rows kept in
+        memory (a dump is sent to the pages before the history writer has stored it, and a server
+        with no database stores none); a stored row with its per-tensor lists wins when asked for."""
+        if run is not None and run != self.run_id:
+            return super().flight(run, since=since, until=until, tensors=tensors)
+        rows: dict[int, dict[str, Any]] = {}
+        with self._lock:
+            for s, r in self._flight_recent.items():
+                if (since is None or s > since) and (until is None or s <= until):
+                    rows[s] = r
+        if self.store is not None and self.run_id is not None:
+            for r in super().flight(self.run_id, since=since, until=until, tensors=tensors):
+                rows[int(r["step"])] = r if tensors or int(r["step"]) not in rows else rows[int(r["step"])]
+        return [rows[s] for s in sorted(rows)]
+
+    def _flight_on(self) -> None:
+        if self.insp.spike_detection is None:
+            raise ApiError(409, "the flight recorder is off: attach(..., flight=256) turns it on")
+
+    def flight_now(self, *, tensors: bool = False) -> dict[str, Any]:
+        self._flight_on()
+        rec = dict(self._command(self.insp.flight_recorder))
+        if not tensors:
+            rec["rows"] = [slim_flight_row(r) for r in rec["rows"]]
+        return rec
+
+    def spike_settings(self) -> dict[str, Any] | None:
+        return self.insp.spike_detection
+
+    def set_spikes(self, change: dict[str, Any]) -> dict[str, Any]:
+        self._flight_on()
+        return self._command(self.insp.set_spike_detection, **change)
 
     def set_rate(self, steps_per_second: float | None) -> dict[str, Any]:
         if self.read_only:

@@ -10,7 +10,8 @@ checkpoint. In the demo, when no comparison runs, the change starts one from tha
 (shadow.py).
 
 Errors: a refused checkpoint or rewind (CheckpointError) is a 409 with the core's reason, an
-unknown checkpoint a 404, a request past the bounded queue (CheckpointBusy: `keep` requests of its
+unknown checkpoint a 404, a rewind's `skip` that cannot be honoured a 422 (the reason, under `skip`),
+a request past the bounded queue (CheckpointBusy: `keep` requests of its
 kind already wait for the next boundary) a 429. A hook change while a rewind waits for its
 boundary is a 409 (RewindPending, source.py): the rewind would put its checkpoint's hooks back.
 """
@@ -37,6 +38,8 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
         raise ApiError(429, str(e)) from e
     except inspector.CheckpointError as e:
         raise ApiError(409, str(e)) from e
+    except inspector.HookError as e:  # a rewind's skip that cannot be honoured
+        raise ApiError(422, e.detail()) from e
     except inspector.InspectorError as e:  # closed
         raise ApiError(409, str(e)) from e
 
@@ -73,8 +76,12 @@ def checkpoint(src: LiveSource, label: str | None) -> dict[str, Any]:
     return _call(src.insp.checkpoints.request, label)  # type: ignore[no-any-return]
 
 
-def rewind(src: LiveSource, cp_id: str) -> dict[str, Any]:
-    return _call(src.insp.rewind, cp_id)  # type: ignore[no-any-return]
+def rewind(src: LiveSource, cp_id: str, skip: Any = None) -> dict[str, Any]:
+    """`POST /api/checkpoints/{id}/rewind`; `skip` as `Inspector.rewind`'s (a 422 when it cannot be
+    honoured; inspector/whatif/skip.py)."""
+    if isinstance(skip, list):
+        skip = tuple(skip)
+    return _call(src.insp.rewind, cp_id, skip)  # type: ignore[no-any-return]
 
 
 def shadow_state(src: LiveSource, points: bool) -> dict[str, Any] | None:

@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
+from .. import commands
 from .. import protocol as p
 from ..history.export import python_code
 from ..history.queries import MAX_BUCKETS, MAX_ROWS, HistoryQuery
-from ..hub import wire_snapshot
-from ..settings import DETAIL_ALL, DETAIL_CAP
+from ..settings import DETAIL_CAP
 from ..sources import ApiError, Source
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -85,7 +85,7 @@ def health() -> dict[str, str]:
 @router.get("/session", response_model=None, tags=["server"], responses=_UNKNOWN)
 def session(source: SourceDep, run: RunQuery = None) -> dict[str, Any]:
     """Everything a page needs to start: parameters, modules, hook kinds, hooks, training state."""
-    return source.session(run)
+    return commands.session(source, run)
 
 
 @router.get("/runs", response_model=None, tags=["history"], responses={200: {"model": p.RunList}})
@@ -109,7 +109,7 @@ def targets(
 @router.get("/hooks", response_model=None, tags=["hooks"], responses={200: {"model": list[p.HookSpec]}})
 def list_hooks(source: SourceDep) -> list[dict[str, Any]]:
     """The requested configuration, pending changes included (`applied_step: null`)."""
-    return source.hooks()
+    return commands.hooks(source)
 
 
 @router.post(
@@ -121,9 +121,7 @@ def list_hooks(source: SourceDep) -> list[dict[str, Any]]:
 )
 def add_hook(source: SourceDep, body: p.HookCreate) -> dict[str, Any]:
     """Add a hook. The core validates kind, params, point and target; nothing changes on error."""
-    return source.add_hook(
-        body.kind, target=body.target, point=body.point, enabled=body.enabled, params=body.params
-    )
+    return commands.add_hook(source, body)
 
 
 @router.get(
@@ -155,7 +153,7 @@ def export_hooks(source: SourceDep, format: Literal["json", "python"] = "json") 
 )
 def import_hooks(source: SourceDep, preset: Annotated[p.Preset, Body()]) -> list[dict[str, Any]]:
     """Replace every hook with a preset, as one change (all validated first)."""
-    return source.import_hooks(preset)
+    return commands.import_hooks(source, preset)
 
 
 @router.patch(
@@ -166,9 +164,7 @@ def import_hooks(source: SourceDep, preset: Annotated[p.Preset, Body()]) -> list
 )
 def update_hook(source: SourceDep, hook_id: str, body: p.HookPatch) -> dict[str, Any]:
     """One change: merge `params` (only the given keys change), enable/disable, retarget, or move."""
-    return source.update_hook(
-        hook_id, params=body.params, enabled=body.enabled, target=body.target, position=body.position
-    )
+    return commands.update_hook(source, hook_id, body)
 
 
 @router.delete(
@@ -179,8 +175,67 @@ def update_hook(source: SourceDep, hook_id: str, body: p.HookPatch) -> dict[str,
     responses={**_UNKNOWN, 429: _COMMAND[429]},
 )
 def remove_hook(source: SourceDep, hook_id: str) -> Response:
-    source.remove_hook(hook_id)
+    commands.remove_hook(source, hook_id)
     return Response(status_code=204)
+
+
+@router.get("/rules", response_model=None, tags=["rules"])
+def list_rules(source: SourceDep) -> dict[str, Any]:
+    """The rules (inspector/rules.py), each with its definition and `state`, and the presets."""
+    return commands.rules(source)
+
+
+@router.post("/rules", status_code=201, response_model=None, tags=["rules"], responses=_COMMAND)
+def add_rule(source: SourceDep, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    """Add a rule: `{"signal", "op", "threshold", "for_steps", "action", "args", "cooldown", ...}`;
+    or, with `{"preset": name}`, the rules of a shipped preset (`{"rules": [...]}` returned then).
+    A bad field is a 422 naming it; nothing is changed."""
+    return commands.add_rule(source, body)
+
+
+@router.patch("/rules/{rule_id}", response_model=None, tags=["rules"], responses={**_COMMAND, **_UNKNOWN})
+def update_rule(source: SourceDep, rule_id: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    """Change some fields of a rule (`{"enabled": false}`...); 422 naming a bad field, nothing changed."""
+    return commands.update_rule(source, rule_id, body)
+
+
+@router.delete("/rules/{rule_id}", status_code=204, response_model=None, tags=["rules"], responses=_UNKNOWN)
+def remove_rule(source: SourceDep, rule_id: str) -> Response:
+    commands.remove_rule(source, rule_id)
+    return Response(status_code=204)
+
+
+@router.get("/flight", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
+def flight(
+    source: SourceDep,
+    run: RunQuery = None,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    tensors: bool = False,
+) -> dict[str, Any]:
+    """The flight recorder's dumped steps (stored on a spike, a NaN/Inf or a request), oldest
+    first: `{"rows": [{"step", "loss", "nonfinite", "norm_raw", "norm", "groups_raw"}, ...]}`, with
+    each tensor's `raw` and `final` norms when `tensors`."""
+    return {"rows": source.flight(run, since=since, until=until, tensors=tensors)}
+
+
+@router.post("/flight", response_model=None, tags=["training"], responses=_COMMAND)
+def flight_now(source: SourceDep, tensors: bool = False) -> dict[str, Any]:
+    """Read the live flight recorder now (one device-to-host transfer): its last steps, stored and
+    sent to every page as a `flight` message; also the recorder's memory (`bytes`)."""
+    return source.flight_now(tensors=tensors)
+
+
+@router.get("/spikes", response_model=None, tags=["training"])
+def spikes(source: SourceDep) -> dict[str, Any]:
+    """The spike detector's settings (`null`: no live training, or the recorder is off)."""
+    return {"settings": source.spike_settings()}
+
+
+@router.put("/spikes", response_model=None, tags=["training"], responses=_COMMAND)
+def set_spikes(source: SourceDep, body: p.SpikeBody) -> dict[str, Any]:
+    """Change the spike detector's settings (those given): takes effect at the next step."""
+    return {"settings": source.set_spikes(body.model_dump(exclude_none=True))}
 
 
 @router.post(
@@ -191,7 +246,7 @@ def remove_hook(source: SourceDep, hook_id: str) -> Response:
 )
 def training_rate(source: SourceDep, body: p.RateBody) -> dict[str, Any]:
     """The demo's steps-per-second cap (`null`: none). Takes effect at once."""
-    return source.set_rate(body.steps_per_second)
+    return commands.set_rate(source, body)
 
 
 @router.post(
@@ -203,7 +258,7 @@ def training_rate(source: SourceDep, body: p.RateBody) -> dict[str, Any]:
 )
 def training(source: SourceDep, action: Literal["pause", "resume", "step"]) -> dict[str, Any]:
     """Pause, resume, or run exactly one step then pause. No body needed."""
-    return source.training_command(action)
+    return commands.training(source, action)
 
 
 @router.get(
@@ -227,16 +282,7 @@ def snapshots(
     """Snapshots with since < step <= until, oldest first: the newest `limit`, then `points` spread
     evenly, or with `buckets` the steps of each bucket's smallest and largest global gradient norms
     (raw and final)."""
-    one_of(query)
-    names = source.param_names(run)
-    if detail or len(names) <= DETAIL_ALL:
-        rows = source.snapshots(run, query)
-    else:
-        rows = [
-            {**wire_snapshot(s), **({"events": s["events"]} if "events" in s else {})}
-            for s in source.snapshots(run, query, detail=False)
-        ]
-    return {"params": names, "snapshots": rows}
+    return commands.snapshots(source, query, run, detail=detail)
 
 
 @router.get("/scalars", response_model=None, tags=["history"], responses={**_INVALID, **_UNKNOWN})
@@ -248,11 +294,7 @@ def scalars(source: SourceDep, query: HistoryQueryDep, run: RunQuery = None) -> 
     return {"scalars": rows}
 
 
-def one_of(query: HistoryQuery) -> None:
-    """`points` and `buckets` are two ways of thinning a range: a query takes one. Checked in the
-    route, after every parameter (`run` too) passed validation."""
-    if query.points is not None and query.buckets is not None:
-        raise ApiError(422, [{"loc": ["query", "buckets"], "msg": "give points or buckets, not both"}])
+one_of = commands.one_of  # checked in the route, after every parameter (`run` too) passed validation
 
 
 DETAIL_LIMIT = 5000  # the most steps one `/api/detail` request returns
@@ -315,7 +357,7 @@ def events(
     source: SourceDep, since: SinceQuery = None, limit: LimitQuery = None, run: RunQuery = None
 ) -> dict[str, Any]:
     """Events with seq > since, oldest first."""
-    return {"events": source.events(run, since=since, limit=limit)}
+    return commands.events(source, run, since=since, limit=limit)
 
 
 # -- what-if: checkpoints, rewind, the demo's shadow comparison (server/live/whatif.py) --------------------
@@ -327,7 +369,7 @@ CheckpointId = Annotated[str, Path(min_length=1, max_length=64, description="a c
 def list_checkpoints(source: SourceDep) -> dict[str, Any]:
     """The checkpoints kept in host memory (newest `keep`), their bytes, and `refused`: why
     checkpoints cannot be taken here (null when they can)."""
-    return source.checkpoints()
+    return commands.checkpoints(source)
 
 
 @router.post(
@@ -340,7 +382,7 @@ def list_checkpoints(source: SourceDep) -> dict[str, Any]:
 def take_checkpoint(source: SourceDep, body: p.CheckpointBody | None = None) -> dict[str, Any]:
     """Save the model, optimizer and inspector state at the next step boundary (`taken` false
     until then)."""
-    return source.checkpoint(body.label if body is not None else None)
+    return commands.checkpoint(source, body)
 
 
 @router.post(
@@ -348,12 +390,14 @@ def take_checkpoint(source: SourceDep, body: p.CheckpointBody | None = None) -> 
     status_code=202,
     response_model=None,
     tags=["what-if"],
-    responses={**_COMMAND, **_UNKNOWN, **_WHATIF},
+    responses={**_COMMAND, **_UNKNOWN, **_WHATIF, **_INVALID},
 )
-def rewind(source: SourceDep, cp_id: CheckpointId) -> dict[str, Any]:
+def rewind(source: SourceDep, cp_id: CheckpointId, body: p.RewindBody | None = None) -> dict[str, Any]:
     """Go back to a checkpoint at the next step boundary: state, step counter and hooks; the
-    abandoned steps stay in the history as a branch run (`/api/runs`)."""
-    return source.rewind(cp_id)
+    abandoned steps stay in the history as a branch run (`/api/runs`). `skip`: batches the new
+    branch does not receive (`"since_checkpoint"`, a count, `[first, last]`), recorded as a
+    `batches_skipped` event; one that cannot be honoured is a 422 naming why, nothing changed."""
+    return commands.rewind(source, cp_id, body)
 
 
 @router.get("/shadow", response_model=None, tags=["what-if"])

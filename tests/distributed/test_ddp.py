@@ -167,9 +167,13 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
 
     # per-rank spread of the local, pre-all-reduce norms (different data on each rank)
     spread = snaps[-1]["ranks"]
-    assert set(spread) == {"norm_min", "norm_max", "argmin", "argmax"}
+    assert set(spread) == {"norm_min", "norm_max", "argmin", "argmax", "rank_norm", "rank_nonfinite"}
     assert all(lo < hi for lo, hi in zip(spread["norm_min"], spread["norm_max"], strict=True))
     assert {*spread["argmin"], *spread["argmax"]} == {0, 1}
+    # per rank (the world size's length): the whole model's local norm, and a NaN's rank
+    assert len(spread["rank_norm"]) == len(spread["rank_nonfinite"]) == 2
+    assert all(v is not None and v > 0 for v in spread["rank_norm"])
+    assert spread["rank_norm"][0] != spread["rank_norm"][1]
     # the NaN fed on rank 1 only is reported naming rank 1 and the first parameter it reached
     nonfinite = [e for e in events if e["kind"] == "nonfinite"]
     assert nonfinite and nonfinite[0]["rank"] == 1 and nonfinite[0]["step"] == 12

@@ -97,6 +97,7 @@ KINDS = [
     ("clip_value", "post_accumulate", {"threshold": 0.01}),
     ("clip_norm", "pre_step", {"max_norm": 0.1}),
     ("clip_norm", "post_accumulate", {"max_norm": 0.1, "mode": "per_tensor"}),
+    ("zclip", "pre_step", {"warmup": 1, "z": 0.1}),
     ("scale", "pre_step", {"factor": 0.5}),
     ("scale", "post_accumulate", {"factor": 0.5}),
     ("l2", "pre_step", {"lam": 0.1}),

@@ -182,11 +182,16 @@ def run(
     accumulate: int = 1,
     scaler: bool = False,
     poison: int | None = None,
+    make_opt: Callable[[Any], torch.optim.Optimizer] | None = None,
     **attach: Any,
 ) -> tuple[list[tuple[int, bool, list[str]]], inspector.Inspector]:
     """Train the seed MLP for ``steps`` steps in a user-style loop; per step (number, sampled, reads)."""
     model = seed_mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = (
+        make_opt(model.parameters())
+        if make_opt is not None
+        else torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    )
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**8) if scaler else None
     insp = inspector.attach(model, opt, scaler=sc, **attach)
     insp.found_after = []  # type: ignore[attr-defined]  # the nonfinite events visible after each step
@@ -275,6 +280,8 @@ HOOKS = [
     ("clip_norm", "pre_step", {"max_norm": 0.1, "mode": "per_tensor"}),
     ("clip_norm", "pre_step", {"max_norm": 0.1, "norm_type": math.inf}),
     ("clip_norm", "post_accumulate", {"max_norm": 0.1, "mode": "per_tensor"}),
+    ("zclip", "pre_step", {"warmup": 2, "z": 0.1}),  # clips from step 3 on: every decision on the device
+    ("zclip", "pre_step", {"warmup": 2, "z": 0.1, "mode": "group", "clip_to": "threshold"}),
     ("scale", "pre_step", {"factor": 0.5}),
     ("scale", "post_accumulate", {"factor": 0.5}),
     ("l2", "pre_step", {"lam": 0.01}),
@@ -317,6 +324,62 @@ def test_a_scaler_and_gradient_accumulation(reads):
     check(run(reads, every=3, accumulate=2, scaler=True)[0])
 
 
+POST_CHAINS = {
+    "head": [("l2", {"lam": 0.01}), ("scale", {"factor": 0.5}), ("noise", {"std": 0.01})],
+    "tail": [
+        ("clip_value", {"threshold": 0.01}),
+        ("scale", {"factor": 0.5}),
+        ("l2", {"lam": 0.01}),
+        ("noise", {"std": 0.01}),
+    ],
+    "middle": [
+        ("clip_value", {"threshold": 0.01}),
+        ("scale", {"factor": 0.5}),
+        ("clip_norm", {"max_norm": 0.1, "mode": "per_tensor"}),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(POST_CHAINS))
+def test_post_accumulate_chains_under_gradient_accumulation(reads, name):
+    """The pre-accumulation hook (inspector/hooks/accumulation.py): a head ``scale`` of each later
+    backward, the tail taken back and done again, the head's effect measured again: no host read."""
+
+    def setup(insp: inspector.Inspector) -> None:
+        for kind, params in POST_CHAINS[name]:
+            insp.add_hook(kind, target="*", point="post_accumulate", **params)
+
+    check(run(reads, setup, every=3, accumulate=3)[0])
+
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=False),
+    "adam-foreach": lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+    "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_optimizer_state_and_update_geometry_read_nothing_more(reads, name):
+    """``Snapshot.optim`` (inspector/stats/optim_state.py): the Adam state's norms and counts (its
+    ``step`` a tensor) and the update's dot products ride the one transfer."""
+    per_step, insp = run(reads, every=3, make_opt=OPTIMIZERS[name])
+    check(per_step)
+    optim = insp.latest()["optim"]
+    assert optim["kind"] == ("adam" if name.startswith("adam") else "other")
+    assert optim["cos_update_grad"][0] is not None and optim["cos_grad_prev"][0] is not None
+
+
+def test_the_noise_scale_under_accumulation(reads):
+    """The gradient noise scale (on by default; here with an estimate on every sampled step): its
+    increments' sums ride in the snapshot's one transfer, nothing is read on other steps."""
+    per_step, insp = run(reads, every=3, accumulate=3, batch_size=8)
+    check(per_step)
+    assert insp.snapshots()[-1]["noise_scale"]["samples"] >= 3
+    check(run(reads, every=3, accumulate=2, scaler=True)[0])
+
+
 def test_a_skip_guard_reads_once_per_step_by_design(reads):
     per_step, _ = run(reads, lambda insp: insp.add_hook("nan_guard", target="*", action="skip"), every=3)
     for step, sampled, got in per_step:
@@ -334,3 +397,77 @@ def test_a_nan_on_an_unsampled_step_is_read_later_and_reported_by_the_next_bound
     assert nonfinite[0]["nan"] is None  # not counted on an unsampled step without a guard
     seen = insp.found_after  # type: ignore[attr-defined]
     assert seen[4] == [] and len(seen[5]) == 1  # not during step 5: at step 6's boundary
+
+
+def test_the_flight_recorder_and_spike_detection_read_nothing_more(reads):
+    """The flight recorder's every-step ring writes and the spike detector's z-scores
+    (inspector/stats/flight.py) ride the deferred queue: nothing more on an unsampled step, also
+    with a NaN (a dump copies the ring and reads it at a later boundary) and with a hook."""
+
+    dumps: list[Any] = []
+
+    def setup(insp: inspector.Inspector) -> None:
+        insp.set_spike_detection(warmup=3)
+        insp.subscribe(lambda kind, p: dumps.append(p) if kind == "flight" else None, lossless=True)
+
+    # a NaN at unsampled step 8: found at boundary 9, the ring copied then and read at boundary 10
+    # (from step 11, sampled, the NaN it spread reads its counts: by design, test above)
+    per_step, insp = run(reads, setup, steps=12, every=5, poison=8, flight=256)
+    check(per_step[:10])
+    insp.flush()
+    assert [d["reason"] for d in dumps] == ["nonfinite"] and dumps[0]["rows"][-1]["step"] >= 9
+    per_step, insp = run(reads, lambda i: i.add_hook("scale", target="*", factor=0.5), every=4, flight=256)
+    check(per_step)
+    assert any(r["final"] != r["raw"] for r in insp.flight_recorder()["rows"])
+
+
+def test_counting_and_skipping_batches_reads_nothing(reads):
+    """``insp.batches`` (inspector/whatif/skip.py) counts batches and drops a skipped window
+    without reading a tensor: nothing more on any step, before and after a rewind-and-skip."""
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    insp = inspector.attach(model, opt, every=4)
+    data = [batch(seed=i) for i in range(16)]
+    it = insp.batches(data)
+    per_step = []
+    cp = None
+    try:
+        for s in range(1, 11):
+
+            def one() -> None:
+                x, y = next(it)
+                opt.zero_grad(set_to_none=True)
+                loss_of(model, x, y).backward()
+                opt.step()
+
+            got = reads.step(one)
+            latest = insp.latest()
+            per_step.append((s, latest is not None and latest["step"] == insp.step, got))
+            if s == 2:
+                cp = insp.checkpoint()  # between steps, outside the counted step
+            if s == 4:
+                insp.rewind(cp, skip=4)  # batches 2-5: 2 and 3 received, 4 and 5 dropped ahead
+    finally:
+        insp.close()
+    check(per_step)
+    assert insp.data_position["dropped"] == 2 and insp.data_position["position"] == 4 + 2 + 6
+
+
+def test_rules_read_nothing_more(reads):
+    """Rules (inspector/rules.py) read the snapshot's host values and the boundary's events: nothing
+    more on any step, with a rule on every kind of signal firing (an alert and a hook added)."""
+
+    def setup(insp: inspector.Inspector) -> None:
+        insp.set_spike_detection(warmup=3)
+        for signal in ("loss", "total_norm", "total_norm_raw", "update_ratio", "norm:0.weight", "step"):
+            insp.add_rule(signal=signal, op=">=", threshold=0, action="alert", cooldown=0)
+        insp.add_rule(signal="nonfinite", op=">", threshold=0, action="alert", cooldown=0)
+        insp.add_rule(signal="spike", op=">=", threshold=0, action="alert", cooldown=0)
+        insp.add_rule(signal="step", op="==", threshold=5, action="clip_norm", args={"quantile": 0.9})
+
+    per_step, insp = run(reads, setup, steps=12, every=4, poison=9, flight=256)
+    check(per_step[:9])  # (from the poisoned step on, the NaN it spread is counted by design, above)
+    fired = [e for e in insp.events() if e["kind"] == "rule_fired"]
+    wanted = {"loss", "total_norm", "norm:0.weight", "step", "nonfinite", "spike"}
+    assert {e["signal"] for e in fired} >= wanted
+    assert any(e["action"] == "clip_norm" and e["at"] == 5 for e in fired)

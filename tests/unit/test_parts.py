@@ -151,8 +151,9 @@ def test_memory_reports_what_is_resident():
     try:
         _step(model, opt)
         mem = insp.memory
-        assert set(mem) == {"update_sample", "snapshots", "checkpoints"}
+        assert set(mem) == {"update_sample", "snapshots", "checkpoints", "flight", "optim_sample"}
         assert mem["update_sample"] > 0 and mem["snapshots"] > 0 and mem["checkpoints"] == 0
+        assert 0 < mem["optim_sample"] <= mem["update_sample"]  # (the gradients' sample: at most as large)
         insp.checkpoint()
         assert insp.memory["checkpoints"] == insp.checkpoints.bytes > 0
     finally:

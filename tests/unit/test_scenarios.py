@@ -284,3 +284,59 @@ def test_inspector_nan_guard_report_only_names_the_damage():
     assert events and events[0]["step"] == 30 and events[0]["action_taken"] == "report"
     assert events[0]["param"] in [n for n, _ in sc.model.named_parameters()]
     assert not all_finite(sc)
+
+
+# ---------------------------------------------------------------------------- gradient accumulation
+
+
+class AccumulatingMLP(MLP):
+    micro_batches = 4  # 4 micro-batches of 8
+
+
+def test_micro_batches_give_the_whole_batch_step():
+    """K micro-batches of a batch, each loss divided by K: the same data stream, the same step
+    as one backward on the whole batch (up to rounding), and the mean of the K losses."""
+    whole, acc = MLP(seed=2), AccumulatingMLP(seed=2)
+    backwards = []
+    acc.model[0].weight.register_hook(lambda g: backwards.append(acc.steps_done))
+    for _ in range(20):
+        lw, la = whole.step(), acc.step()
+        assert float(la) == pytest.approx(float(lw), rel=1e-5)
+        for p, q in zip(whole.model.parameters(), acc.model.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
+    assert backwards == [s for s in range(20) for _ in range(4)]  # 4 backward passes per step
+    assert torch.equal(whole._data_gen.get_state(), acc._data_gen.get_state())  # the same batches drawn
+
+
+def test_tiny_gpt_accumulates_four_micro_batches_of_four():
+    """The demo that gives the noise-scale card its two batch sizes: 4 backward passes of 4
+    windows per step, whose summed gradient is the whole batch's."""
+    assert TinyGPT.micro_batches == 4 and TinyGPT.batch_size % TinyGPT.micro_batches == 0
+    sc = make("tiny_gpt")
+    gen = torch.Generator()
+    gen.set_state(sc._data_gen.get_state())
+    idx, targets = sc.next_batch(gen)  # the batch the step will draw
+    sizes = []
+    handle = sc.model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[0]))
+    grads = {}
+    for n, p in sc.model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone()))
+    sc.step()
+    handle.remove()
+    assert sizes == [4, 4, 4, 4]
+    fresh = make("tiny_gpt")
+    fresh.compute_loss(idx, targets).backward()
+    for n, p in fresh.model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_the_inspector_sees_the_micro_batches_as_the_noise_scale_small_batch():
+    sc = AccumulatingMLP(seed=0)
+    with inspector.attach(sc.model, sc.optimizer) as insp:
+        for _ in range(30):
+            insp.record(loss=sc.step())
+        ns = insp.latest()["noise_scale"]
+    assert ns["mode"] == "accumulation" and ns["k"] == 4 and ns["reason"] is None
+    assert (ns["b_small"], ns["b_big"], ns["batch_source"]) == (8, 32, "inferred")
+    assert ns["samples"] >= 1 and ns["trace_sigma"] is not None and ns["g_sq"] is not None

@@ -1,0 +1,446 @@
+"""The optimizer's state and the geometry of its update, measured on sampled steps (``Snapshot.optim``).
+
+Per parameter tensor, per group (:class:`~inspector.stats.groups.Groups`) and for the whole model:
+
+- for the Adam family (every parameter whose optimizer state holds ``exp_avg`` and ``exp_avg_sq``,
+  with ``eps`` and ``betas`` in its param group: Adam, AdamW, plain, foreach or fused), read
+  **after** the optimizer's step, so for the state that step produced: ``exp_avg_norm``
+  (``||m||``), ``exp_avg_sq_sqrt_norm`` (``||sqrt(v)||``, the square root of ``sum(v)``) and
+  ``below_eps_frac``, the share of elements whose bias-corrected second moment is below ``eps**2``
+  (``v / (1 - beta2**t) < eps**2``: where ``eps``, not the gradient, sets the step size; ``t`` the
+  state's ``step``);
+- for every optimizer: ``step_ratio``, the effective step ``||delta theta|| / ||g||``;
+  ``cos_update_grad``, the cosine of the update and the descent direction, ``cos(delta theta,
+  -g)`` (a plain SGD step gives +1); and ``cos_grad_prev``, the cosine of this step's gradient and
+  the previous **sampled** step's (``cos_prev_gap`` steps apart). ``g`` is the final gradient the
+  step saw (after every ``pre_step`` hook). A ``mark_step()`` loop updates after its boundary:
+  it has ``cos_grad_prev`` only, as it has no update ratio.
+
+Where it is measured. ``delta theta`` is what :class:`~inspector.stats.update_ratio.UpdateProbe`
+already keeps for the update ratio (no second copy of the parameters): its buffers hold
+``before - after`` of each parameter's sample (the whole parameter when the model fits its
+budget, else every ``s``-th block). The gradient is sampled at the same positions, so the cosines
+are taken on that sample (exact when kept whole), and the update norm is the probe's estimate.
+For ``cos_grad_prev`` the gradient's sample is copied into a buffer of the same size at the sampled
+step, before the update: at most as many bytes again as the update ratio's sample (the README's
+Memory section). Many small CPU tensors kept whole (:class:`~inspector.stats.tensor_stats.FlatPlan`)
+take flat passes instead.
+
+Every value is a device tensor stacked into the snapshot's one transfer (:class:`Pack`); nothing
+is read on the host before it, and nothing runs on an unsampled step. The group values are made on
+the host from the transferred per-tensor sums: a group's norm is the root of its members' sums of
+squares, its share of elements below ``eps**2`` the summed counts over the summed sizes, and its
+cosines come from the summed dot products and squared norms (each sampled tensor's weighted by its
+sampling factor, so that the group's cosine is that of the concatenated tensors, estimated).
+
+Not under FSDP2 (a sharded run's ``optim`` is None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .groups import Groups
+from .telemetry import Pack
+from .tensor_stats import FlatPlan, foreach_norm
+from .update_ratio import BLOCK, sample_view, strides
+
+__all__ = ["ADAM_KEYS", "GEO_KEYS", "OptimProbe"]
+
+ADAM_KEYS = ("exp_avg_norm", "exp_avg_sq_sqrt_norm", "below_eps_frac")
+GEO_KEYS = ("step_ratio", "cos_update_grad", "cos_grad_prev")
+_LOW = (torch.float16, torch.bfloat16)
+CHUNK = 1 << 22  # elements compared at a time for the share below eps**2 (4 MiB of scratch)
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    """The dot product of two tensors of one shape, summed in float32 at least (a device scalar).
+    Complex tensors are taken as real vectors of twice the length: ``Re(sum(a * conj(b)))``."""
+    if a.is_complex() or b.is_complex():
+        return (a * b.conj()).real.sum()
+    if a.dtype in _LOW or b.dtype in _LOW:
+        a, b = a.float(), b.float()
+    if a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous():
+        return torch.dot(a.view(-1), b.view(-1))  # (one op, no temporary)
+    return (a * b).sum()
+
+
+def _count_below(v: Tensor, threshold: Tensor | float) -> Tensor:
+    """How many elements of ``v`` are below ``threshold`` (a device scalar), a chunk of at most
+    ``CHUNK`` elements at a time: the comparison's boolean scratch stays within ``CHUNK`` bytes
+    (a whole 7B-parameter model's ``v`` would need 7 GB of it at once)."""
+    if v.numel() <= CHUNK:
+        return (v < threshold).sum()
+    flat = v.reshape(-1)  # (a view: the state is contiguous)
+    return torch.stack([(c < threshold).sum() for c in flat.split(CHUNK)]).sum()
+
+
+def _cos(dot: float, a_sq: float, b_sq: float) -> float | None:
+    if not (a_sq > 0 and b_sq > 0) or not all(map(math.isfinite, (dot, a_sq, b_sq))):
+        return None
+    return max(-1.0, min(1.0, dot / math.sqrt(a_sq * b_sq)))
+
+
+def _root(x: float, any_: bool) -> float | None:
+    return math.sqrt(x) if any_ else None
+
+
+class OptimProbe:
+    """``Snapshot.optim``: :meth:`before_update` at the sampled step's final statistics,
+    :meth:`add` just before the snapshot's transfer, :meth:`read` from it (module docstring)."""
+
+    def __init__(self, tensors: list[Tensor], groups: Groups, optimizer: Any = None) -> None:
+        self.tensors = tensors
+        self.groups = groups
+        self.optimizer = optimizer
+        self.n = len(tensors)
+        self._strides: list[int] = []
+        self._shape_key: list[Any] = []
+        self._geometry: list[tuple[int, int]] = []  # per parameter: (kept rows, block) of its sample
+        # the previous sampled gradient's sample: per tensor (list path) or one flat buffer (FlatPlan)
+        self._prev: list[Tensor | None] = [None] * self.n
+        self._prev_flat: Tensor | None = None
+        self._prev_at: list[int | None] = [None] * self.n  # the step each buffer's gradient is of
+        self._prev_sq: list[float | None] = [None] * self.n  # its sample's squared norm, from its transfer
+        self._clear()
+
+    def _clear(self) -> None:
+        self._taken = False  # before_update ran this step
+        self._idx: list[int] = []  # tensors whose gradient was sampled this step
+        self._gflat: Tensor | None = None  # the gradients, flat (FlatPlan path; all n)
+        self._plan: FlatPlan | None = None
+        self._gnorm: list[Tensor] | Tensor = []  # the samples' norms (over _idx, or all n when flat)
+        self._pidx: list[int] = []  # tensors with a previous sample to compare with
+        self._pdot: list[Tensor] | Tensor = []  # their dot products with it (or all n when flat)
+        self._gap_of: dict[int, int | None] = {}  # tensor -> the step its previous sample was of
+        self._scale: list[float] = [1.0] * self.n
+        self._names: list[str] = []  # the pack's segments added this step
+        self._adam: tuple[list[int], list[int]] | None = None  # (tensors, their numel) with Adam state
+        self._didx: list[int] = []  # tensors with a dot product of update and gradient
+
+    @property
+    def resident_bytes(self) -> int:
+        """Device memory held from one sampled step to the next (the previous gradient's sample)."""
+        bufs = [b for b in self._prev if b is not None]
+        if self._prev_flat is not None:
+            bufs.append(self._prev_flat)
+        return sum(b.numel() * b.element_size() for b in bufs)
+
+    def _strides_for(self, ps: list[Tensor], kept: list[int] | None) -> list[int]:
+        """The update ratio's strides for these parameters (``kept``: the ones its probe took this
+        step; else the same function of the same inputs), and each sampled one's ``(kept rows,
+        block)``, so that a contiguous gradient's sample is one ``as_strided`` view
+        (:func:`sample_view`'s positions: every ``s``-th block of ``block``)."""
+        if kept is not None and len(kept) == len(ps):
+            if kept is self._strides:  # (the probe's list: the same object while nothing changed)
+                return kept
+            self._shape_key, self._strides = [], kept
+        else:
+            key = [(p.shape, p.element_size()) for p in ps]
+            if key == self._shape_key:
+                return self._strides
+            self._shape_key = key
+            self._strides = strides([p.shape for p in ps], [p.element_size() for p in ps])
+        self._geometry = []
+        for p, st in zip(ps, self._strides, strict=True):
+            n = p.numel()
+            b = max(1, min(BLOCK, n))
+            self._geometry.append((math.ceil((n // b) / st), b))
+        return self._strides
+
+    def _view(self, g: Tensor, i: int, s: int) -> Tensor:
+        """The sample of gradient ``g`` of parameter ``i`` at stride ``s`` (as :func:`sample_view`)."""
+        if not g.is_contiguous():
+            return sample_view(g, s)
+        if s == 1:
+            return g.view(-1)
+        rows, b = self._geometry[i]
+        return g.as_strided((rows, b), (s * b, 1), g.storage_offset())
+
+    # ------------------------------------------------------------------ before the update
+    def before_update(
+        self,
+        fgrads: dict[int, Tensor],
+        params: list[Tensor],
+        plan: FlatPlan | None,
+        kept: list[int] | None = None,
+    ) -> None:
+        """At the sampled step's final statistics (after the ``pre_step`` hooks, before the update):
+        sample the final gradients, take their dot products with the previous sampled step's sample,
+        and keep this step's sample in its place. ``params``: the parameters, detached; ``plan``: the
+        flat plan where the update ratio keeps the parameters whole in one flat copy (else None);
+        ``kept``: the strides the update ratio's probe sampled the parameters with this step."""
+        if self._taken:  # a closure evaluated again: the first evaluation's gradients are compared
+            return
+        self._taken = True
+        with torch.no_grad():
+            if plan is not None and self._flat_before(fgrads, params, plan):
+                return
+            self._list_before(fgrads, params, kept)
+
+    def _flat_before(self, fgrads: dict[int, Tensor], params: list[Tensor], plan: FlatPlan) -> bool:
+        gs = [
+            g if (g := fgrads.get(i)) is not None and g.shape == p.shape else torch.zeros_like(p)
+            for i, p in enumerate(params)
+        ]
+        if plan.large or not plan.fits(gs):
+            return False
+        self._plan = plan
+        self._idx = [
+            i for i, p in enumerate(params) if (g := fgrads.get(i)) is not None and g.shape == p.shape
+        ]
+        gflat = plan.flat(gs)  # (a new buffer: kept as the next step's previous sample)
+        self._gflat = gflat
+        self._gnorm = plan.norms_of_flat(gflat, [])
+        prev = self._prev_flat
+        if prev is not None and prev.shape == gflat.shape and prev.dtype == gflat.dtype:
+            self._pidx = [i for i in self._idx if self._prev_at[i] is not None]
+            self._pdot = plan.sums_of_flat(prev * gflat)
+        self._prev_flat = gflat
+        self._prev = [None] * self.n
+        return True
+
+    def _list_before(self, fgrads: dict[int, Tensor], params: list[Tensor], kept: list[int] | None) -> None:
+        self._prev_flat = None
+        st = self._strides_for(params, kept)
+        idx, views = [], []
+        for i in sorted(fgrads):
+            g, p = fgrads[i], params[i]
+            if g.layout != torch.strided or g.shape != p.shape or g.device != p.device:
+                continue
+            idx.append(i)
+            views.append(self._view(g.detach(), i, st[i]))
+        self._idx = idx
+        self._gnorm = foreach_norm(views)
+        pidx, pdot = [], []
+        for i, v in zip(idx, views, strict=True):
+            b = self._prev[i]
+            if b is not None and b.shape == v.shape and b.dtype == v.dtype and b.device == v.device:
+                pidx.append(i)
+                pdot.append(_dot(b, v))
+        self._pidx, self._pdot = pidx, pdot
+        for i, v in zip(idx, views, strict=True):
+            b = self._prev[i]
+            if b is None or b.shape != v.shape or b.dtype != v.dtype or b.device != v.device:
+                self._prev[i] = torch.empty_like(v, memory_format=torch.contiguous_format)
+        if idx:
+            torch._foreach_copy_([self._prev[i] for i in idx], views)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ after the update
+    def add(
+        self,
+        pack: Pack,
+        differences: tuple[list[Tensor], list[int], list[float]] | None,
+        flat_difference: Tensor | None,
+    ) -> None:
+        """Before the snapshot's transfer: the update's dot products with the gradients (from the
+        update ratio's ``before - after``: its per-tensor buffers, or the flat copy's) and the Adam
+        state, as segments of ``pack``."""
+        with torch.no_grad():
+            if self._taken:
+                if self._plan is not None and self._gflat is not None:
+                    if flat_difference is not None and flat_difference.shape == self._gflat.shape:
+                        self._didx = list(self._idx)
+                        self._add(pack, "optim:dot", self._plan.sums_of_flat(flat_difference * self._gflat))
+                    self._add(pack, "optim:gnorm", self._gnorm)
+                    if self._pidx:
+                        self._add(pack, "optim:pdot", self._pdot)
+                else:
+                    if differences is not None:
+                        bufs, _, scale = differences
+                        self._scale = list(scale) if len(scale) == self.n else [1.0] * self.n
+                        didx, dots = [], []
+                        # this step's gradient sample, copied before the update (an optimizer may
+                        # change the gradient in place: SGD's foreach Nesterov does)
+                        for i in self._idx:
+                            v = self._prev[i]
+                            d = bufs[i] if i < len(bufs) else None
+                            if (
+                                d is not None
+                                and v is not None
+                                and d.shape == v.shape
+                                and d.device == v.device
+                            ):
+                                didx.append(i)
+                                dots.append(_dot(d, v))  # (both contiguous: one dot each)
+                        self._didx = didx
+                        self._add(pack, "optim:dot", dots)
+                    self._add(pack, "optim:gnorm", self._gnorm)
+                    self._add(pack, "optim:pdot", self._pdot)
+            self._add_adam(pack)
+
+    def _add(self, pack: Pack, name: str, values: Tensor | list[Tensor]) -> None:
+        if isinstance(values, list) and not values:
+            return
+        pack.add(name, values)
+        self._names.append(name)
+
+    def _add_adam(self, pack: Pack) -> None:
+        opt = self.optimizer
+        if opt is None:
+            return
+        group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+        idx, numel, m, v, below = [], [], [], [], []
+        for i, p in enumerate(self.tensors):
+            s = opt.state.get(p)  # (a defaultdict: .get adds nothing)
+            grp = group_of.get(id(p))
+            if not s or grp is None:
+                continue
+            ea, es = s.get("exp_avg"), s.get("exp_avg_sq")
+            betas, eps = grp.get("betas"), grp.get("eps")
+            if not isinstance(ea, Tensor) or not isinstance(es, Tensor) or betas is None or eps is None:
+                continue
+            if ea.layout != torch.strided or es.is_complex():
+                continue
+            t = s.get("step", 1)
+            eps = float(eps) if not isinstance(eps, Tensor) else eps  # (a Python number: no read)
+            bias = 1 - betas[1] ** t  # a device or CPU scalar tensor where the step is one: no read
+            below.append(_count_below(es.detach(), bias * (eps * eps)))
+            idx.append(i)
+            numel.append(es.numel())
+            m.append(ea.detach())
+            v.append(es.detach())
+        if not idx:
+            return
+        self._adam = (idx, numel)
+        self._add(pack, "optim:m", foreach_norm(m))
+        self._add(pack, "optim:v", foreach_norm(v, 1.0))  # sum(v): v >= 0
+        self._add(pack, "optim:below", [b.reshape(()) for b in below])
+
+    # ------------------------------------------------------------------ from the transfer
+    def read(
+        self,
+        data: dict[str, list[float]],
+        step: int,
+        update_norm: list[float] | None,
+        final_norm: list[float | None],
+    ) -> dict[str, Any] | None:
+        """``Snapshot.optim`` from the transfer: per-tensor lists aligned to the parameters, the
+        same keys per group under ``"groups"`` and for the whole model under ``"model"`` (one value
+        each), ``"kind"`` and ``"cos_prev_gap"``; None where nothing was measured. Records this step's gradient sample as the one the next sampled step compares
+        with."""
+        if not self._names:
+            return None
+        n = self.n
+        out: dict[str, list[Any]] = {k: [None] * n for k in (*ADAM_KEYS, *GEO_KEYS)}
+        flat = self._plan is not None
+        scale = [1.0] * n if flat else self._scale
+        w = [s * s for s in scale]  # a sampled tensor's sums, scaled to the whole tensor
+        gnorm_vals = data.get("optim:gnorm", [])
+        gsq: list[float | None] = [None] * n
+        if flat:
+            for i in self._idx:
+                gsq[i] = gnorm_vals[i] ** 2
+        else:
+            for i, x in zip(self._idx, gnorm_vals, strict=False):
+                gsq[i] = x * x
+        # the effective step and the update's cosine with the descent direction
+        dot: list[float | None] = [None] * n
+        dvals = data.get("optim:dot", [])
+        if flat:
+            for i in self._didx:
+                dot[i] = dvals[i]
+        else:
+            for i, x in zip(self._didx, dvals, strict=False):
+                dot[i] = x
+        dsq: list[float | None] = [None] * n
+        if update_norm is not None:
+            for i in range(n):
+                u, g = update_norm[i], final_norm[i]
+                if g is not None and u is not None:
+                    out["step_ratio"][i] = u / g if g > 0 else None
+                    dsq[i] = (u / scale[i]) ** 2 if scale[i] else None
+        for i in range(n):
+            if dot[i] is not None and dsq[i] is not None and gsq[i] is not None:
+                out["cos_update_grad"][i] = _cos(dot[i], dsq[i], gsq[i])  # type: ignore[arg-type]
+        # consecutive sampled gradients
+        pvals = data.get("optim:pdot", [])
+        pdot: list[float | None] = [None] * n
+        gaps: dict[int, int] = {}
+        for k, i in enumerate(self._pidx):
+            at = self._prev_at[i]
+            if at is None or at >= step:
+                continue
+            pdot[i] = pvals[i] if flat else pvals[k]
+            gaps[i] = step - at
+        gap = Counter(gaps.values()).most_common(1)[0][0] if gaps else None
+        for i, gp in gaps.items():
+            if gp != gap:
+                pdot[i] = None
+            elif gsq[i] is not None and self._prev_sq[i] is not None:
+                out["cos_grad_prev"][i] = _cos(pdot[i], gsq[i], self._prev_sq[i])  # type: ignore[arg-type]
+        prev_sq = list(self._prev_sq)
+        for i in self._idx:  # this step's samples are now the previous ones
+            self._prev_at[i] = step
+            self._prev_sq[i] = gsq[i]
+        self._idx = []  # (consumed: end_step keeps the buffers)
+        # Adam's moments
+        adam_sums: dict[int, tuple[float, float, float, int]] = {}
+        if self._adam is not None:
+            idx, numel = self._adam
+            for i, cnt, mn, vs, b in zip(
+                idx,
+                numel,
+                data.get("optim:m", []),
+                data.get("optim:v", []),
+                data.get("optim:below", []),
+                strict=False,
+            ):
+                out["exp_avg_norm"][i] = mn
+                out["exp_avg_sq_sqrt_norm"][i] = math.sqrt(vs) if vs >= 0 else None
+                out["below_eps_frac"][i] = b / cnt if cnt else None
+                adam_sums[i] = (mn * mn, vs, b, cnt)
+
+        def aggregate(members: list[int] | range) -> dict[str, float | None]:
+            """The values of these tensors taken together (as if concatenated; sampled ones estimated)."""
+            a = [adam_sums[i] for i in members if i in adam_sums]
+            cnt = sum(x[3] for x in a)
+            su = [(update_norm[i], final_norm[i]) for i in members if out["step_ratio"][i] is not None]  # type: ignore[index]
+            gg = sum(g * g for _, g in su)  # type: ignore[operator]
+            c = [i for i in members if out["cos_update_grad"][i] is not None]
+            q = [i for i in members if out["cos_grad_prev"][i] is not None]
+            return {
+                "exp_avg_norm": _root(sum(x[0] for x in a), bool(a)),
+                "exp_avg_sq_sqrt_norm": _root(sum(x[1] for x in a), bool(a)),
+                "below_eps_frac": sum(x[2] for x in a) / cnt if cnt else None,
+                "step_ratio": math.sqrt(sum(u * u for u, _ in su) / gg) if gg > 0 else None,  # type: ignore[operator]
+                "cos_update_grad": _cos(
+                    sum(dot[i] * w[i] for i in c),  # type: ignore[operator]
+                    sum(dsq[i] * w[i] for i in c),  # type: ignore[operator]
+                    sum(gsq[i] * w[i] for i in c),  # type: ignore[operator]
+                )
+                if c
+                else None,
+                "cos_grad_prev": _cos(
+                    sum(pdot[i] * w[i] for i in q),  # type: ignore[operator]
+                    sum(gsq[i] * w[i] for i in q),  # type: ignore[operator]
+                    sum(prev_sq[i] * w[i] for i in q),  # type: ignore[operator]
+                )
+                if q
+                else None,
+            }
+
+        per_group = [aggregate(m) for m in self.groups.members]
+        groups = {k: [g[k] for g in per_group] for k in (*ADAM_KEYS, *GEO_KEYS)}
+        kind = "adam" if self._adam is not None else "other"
+        return {**out, "groups": groups, "model": aggregate(range(n)), "kind": kind, "cos_prev_gap": gap}
+
+    def end_step(self) -> None:
+        """At every boundary: forget the step's values. A gradient sample taken for a step whose
+        snapshot was not read (an error, a skipped iteration) is no previous sample to compare with."""
+        if self._taken and self._idx:
+            for i in self._idx:
+                self._prev_at[i] = None
+        self._clear()
+
+    def close(self) -> None:
+        self._clear()
+        self._prev = [None] * self.n
+        self._prev_flat = None
+        self._prev_at = [None] * self.n
+        self._prev_sq = [None] * self.n

@@ -1,0 +1,61 @@
+"""The gradient noise scale under DDP (two gloo processes): each rank's micro-batch gradient before
+the all-reduce is the small batch, the averaged, accumulated one the big batch
+(inspector/stats/noise_scale.py); with and without ``no_sync()`` accumulation.
+A frozen model (lr 0) on a fixed dataset: the estimate must be within 20 % of the truth from
+per-example gradients (tests/unit/test_noise_scale.py's ``truth``), on both ranks alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_fsdp import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+SCRIPT = """
+import json, sys, torch, torch.distributed as dist
+from torch import nn
+import inspector
+from tests.unit.test_noise_scale import problem, truth
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model, x, y = problem()
+want = truth(model, x, y, [])["whole"]
+ddp = nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.0)
+k = int(sys.argv[1])
+insp = inspector.attach(ddp, opt, every=1, noise_ema=0.99)
+gen = torch.Generator().manual_seed(100 + rank)
+for _ in range(400):
+    opt.zero_grad()
+    for j in range(k):
+        idx = torch.randint(0, len(x), (16,), generator=gen)
+        loss = ((ddp(x[idx]) - y[idx]) ** 2).mean() / k
+        if j < k - 1:
+            with ddp.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+    opt.step()
+ns = insp.latest()["noise_scale"]
+errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
+print("RESULT " + json.dumps({"rank": rank, "ns": ns, "want": want, "errors": errors}), flush=True)
+insp.close()
+del insp, ddp, opt
+import gc; gc.collect()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_ddp_estimate_matches_per_example_truth(k: int) -> None:
+    results = run_ranks(SCRIPT, str(k))
+    for res in results:
+        assert res["errors"] == [], res["errors"]
+        ns, (b_true, tr_true, gsq_true) = res["ns"], res["want"]
+        assert ns["mode"] == "ddp" and ns["k"] == k
+        assert (ns["b_small"], ns["b_big"], ns["batch_source"]) == (16, 32 * k, "inferred")
+        assert abs(ns["b_simple"] / b_true - 1) <= 0.2, (ns["b_simple"], b_true)
+        assert abs(ns["trace_sigma"] / tr_true - 1) <= 0.2, (ns["trace_sigma"], tr_true)
+        assert abs(ns["g_sq"] / gsq_true - 1) <= 0.2, (ns["g_sq"], gsq_true)
+    assert results[0]["ns"] == results[1]["ns"]  # every rank computes it from the same rows

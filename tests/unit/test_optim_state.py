@@ -1,0 +1,337 @@
+"""The optimizer's state and update geometry (``Snapshot.optim``, inspector/stats/optim_state.py),
+against float64 references made from the optimizer's own state and the parameters and gradients
+before and after each step, in plain torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import inspector
+from inspector.stats import optim_state
+from inspector.stats.update_ratio import FLOOR
+
+from .conftest import batch, loss_of
+
+GEO = ("step_ratio", "cos_update_grad", "cos_grad_prev")
+ADAM = ("exp_avg_norm", "exp_avg_sq_sqrt_norm", "below_eps_frac")
+
+
+def model(seed: int = 0) -> nn.Sequential:
+    """Two blocks of two tensors each, and a head: groups of several members."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Sequential(nn.Linear(10, 16), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 8), nn.Tanh()),
+        nn.Linear(8, 1),
+    )
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+class Trace:
+    """Per step, as plain torch sees it: the final gradients (a step pre-hook registered after the
+    inspector's), the parameters before and after the update, and the optimizer's state after it."""
+
+    def __init__(self, params: list[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+        self.params, self.opt = params, opt
+        self.steps: list[dict[str, Any]] = []
+        opt.register_step_pre_hook(self._pre)
+        opt.register_step_post_hook(self._post)
+
+    def _pre(self, *_: Any) -> None:
+        self.steps.append(
+            {
+                "g": [p.grad.detach().double().flatten().clone() for p in self.params],
+                "before": [p.detach().double().flatten().clone() for p in self.params],
+            }
+        )
+
+    def _post(self, *_: Any) -> None:
+        s = self.steps[-1]
+        s["after"] = [p.detach().double().flatten().clone() for p in self.params]
+        s["state"] = []
+        for p in self.params:
+            st = self.opt.state.get(p, {})
+            s["state"].append(
+                {k: (v.detach().double().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+            )
+        s["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+
+
+def reference(trace: Trace, k: int, members: list[list[int]]) -> dict[str, Any]:
+    """The float64 values of step ``k`` (0-based) and of the previous one: per tensor, per group
+    (a group's values are those of its members' tensors concatenated) and, under ``"model"``, of
+    every tensor concatenated."""
+    out = _reference(trace, k, [*members, list(range(len(trace.params)))])
+    out["model"] = {key: v.pop() for key, v in out["groups"].items()}
+    return out
+
+
+def _reference(trace: Trace, k: int, members: list[list[int]]) -> dict[str, Any]:
+    s, prev = trace.steps[k], trace.steps[k - 1] if k else None
+    n = len(trace.params)
+    delta = [s["after"][i] - s["before"][i] for i in range(n)]
+    g = s["g"]
+    out: dict[str, Any] = {
+        "step_ratio": [float(delta[i].norm() / g[i].norm()) for i in range(n)],
+        "cos_update_grad": [_cos(delta[i], -g[i]) for i in range(n)],
+        "cos_grad_prev": [_cos(g[i], prev["g"][i]) if prev else None for i in range(n)],
+    }
+    cat = lambda xs, m: torch.cat([xs[i] for i in m])  # noqa: E731
+    out["groups"] = {
+        "step_ratio": [float(cat(delta, m).norm() / cat(g, m).norm()) for m in members],
+        "cos_update_grad": [_cos(cat(delta, m), -cat(g, m)) for m in members],
+        "cos_grad_prev": [_cos(cat(g, m), cat(prev["g"], m)) if prev else None for m in members],
+    }
+    state = s["state"]
+    if state and "exp_avg" in state[0]:
+        grp = s["groups"][0]
+        eps, beta2 = grp["eps"], grp["betas"][1]
+        m_ = [st["exp_avg"].flatten() for st in state]
+        v_ = [st["exp_avg_sq"].flatten() for st in state]
+        t = [float(st["step"]) for st in state]
+        below = [(v_[i] / (1 - beta2 ** t[i]) < eps * eps).double() for i in range(n)]
+        out["exp_avg_norm"] = [float(x.norm()) for x in m_]
+        out["exp_avg_sq_sqrt_norm"] = [float(x.sqrt().norm()) for x in v_]
+        out["below_eps_frac"] = [float(b.mean()) for b in below]
+        out["groups"]["exp_avg_norm"] = [float(cat(m_, m).norm()) for m in members]
+        out["groups"]["exp_avg_sq_sqrt_norm"] = [float(cat(v_, m).sqrt().norm()) for m in members]
+        out["groups"]["below_eps_frac"] = [float(cat(below, m).mean()) for m in members]
+    return out
+
+
+def close(got: Any, want: Any, rel: float, ab: float, what: str) -> None:
+    assert len(got) == len(want), what
+    for j, (a, b) in enumerate(zip(got, want, strict=True)):
+        if b is None:
+            assert a is None, f"{what}[{j}]: {a} for no value"
+        else:
+            assert a is not None and a == pytest.approx(b, rel=rel, abs=ab), f"{what}[{j}]: {a} != {b}"
+
+
+def run(
+    make_opt: Any, steps: int = 4, every: int = 1, net: nn.Module | None = None
+) -> tuple[Trace, Any, list]:
+    net = net if net is not None else model()
+    opt = make_opt(net.parameters())
+    insp = inspector.attach(net, opt, every=every)
+    trace = Trace(list(net.parameters()), opt)
+    snaps = []
+    try:
+        for s in range(1, steps + 1):
+            opt.zero_grad(set_to_none=True)
+            x, y = batch(seed=s)
+            loss_of(net, x, y).backward()
+            opt.step()
+            if (latest := insp.latest()) is not None and latest["step"] == s:
+                snaps.append(latest)
+        members = insp.groups["members"]
+        errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+    finally:
+        insp.close()
+    assert not errors, errors
+    return trace, members, snaps
+
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=False),
+    "adam-foreach": lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=True),
+    "adam-fused": lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False),
+    "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "sgd-nesterov-foreach": lambda ps: torch.optim.SGD(
+        ps, lr=0.05, momentum=0.9, nesterov=True, foreach=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_against_float64_references_per_tensor_and_group(name):
+    trace, members, snaps = run(OPTIMIZERS[name])
+    assert [s["step"] for s in snaps] == [1, 2, 3, 4]
+    adam = name.startswith("adam")
+    for k, snap in enumerate(snaps):
+        got, want = snap["optim"], reference(trace, k, members)
+        assert got["kind"] == ("adam" if adam else "other")
+        assert got["cos_prev_gap"] == (1 if k else None)
+        for key in GEO:
+            close(got[key], want[key], 1e-5, 1e-6, f"step {k + 1} {key}")
+            close(got["groups"][key], want["groups"][key], 1e-5, 1e-6, f"step {k + 1} group {key}")
+            close([got["model"][key]], [want["model"][key]], 1e-5, 1e-6, f"step {k + 1} model {key}")
+        for key in ADAM:
+            if adam:
+                close(got[key], want[key], 1e-5, 1e-7, f"step {k + 1} {key}")
+                close(got["groups"][key], want["groups"][key], 1e-5, 1e-7, f"step {k + 1} group {key}")
+                close([got["model"][key]], [want["model"][key]], 1e-5, 1e-7, f"step {k + 1} model {key}")
+            else:
+                assert got[key] == [None] * len(trace.params) and set(got["groups"][key]) == {None}
+
+
+def test_plain_sgd_steps_along_the_negative_gradient():
+    _, members, snaps = run(lambda ps: torch.optim.SGD(ps, lr=0.1), steps=3)
+    for snap in snaps:
+        o = snap["optim"]
+        assert o["cos_update_grad"] == pytest.approx([1.0] * 6, abs=1e-6)
+        assert o["groups"]["cos_update_grad"] == pytest.approx([1.0] * len(members), abs=1e-6)
+        assert o["step_ratio"] == pytest.approx([0.1] * 6, rel=1e-4)
+        assert o["groups"]["step_ratio"] == pytest.approx([0.1] * len(members), rel=1e-4)
+
+
+def leaf_run(grads: list[torch.Tensor], make_opt: Any, every: int = 1) -> list[dict]:
+    """A ``{name: leaf tensor}`` run whose gradient at step ``s`` is ``grads[s - 1]`` exactly."""
+    w = nn.Parameter(torch.zeros_like(grads[0]))
+    opt = make_opt([w])
+    insp = inspector.attach({"w": w}, opt, every=every)
+    out = []
+    try:
+        for s, g in enumerate(grads, start=1):
+            opt.zero_grad(set_to_none=True)
+            (w * g).sum().backward()
+            opt.step()
+            if (latest := insp.latest()) is not None and latest["step"] == s:
+                out.append(latest["optim"])
+    finally:
+        insp.close()
+    return out
+
+
+@pytest.fixture(params=["whole", "chunked"])
+def chunk(request, monkeypatch):
+    """The share below eps**2 counted in one comparison, or a chunk of 5 elements at a time."""
+    if request.param == "chunked":
+        monkeypatch.setattr(optim_state, "CHUNK", 5)
+
+
+def test_below_eps_share_on_known_tiny_gradients(chunk):
+    """At step 1 Adam's bias-corrected second moment is g**2: below eps**2 exactly where |g| < eps.
+    1e-7 is above eps = 1e-8 but its raw moment (1 - beta2) g**2 is below eps**2: a share taken
+    without the bias correction would be 2/3."""
+    g = torch.tensor([1e-12, 1e-7, 1.0] * 4)
+    got = leaf_run([g, g], lambda ps: torch.optim.Adam(ps, lr=1e-3, eps=1e-8))
+    assert got[0]["below_eps_frac"] == [pytest.approx(1 / 3)]
+    assert got[0]["groups"]["below_eps_frac"] == [pytest.approx(1 / 3)]
+    # m = (1 - beta1) g, v = (1 - beta2) g**2 after the first step
+    assert got[0]["exp_avg_norm"][0] == pytest.approx(0.1 * float(g.double().norm()), rel=1e-6)
+    assert got[0]["exp_avg_sq_sqrt_norm"][0] == pytest.approx(
+        math.sqrt(0.001) * float(g.double().norm()), rel=1e-6
+    )
+    tiny = torch.full((8,), 1e-12)
+    assert leaf_run([tiny], lambda ps: torch.optim.Adam(ps, eps=1e-8))[0]["below_eps_frac"] == [1.0]
+
+
+def test_consecutive_sampled_gradients_on_known_pairs():
+    a, b, c = torch.tensor([1.0, 0, 0, 0]), torch.tensor([1.0, 1, 0, 0]), torch.tensor([0.0, 0, 1, 0])
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    got = leaf_run([a, b, c], sgd)
+    assert [o["cos_grad_prev"][0] for o in got] == [
+        None,
+        pytest.approx(1 / math.sqrt(2)),
+        pytest.approx(0.0, abs=1e-7),
+    ]
+    assert [o["cos_prev_gap"] for o in got] == [None, 1, 1]
+    # sampled every 2nd step (1, 3, 5): the previous *sampled* step's gradient, 2 steps back
+    got = leaf_run([a, c, -a, b, b], sgd, every=2)
+    assert [o["cos_prev_gap"] for o in got] == [None, 2, 2]
+    assert [o["cos_grad_prev"][0] for o in got] == [
+        None,
+        pytest.approx(-1.0),
+        pytest.approx(-1 / math.sqrt(2)),
+    ]
+
+
+def test_a_model_past_the_memory_floor_is_sampled_and_estimated():
+    """Past the update ratio's memory bound the update and gradients are sampled (every s-th block):
+    plain SGD still gives 1 on any sample; consecutive gradients are estimated closely."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(512, 1024), nn.Tanh(), nn.Linear(1024, 10))
+    assert sum(p.numel() * 4 for p in net.parameters()) > 2 * FLOOR
+    x = torch.randn(64, 512)
+    y = torch.randn(64, 10)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    insp = inspector.attach(net, opt, every=1)
+    grads = []
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            nn.functional.mse_loss(net(x + 0.1 * torch.randn_like(x)), y).backward()
+            grads.append([p.grad.detach().double().flatten().clone() for p in net.parameters()])
+            opt.step()
+        o = insp.latest()["optim"]
+        held = insp._stats.optim.resident_bytes  # noqa: SLF001
+        kept = insp._stats.update.resident_bytes  # noqa: SLF001
+    finally:
+        insp.close()
+    assert 0 < held <= kept <= max(FLOOR, 0.1 * sum(p.numel() * 4 for p in net.parameters()))
+    assert o["cos_update_grad"] == pytest.approx([1.0] * 4, abs=1e-5)
+    want = [_cos(a, b) for a, b in zip(grads[1], grads[0], strict=True)]
+    assert o["cos_grad_prev"] == pytest.approx(want, abs=0.03)
+
+
+def test_many_small_tensors_take_the_flat_path():
+    """At least 32 small CPU tensors kept whole: the flat passes, the same values."""
+    torch.manual_seed(1)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(10, 10), nn.Tanh()) for _ in range(20)], nn.Linear(10, 1))
+    trace, members, snaps = run(OPTIMIZERS["adamw"], steps=3, net=net)
+    assert len(trace.params) >= 32
+    for k, snap in enumerate(snaps):
+        got, want = snap["optim"], reference(trace, k, members)
+        for key in (*GEO, *ADAM):
+            close(got[key], want[key], 1e-5, 1e-6, f"step {k + 1} {key}")
+            close(got["groups"][key], want["groups"][key], 1e-5, 1e-6, f"step {k + 1} group {key}")
+
+
+def test_a_mark_step_loop_has_consecutive_gradients_only():
+    """Without an optimizer the update comes after the boundary (``mark_step()`` before it): no
+    update to measure, as for the update ratio; the gradients are compared."""
+    torch.manual_seed(0)
+    w = torch.randn(6, requires_grad=True)
+    insp = inspector.attach({"w": w}, every=1)
+    grads = []
+    try:
+        for _ in range(2):
+            (w * w * w).sum().backward()
+            grads.append(w.grad.detach().double().clone())
+            insp.mark_step()
+            with torch.no_grad():
+                w -= 0.1 * w.grad
+            w.grad = None
+        o = insp.latest()["optim"]
+    finally:
+        insp.close()
+    assert o["kind"] == "other" and o["exp_avg_norm"] == [None]
+    assert o["cos_update_grad"] == [None] and o["step_ratio"] == [None]
+    assert (
+        o["cos_grad_prev"] == [pytest.approx(_cos(grads[1], grads[0]), abs=1e-6)] and o["cos_prev_gap"] == 1
+    )
+
+
+def test_a_failure_turns_the_instrument_off_and_is_reported(monkeypatch):
+    def broken(self, pack):  # noqa: ANN001
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(optim_state.OptimProbe, "_add_adam", broken)
+    net = model()
+    opt = torch.optim.Adam(net.parameters())
+    insp = inspector.attach(net, opt, every=1)
+    try:
+        for s in range(1, 4):
+            opt.zero_grad()
+            x, y = batch(seed=s)
+            loss_of(net, x, y).backward()
+            opt.step()
+        snaps = insp.snapshots()
+        errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+    finally:
+        insp.close()
+    assert [s["step"] for s in snaps] == [1, 2, 3], "training and the snapshots go on"
+    assert all(s["optim"] is None for s in snaps) and snaps[2]["grad_norm"][0] is not None
+    assert len(errors) == 1 and "optimizer state" in errors[0]["message"] and "boom" in errors[0]["message"]

@@ -1,0 +1,155 @@
+"""Spike detection (inspector/stats/spikes.py, fed by the flight recorder): z-scores against a float64
+reference of the same robust EMA, a spike event at the right step, a gradient-norm spike before the
+loss moves, the settings' validation, and at most one event per streak."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import inspector
+from inspector.stats.spikes import FLOOR_LOG, FLOOR_REL, SpikeSettings, SpikeState
+
+
+def reference(xs: list[list[float]], n_lin: int, s: SpikeSettings) -> list[list[float]]:
+    """The detector's arithmetic in float64, plainly: the z of each step's values."""
+    k = len(xs[0])
+    m, v, n = [0.0] * k, [0.0] * k, [0] * k
+    out = []
+    for x in xs:
+        zs = []
+        for j in range(k):
+            lin = j < n_lin
+            ok = math.isfinite(x[j]) and (lin or x[j] > 0)
+            if not ok:
+                zs.append(0.0)
+                continue
+            y = x[j] if lin else math.log(x[j])
+            floor = max(FLOOR_REL * abs(m[j]), 1e-12) if lin else FLOOR_LOG
+            sd = max(math.sqrt(v[j]), floor)
+            armed = n[j] >= s.warmup
+            d = y - m[j]
+            zs.append(d / sd if armed else 0.0)
+            if armed:
+                d = max(min(d, s.z * sd), -s.z * sd)
+            n[j] += 1
+            a = max(s.alpha, 1.0 / n[j])
+            m[j] += a * d
+            v[j] = (1 - a) * (v[j] + a * d * d)
+        out.append(zs)
+    return out
+
+
+def test_z_scores_match_a_float64_reference_of_the_same_ema():
+    gen = torch.Generator().manual_seed(0)
+    steps = 120
+    loss = (2.0 - torch.linspace(0, 1, steps) + 0.05 * torch.randn(steps, generator=gen)).tolist()
+    norm = torch.exp(0.1 * torch.randn(steps, generator=gen)).tolist()
+    grp = torch.exp(0.3 * torch.randn(steps, generator=gen)).tolist()
+    norm[90] *= 40.0  # a spike, clipped into the statistics
+    grp[100] = math.nan  # no value: statistics unchanged
+    xs = [[a, b, c] for a, b, c in zip(loss, norm, grp, strict=True)]
+    s = SpikeSettings(warmup=20, alpha=0.05)
+    state = SpikeState(3, 1)
+    got = [state.update(x, s)[0] for x in xs]
+    want = reference(xs, 1, s)
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-9)
+    assert want[90][1] > 30 and got[90][1] > 30  # the spike
+    assert all(row[1] == 0 for row in got[:20])  # warm-up: nothing armed
+
+
+def run(steps: int, scale_at: int | None = None, **attach) -> inspector.Inspector:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    insp = inspector.attach(m, opt, every=10, flight=256, **attach)
+    insp.set_spike_detection(warmup=30)
+    for s in range(1, steps + 1):
+        x = torch.randn(32, 6)
+        loss = (m(x) - x[:, :1]).pow(2).mean()
+        if s == scale_at:
+            loss = loss * 1000.0
+        opt.zero_grad()
+        loss.backward()
+        insp.record(loss=loss)
+        opt.step()
+    insp.finish()
+    return insp
+
+
+def spikes(insp: inspector.Inspector) -> list[dict]:
+    return [e for e in insp.events() if e["kind"] == "spike"]
+
+
+def test_a_scaled_loss_is_a_spike_event_at_its_step_and_a_quiet_run_has_none():
+    quiet = run(80)
+    assert spikes(quiet) == []
+    insp = run(80, scale_at=55)
+    got = spikes(insp)
+    assert got, "no spike"
+    assert {e["step"] for e in got} == {55}
+    by = {(e["signal"], e["group"]) for e in got}
+    assert ("loss", None) in by and ("grad_norm", None) in by
+    loss_ev = next(e for e in got if e["signal"] == "loss")
+    assert loss_ev["z"] > 6 and loss_ev["value"] > 100 * loss_ev["mean"]
+    insp.close()
+    quiet.close()
+
+
+def test_a_streak_is_one_event_per_signal_and_disabled_fires_none():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    insp = inspector.attach(m, opt, every=10, flight=256)
+    insp.set_spike_detection(warmup=10, cooldown=20)
+    for s in range(1, 71):
+        x = torch.randn(16, 4)
+        loss = m(x).pow(2).mean() * (1e4 if 40 <= s < 46 else 1.0)  # a 6-step storm
+        opt.zero_grad()
+        loss.backward()
+        insp.record(loss=loss)
+        opt.step()
+    insp.finish()
+    got = spikes(insp)
+    per_signal = {}
+    for e in got:
+        per_signal.setdefault((e["signal"], e["group"]), []).append(e["step"])
+    assert per_signal and all(v == [40] for v in per_signal.values()), per_signal
+    insp.set_spike_detection(enabled=False)
+    assert insp.spike_detection["enabled"] is False
+    insp.close()
+
+
+def test_bad_settings_are_refused_and_change_nothing():
+    insp = run(3)
+    before = insp.spike_detection
+    for bad in ({"z": -1}, {"z": math.inf}, {"warmup": 1.5}, {"alpha": 1.0}, {"cooldown": 0}, {"enabled": 1}):
+        with pytest.raises(inspector.HookError) as err:
+            insp.set_spike_detection(**bad)
+        assert err.value.loc == ("spikes", next(iter(bad)))
+    assert insp.spike_detection == before
+    insp.close()
+
+
+def test_the_gradient_norm_spikes_before_the_loss_on_the_deep_scenario():
+    from inspector.scenarios import make
+
+    sc = make("deep", seed=0)
+    insp = inspector.attach(sc.model, sc.optimizer, every=10, flight=256)
+    insp.set_spike_detection(warmup=20)
+    for _ in range(75):
+        loss = sc.step()
+        insp.record(loss=loss)
+    insp.finish()
+    got = spikes(insp)
+    grad = [e["step"] for e in got if e["signal"] in ("grad_norm", "group")]
+    loss = [e["step"] for e in got if e["signal"] == "loss"]
+    assert grad, got
+    assert any("71" in (e["group"] or "") for e in got if e["signal"] == "group")
+    assert min(grad) >= 55
+    assert not loss or min(grad) < min(loss), (grad, loss)
+    insp.close()
