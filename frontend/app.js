@@ -320,6 +320,7 @@ class Dashboard {
       this.scheduler.mark((p, name) => name === "loss" && (p.markers = true));
       this.flight.onSpike(num(ev.step));
     }
+    if (ev.kind === "rewind") this.flight.onRewind(num(ev.step));
   }
 
   localEvent(kind, text) {

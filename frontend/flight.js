@@ -102,6 +102,20 @@ export class FlightCard {
     this.draw();
   }
 
+  /** A rewind to `step`: the steps after it belong to the abandoned branch (the server drops them
+   * too), and so does an incident among them. */
+  onRewind(step) {
+    let dropped = false;
+    for (const s of [...this.rows.keys()]) {
+      if (s > step) {
+        this.rows.delete(s);
+        dropped = true;
+      }
+    }
+    if (this.incident && this.incident.step > step) this.incident = null;
+    if (dropped) this.draw();
+  }
+
   /** A spike marker came: redraw if it falls inside the dump. */
   onSpike(step) {
     const steps = [...this.rows.keys()];

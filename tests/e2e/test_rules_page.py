@@ -104,6 +104,10 @@ def test_safe_overnight_from_the_panel_rewinds_past_the_nan(new_page: Any, tmp_p
 
         # training goes on finite past the bad batch's step, the skipped batches named
         support.wait_until(lambda: srv.get("/api/session")["training"]["step"] >= 45, 60, "step 45")
+        # the Recent steps card no longer shows the abandoned branch's NaN at step 30
+        flight = page.get_by_test_id("chart-flight")
+        expect(flight).not_to_have_attribute("data-incident", "30")
+        assert all(r["step"] <= cp_step or not r["nonfinite"] for r in srv.get("/api/flight")["rows"])
         snaps = srv.get("/api/snapshots", params={"since": cp_step})["snapshots"]
         assert snaps and max(s["step"] for s in snaps) >= 40
         # (the newest steps' loss may not be recorded yet: null, never NaN)
