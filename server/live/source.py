@@ -626,7 +626,9 @@ class LiveSource(Source):
                     rows[s] = r
         if self.store is not None and self.run_id is not None:
             for r in super().flight(self.run_id, since=since, until=until, tensors=tensors):
-                rows[int(r["step"])] = r if tensors or int(r["step"]) not in rows else rows[int(r["step"])]
+                step = int(r["step"])
+                if tensors or step not in rows:  # (kept rows are the newer where both have a step)
+                    rows[step] = r
         return [rows[s] for s in sorted(rows)]
 
     def _flight_on(self) -> None:
