@@ -28,6 +28,7 @@ export class FlightCard {
    *   markers ({x, text}), and a line for the event log
    */
   constructor(card, { spikes, note }) {
+    this.dumps = 0; // flight messages received (load() keeps a newer one over its stored rows)
     this.card = card;
     this.chart = card.querySelector('[data-testid="chart-flight"]');
     this.status = card.querySelector('[data-testid="flight-status"]');
@@ -72,11 +73,16 @@ export class FlightCard {
   /** A new connection or run: the detector's settings (live only) and the stored dumps. */
   async load(runId, { live, stored }) {
     const none = Promise.resolve(null);
+    const gen = this.dumps; // a dump that arrives while these requests are out is newer than them
     const [s, f] = await Promise.all([
       live ? api.spikes() : none,
       stored ? api.flight({ run: runId ?? undefined }) : none, // (no database: nothing stored)
     ]);
     this.settings = s && s.ok && s.data ? s.data.settings : null;
+    if (this.dumps !== gen) {
+      this.showSettings();
+      return;
+    }
     this.rows = new Map();
     this.incident = null;
     for (const r of f && f.ok && f.data ? f.data.rows || [] : []) this.rows.set(num(r.step), r);
@@ -94,6 +100,7 @@ export class FlightCard {
 
   /** A `flight` websocket message: a dump; it replaces what was shown. */
   onMessage(msg) {
+    this.dumps += 1;
     this.groups = msg.groups || this.groups;
     this.rows = new Map((msg.rows || []).map((r) => [num(r.step), r]));
     this.incident = msg.reason === "request" ? null : { step: num(msg.step), reason: msg.reason };
