@@ -24,7 +24,7 @@ that carry an incident (a non-finite gradient, a skipped step, an error: any eve
 `ROUTINE_EVENTS`) are always kept; routine events (a hook change, a checkpoint, a rewind) keep
 no snapshot, or a page (or a rule) making a change every step would stop the thinning (the
 events themselves are kept in their own table, whatever happens to the snapshots). The
-writer applies the rule each time a run's newest step has moved 256 steps on,
+writer applies the rule each time a run's newest step has moved `THIN_EVERY` (64) steps on,
 with `L` the newest step at that pass.
 
 Per-parameter detail. A snapshot's ten per-parameter lists and its group aggregates are stored
@@ -37,7 +37,7 @@ every 8th recorded snapshot (`DETAIL_KEEP`): the first recorded row of each alig
 step, buckets of 8 * k steps rounded down to a power of two), which are the rows the thinning
 above keeps longest, so the older rows it keeps still have their detail. The others' `detail`
 becomes an empty BLOB and the row reads with None for every parameter. Group aggregates and everything else are kept for every step. The writer
-does it after its commits, in batches of at most `DETAIL_BATCH` rows a commit, oldest first.
+does it after its commits, in batches of at most `DETAIL_BATCH` rows a pass, oldest first.
 
 The file stays bounded on a run of any length:
 
@@ -51,10 +51,15 @@ The file stays bounded on a run of any length:
   `KEEP_FREE_PAGES` (which the next inserts reuse) are handed back to the file system;
 - the WAL is checkpointed and truncated (`wal_checkpoint(TRUNCATE)`, waiting at most
   `CHECKPOINT_WAIT` s for readers to move on, so none is held up for long; when one is still
-  reading an old snapshot it is tried again after the next commit) whenever a commit has left
+  reading an old snapshot it is tried again after the next write) whenever a write has left
   it past `WAL_LIMIT` (2 MiB); `journal_size_limit` keeps it at most that after any checkpoint
   SQLite makes on its own. (Before, it stayed at its high-water mark: 10 MiB after 20,000
-  steps of bench/soak.py.)
+  steps of bench/soak.py.) Every write is a bounded transaction, so the WAL holds at most
+  WAL_LIMIT and one of them: pending rows go `COMMIT_SNAPSHOTS` snapshots and `COMMIT_SCALARS`
+  scalars at a time, and the step thinning, the detail thinning and the page reclaiming
+  (`VACUUM_CHUNK` pages) each run in a transaction of their own, with a checkpoint after each.
+  (Before, a flush interval's rows went in one commit with both thinnings, and a run at 400
+  steps a second left a 5 MiB WAL between checkpoints.)
 
 When a write fails (disk full, I/O error) training goes on: the writer keeps its
 pending rows in memory (bounded; the oldest snapshots go first), reports
@@ -64,6 +69,7 @@ pending rows in memory (bounded; the oldest snapshots go first), reports
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import sqlite3
@@ -85,8 +91,12 @@ DEFAULT_DB = "gradient-inspector.sqlite"
 WAL_LIMIT = 2 << 20  # bytes: past this the writer checkpoints and truncates the WAL
 CHECKPOINT_WAIT = 0.2  # seconds the checkpoint waits for readers to move on (then tries later)
 KEEP_FREE_PAGES = 256  # free pages kept after a thinning pass for the next inserts (1 MiB)
+VACUUM_CHUNK = 64  # free pages handed back a transaction (moving a page rewrites it, its parent and its map)
 DETAIL_KEEP = 8  # past that window, about one in this many recorded snapshots keeps its detail
-DETAIL_BATCH = 256  # rows the writer thins the detail of, at most, after one commit
+DETAIL_BATCH = 128  # rows the writer thins the detail of, at most, after one commit
+COMMIT_SNAPSHOTS = 128  # snapshots a transaction commits, at most (_commit)
+COMMIT_SCALARS = 1024  # scalars rows a transaction commits, at most
+THIN_EVERY = 64  # steps a run's newest step moves on between two passes of the step thinning
 
 # Events that are part of ordinary work: a snapshot that carries only these is thinned like any
 # other (`n_events` counts the others: the incidents a snapshot is always kept for)
@@ -115,6 +125,24 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _part(snaps: OrderedDict, scalars: OrderedDict) -> tuple[dict, dict]:
+    """The oldest pending rows that one transaction of the writer commits: at most
+    `COMMIT_SNAPSHOTS` snapshots and `COMMIT_SCALARS` scalars (rows arrive in step order), both
+    up to the same step, where a limit cut either (never nothing while something is pending)."""
+    s_keys = list(itertools.islice(snaps, COMMIT_SNAPSHOTS + 1))
+    c_keys = list(itertools.islice(scalars, COMMIT_SCALARS + 1))
+    bound = float("inf")
+    if len(s_keys) > COMMIT_SNAPSHOTS:
+        bound = s_keys[COMMIT_SNAPSHOTS - 1][1]
+    if len(c_keys) > COMMIT_SCALARS:
+        bound = min(bound, c_keys[COMMIT_SCALARS - 1][1])
+    part_snaps = {k: snaps[k] for k in s_keys[:COMMIT_SNAPSHOTS] if k[1] <= bound}
+    part_scalars = {k: scalars[k] for k in c_keys[:COMMIT_SCALARS] if k[1] <= bound}
+    if not part_snaps and not part_scalars:  # out of step order: the oldest as they come
+        part_snaps = {k: snaps[k] for k in s_keys[:COMMIT_SNAPSHOTS]}
+    return part_snaps, part_scalars
 
 
 class HistoryStore(HistoryReader):
@@ -316,9 +344,6 @@ class HistoryStore(HistoryReader):
                 elif kind in ("branch", "label"):
                     # rows queued before it belong where they were: commit them first
                     if self._commit(conn, snaps, scalars, urgent, last_thin):
-                        snaps.clear()
-                        scalars.clear()
-                        urgent.clear()
                         oldest = None
                         for ack in acks:  # hook requests among them are durable now
                             ack[1] = True
@@ -346,22 +371,19 @@ class HistoryStore(HistoryReader):
                     urgent.append(item)  # type: ignore[arg-type]
                     oldest = time.monotonic() - self.flush_interval
                 try:
-                    item = self._queue.get_nowait()  # drain what is there: one commit for all of it
+                    item = self._queue.get_nowait()  # drain what is there: committed together (_commit)
                 except queue.Empty:
                     item = None
             due = oldest is not None and time.monotonic() >= oldest + self.flush_interval
             if due or stopping or waiters:
                 committed = self._commit(conn, snaps, scalars, urgent, last_thin)
                 if committed:
-                    snaps.clear()
-                    scalars.clear()
-                    urgent.clear()
                     oldest = None
                 else:
                     oldest = time.monotonic()  # retry one interval later
                     self._bound(snaps, scalars)
                 for ack in acks:
-                    ack[1] = committed
+                    ack[1] = not urgent  # the requests went with the first part: durable if it was
                     ack[0].set()
                 acks.clear()
                 for w in waiters:
@@ -377,6 +399,35 @@ class HistoryStore(HistoryReader):
         urgent: list,
         last_thin: dict[int, int],
     ) -> bool:
+        """Commit what is pending in parts of at most `COMMIT_SNAPSHOTS` snapshots and
+        `COMMIT_SCALARS` scalars (the events, hook changes and requests in the first), oldest
+        first, each followed by its WAL checkpoint and its thinning (`_maintain`): what one
+        transaction writes, and so the WAL, stays bounded however many rows a flush interval
+        brought (at 400 steps a second, one commit of all of them with its thinning pass wrote
+        more than 3 MiB to the WAL). Each committed part is removed from `snaps`, `scalars` and
+        `urgent`; False when a part failed (it and the rest stay pending). A part ends at a step:
+        the thinning after it counts ages from its newest step, so no later row may go with it."""
+        while True:
+            part_snaps, part_scalars = _part(snaps, scalars)
+            newest = self._commit_part(conn, part_snaps, part_scalars, urgent)
+            if newest is None:
+                return False
+            for k in part_snaps:
+                del snaps[k]
+            for k in part_scalars:
+                del scalars[k]
+            urgent.clear()
+            self._bound_wal(conn)
+            self._maintain(conn, newest, {r for r, _ in part_snaps}, last_thin)
+            if not snaps and not scalars:
+                return True
+
+    def _commit_part(
+        self, conn: sqlite3.Connection, snaps: dict, scalars: dict, urgent: list
+    ) -> dict[int, int] | None:
+        """One transaction of `_commit`: the rows, the urgent items and each run's newest step.
+        Returns the newest step committed per run, None when the transaction failed (rolled back,
+        `history_paused` reported once)."""
         try:
             if self.fault is not None:
                 self.fault()
@@ -420,7 +471,6 @@ class HistoryStore(HistoryReader):
                         "INSERT OR REPLACE INTO hook_changes (run, config_version, time, hooks) VALUES (?,?,?,?)",
                         (run, int(p["config_version"]), p["time"], dumps(p["hooks"])),
                     )
-            thinned = False
             newest: dict[int, int] = {}
             for r, s in list(snaps) + list(scalars):
                 newest[r] = max(newest.get(r, 0), s)
@@ -429,13 +479,7 @@ class HistoryStore(HistoryReader):
                     "UPDATE runs SET last_step = MAX(last_step, ?), updated = ? WHERE id = ?",
                     (s, time.time(), r),
                 )
-                if s - last_thin.get(r, 0) >= 256:
-                    self._thin(conn, r, s)
-                    last_thin[r] = s
-                    thinned = True
-            decided = {r: self._thin_detail(conn, r) for r in {r for r, _ in snaps}}
             conn.execute("COMMIT")
-            self._detail_done.update({r: d for r, d in decided.items() if d is not None})
         except (sqlite3.Error, OSError) as e:
             try:
                 conn.execute("ROLLBACK")
@@ -444,24 +488,79 @@ class HistoryStore(HistoryReader):
             if self.paused_reason is None:
                 self.paused_reason = f"cannot write {self.path}: {e}"
                 self._status("history_paused", self.paused_reason)
-            return False
+            return None
         if self.paused_reason is not None:
             self.paused_reason = None
             self._status("history_resumed", f"writing {self.path} again")
-        self._bound_file(conn, thinned)
+        return newest
+
+    def _maintain(
+        self,
+        conn: sqlite3.Connection,
+        newest: dict[int, int],
+        with_snaps: set[int],
+        last_thin: dict[int, int],
+    ) -> None:
+        """After a part's commit, each in a transaction of its own (`_write`): the step thinning of
+        each run whose newest step moved `THIN_EVERY` steps on since its last pass (`_thin`), the
+        detail thinning of each run that got snapshots (`_thin_detail`), and after a step thinning
+        the free pages past KEEP_FREE_PAGES handed back to the file system, `VACUUM_CHUNK` a
+        transaction (a no-op on a database made without auto_vacuum). The WAL is checkpointed after
+        each write, so it never holds more than WAL_LIMIT and one of them: a thinning pass rewrites
+        pages all over the tables, as much as a commit of new rows or more (bench/soak.py).
+        Nothing here is needed for what was committed to be safe: a failed pass is rolled back and
+        tried again after the next commit."""
+        due = {r: s for r, s in newest.items() if s - last_thin.get(r, 0) >= THIN_EVERY}
+
+        def thin() -> None:
+            for r, s in due.items():
+                self._thin(conn, r, s)
+
+        if due and self._write(conn, thin):
+            last_thin.update(due)
+        decided: dict[int, tuple[int, int] | None] = {}
+
+        def thin_detail() -> None:
+            decided.update({r: self._thin_detail(conn, r) for r in with_snaps})
+
+        if with_snaps and self._write(conn, thin_detail):
+            self._detail_done.update({r: d for r, d in decided.items() if d is not None})
+        if not due:
+            return
+        try:
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            while free > KEEP_FREE_PAGES:
+                # executescript: it steps the pragma to its end (execute() frees one page only)
+                conn.executescript(f"PRAGMA incremental_vacuum({min(VACUUM_CHUNK, free - KEEP_FREE_PAGES)});")
+                self._bound_wal(conn)
+                left = conn.execute("PRAGMA freelist_count").fetchone()[0]
+                free = left if left < free else 0  # no progress: tried again after the next pass
+        except sqlite3.Error:
+            pass
+
+    def _write(self, conn: sqlite3.Connection, work: Callable[[], Any]) -> bool:
+        """`work` in a transaction of its own, then the WAL checkpointed (`_bound_wal`); False,
+        rolled back, when it failed."""
+        try:
+            if self.fault is not None:
+                self.fault()
+            conn.execute("BEGIN IMMEDIATE")
+            work()
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError):
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return False
+        self._bound_wal(conn)
         return True
 
-    def _bound_file(self, conn: sqlite3.Connection, thinned: bool) -> None:
-        """After a commit: free pages past KEEP_FREE_PAGES back to the file system (after a
-        thinning pass; a no-op on a database made without auto_vacuum), and the WAL checkpointed
-        and truncated once it has grown past WAL_LIMIT. What is committed is safe either way: a
-        failure here is tried again after the next commit."""
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        """The WAL checkpointed and truncated once it has grown past WAL_LIMIT. What is committed
+        is safe either way: when a reader holds the checkpoint off past CHECKPOINT_WAIT it is tried
+        again after the next write."""
         try:
-            if thinned:
-                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-                if free > KEEP_FREE_PAGES:
-                    # executescript: it steps the pragma to its end (execute() frees one page only)
-                    conn.executescript(f"PRAGMA incremental_vacuum({free - KEEP_FREE_PAGES});")
             if _size(f"{self.path}-wal") > WAL_LIMIT:
                 conn.execute(f"PRAGMA busy_timeout={int(CHECKPOINT_WAIT * 1000)}")
                 try:

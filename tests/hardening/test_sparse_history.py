@@ -18,7 +18,7 @@ from .tools import thinning_bound
 W = 64  # a small full window, so a few thousand steps span several octaves
 
 
-SLACK = 256  # rows newer than the last thinning pass (it runs each time the newest step moved 256 on)
+SLACK = 256  # rows newer than the last thinning pass (it runs each time the newest step moved 64 on: room to spare)
 
 
 def record(store: HistoryStore, run: int, steps: list[int]) -> None:
@@ -36,7 +36,7 @@ def octave(age: int) -> int:
 def check(kept: list[int], newest: int, cadence: int) -> None:
     """Each octave of age that a thinning pass has covered keeps about one row per bucket of its
     stride, or every recorded row where the stride is finer than the cadence: at least half of
-    that (the last pass ran up to 256 steps before `newest`, which blurs the octaves' edges)."""
+    that (the last pass ran up to SLACK steps before `newest`, which blurs the octaves' edges)."""
     for k in range(octave(newest)):
         lo_age, hi_age = W * 2**k, W * 2 ** (k + 1)
         if lo_age < W + SLACK or hi_age > newest:

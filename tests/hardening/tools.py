@@ -142,8 +142,8 @@ def quiesce(insp: Any, timeout: float = 20.0) -> int:
 def thinning_bound(latest: int, window: int, *, slack: int = 256 + 512) -> int:
     """The most rows the thinning rule keeps for a run whose newest step is `latest`: `window`
     in full, then about `window / 2` per octave of age (one more for an octave's edge), plus
-    `slack` for the steps written since the last thinning pass (it runs every 256 steps) and
-    one commit's batch."""
+    `slack` for the steps written since the last thinning pass (it runs every 64 steps; 256 is
+    room to spare) and one commit's batch."""
     octaves = 0
     while window * 2**octaves <= latest:
         octaves += 1

@@ -90,7 +90,7 @@ def test_thinning_keeps_recent_steps_and_a_log_number_of_old_ones(tmp_path):
     for s in range(1, last + 1):
         events = [{"seq": 1, "kind": "nonfinite"}] if s == 7 else []
         store.add_snapshot(run, snap(s, events=events))
-        if s % 256 == 0:  # a thinning pass runs when the newest step moved 256 on: here, at each flush
+        if s % 256 == 0:  # a thinning pass runs when the newest step moved 64 on: here, at each flush
             store.flush()
     steps = set(store.steps("snapshots", run, cap=None))
     newest = last
