@@ -335,3 +335,29 @@ def test_a_failure_turns_the_instrument_off_and_is_reported(monkeypatch):
     assert [s["step"] for s in snaps] == [1, 2, 3], "training and the snapshots go on"
     assert all(s["optim"] is None for s in snaps) and snaps[2]["grad_norm"][0] is not None
     assert len(errors) == 1 and "optimizer state" in errors[0]["message"] and "boom" in errors[0]["message"]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 40])
+def test_batched_dots_and_counts_equal_the_one_at_a_time_ones(monkeypatch, chunk_size):
+    """`dots` and `counts_below` (stacked, a batch of at most CHUNK elements) against `_dot` and
+    `_count_below` pair by pair, on a mix: shapes that batch together, one alone, float64,
+    bfloat16 and complex pairs, a tensor past CHUNK, and a threshold that is a tensor; the values
+    come back in the order given."""
+    if chunk_size is not None:
+        monkeypatch.setattr(optim_state, "CHUNK", chunk_size)
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    a = [r(4, 3), r(4, 3), r(7), r(4, 3), r(4, 3, dtype=torch.float64), r(4, 3, dtype=torch.float64)]
+    a += [r(5, dtype=torch.bfloat16), r(3, dtype=torch.complex64), r(60), r(4, 3)[:, 1]]
+    b = [r(*x.shape, dtype=x.dtype) for x in a]
+    got = optim_state.dots(a, b)
+    assert len(got) == len(a) and all(g.dim() == 0 for g in got)
+    for x, y, g in zip(a, b, got, strict=True):
+        assert float(g) == pytest.approx(float(optim_state._dot(x, y)), rel=1e-5, abs=1e-6)  # noqa: SLF001
+    vs = [r(4, 3).abs() for _ in range(3)] + [r(60).abs(), r(7, dtype=torch.float64).abs(), r(4, 3).abs()]
+    thresholds: list[Any] = [0.5, 0.5, 1.0, 0.5, 0.5, torch.tensor(0.7)]
+    counts = optim_state.counts_below(vs, thresholds)
+    assert [int(c) for c in counts] == [int((v < t).sum()) for v, t in zip(vs, thresholds, strict=True)]
