@@ -6,7 +6,8 @@
 every step (their cost is ``base``), and the full statistics (cost ``sampled``) run
 every k-th step with ``k = ceil((sampled - base) / room)``, ``room = budget * step - base``
 but at least ``MIN_ROOM`` of ``budget * step``, moved by at
-most a doubling at a time and capped so that a snapshot comes about once a second.
+most a doubling at a time and capped so that a snapshot comes about once a second where that
+fits in the whole budget (``k`` aims at half of it), else as often as the whole budget allows.
 
 Short runs are shown densely: the first ``DENSE_STEPS`` steps are all sampled (so a run that
 short has every step, its last included), and after that ``k`` stays within a tenth of the
@@ -148,8 +149,9 @@ class Cadence:
         sampling less cannot fix that: the interval then keeps the statistics' own extra cost
         within ``MIN_ROOM`` of that share, on top of it (it once gave them the whole share again,
         doubling the cost of such a run). It at most doubles from one sampled step to the next, and stays
-        short enough for about one snapshot a second, so the dashboard never goes quiet.
-        """
+        short enough for about one snapshot a second, so the dashboard never goes quiet, as long as
+        that fits in the whole budget; past that the budget wins (the loss and the flight recorder's
+        every-step values still come every step)."""
         if self._wall is None or self._sampled_cost is None:
             return 1
         base = self._base_cost if self._base_cost is not None else 0.0
@@ -162,7 +164,12 @@ class Cadence:
         target = SAFETY * self.budget * self._wall
         room = max(target - base, MIN_ROOM * target)
         k = math.ceil(extra / room)
-        k = min(k, 2 * self.k, max(1, int(1.0 / self._wall)))
+        # about a snapshot a second where that fits in the whole budget (the interval above aims at
+        # half of it); where it does not (a large model's statistics on a CPU: 90 ms and more a
+        # sampled step), as often as the whole budget allows: the budget is what `attach` promises
+        whole = self.budget * self._wall
+        k_whole = math.ceil(extra / max(whole - base, MIN_ROOM * whole))
+        k = min(k, max(int(1.0 / self._wall), k_whole), 2 * self.k)
         return max(1, min(MAX_EVERY, k))
 
     @property

@@ -131,3 +131,27 @@ def test_the_last_step_of_a_run_that_says_its_length_is_always_sampled():
             assert insp.latest()["step"] == total
     with inspector.attach(model, opt) as insp, pytest.raises(inspector.HookError):
         insp.expect_last_step(0)
+
+
+def drive(c: Cadence, steps: int, wall: float, sampled_s: float, base_s: float) -> None:
+    for step in range(1, steps + 1):
+        c.observe(step, c.is_sampled(step), sampled_s if c.is_sampled(step) else base_s, wall)
+
+
+def test_a_snapshot_a_second_gives_way_to_the_whole_budget():
+    """A large model on a CPU: 250 ms steps, 5 ms of every-step work, 90 ms a sampled step. A
+    snapshot a second (k = 4) would cost 26 ms a step, 10 %; the cadence samples as often as the
+    whole 3 % allows instead: k = ceil(85 / (7.5 - 5)) = 34 (before: 4, whatever the budget)."""
+    c = Cadence(0.03, None)
+    drive(c, 2000, 0.25, 0.090, 0.005)
+    assert c.k == 34
+    assert c.overhead is not None and c.overhead <= 0.03
+
+
+def test_a_snapshot_a_second_is_kept_where_it_fits_in_the_whole_budget():
+    """100 ms steps, 20 ms a sampled step, almost no every-step work: half the budget alone would
+    sample every 15th step (1.5 s); a snapshot a second (k = 10) costs 2 %, within the whole 3 %."""
+    c = Cadence(0.03, None)
+    drive(c, 2000, 0.1, 0.0201, 0.0001)
+    assert c.k == 10
+    assert c.overhead is not None and c.overhead <= 0.03
