@@ -1,11 +1,13 @@
-"""The command layer: what the HTTP API (routes/api.py) and the agent interface (agent.py) do.
+"""The command layer: what the HTTP API (routes/api.py), the websocket's commands (routes/ws.py)
+and the agent interface (agent.py) do.
 
 Each function takes the `Source` and input already validated by the protocol's models
 (`protocol.HookCreate`, `HookPatch`, `CheckpointBody`, `RewindBody`, `RateBody`...), calls the
 source, and returns the result as the HTTP API answers it. A failure is an `ApiError` (status and
-`detail`): a route lets the app turn it into the 4xx response, an agent tool into an error result
-with the same status and detail. Both interfaces call these functions, so they cannot drift apart:
-the same validation, the same source call, the same errors.
+`detail`): a route lets the app turn it into the 4xx response, the websocket into an `error`
+message, an agent tool into an error result with the same status and detail. Every interface
+calls these functions, so they cannot drift apart: the same validation, the same source call, the
+same errors.
 
 `validated(model, data)` builds a body from plain values (the agent's tool arguments) with the
 same model a route uses, a failure being the route's 422 detail. `record(...)` puts one command of

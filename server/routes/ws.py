@@ -29,6 +29,7 @@ from fastapi import WebSocket
 from pydantic import ValidationError
 from starlette.status import WS_1000_NORMAL_CLOSURE, WS_1008_POLICY_VIOLATION, WS_1011_INTERNAL_ERROR
 
+from .. import commands
 from ..hub import ClientHub, ClientQueue
 from ..protocol import COMMAND_TYPES, command_adapter, dumps, error_detail, pydantic_detail
 from ..security import WS_SUBPROTOCOL, TokenBucket, bounded_detail
@@ -158,32 +159,20 @@ class Connection:
         self.reply("ack", rid, result=result)
 
     async def run_command(self, cmd: Any) -> Any:
+        """A command through the command layer (commands.py), as the HTTP API and the agent run
+        it: the websocket's command models are the routes' bodies with a `type` (protocol.py)."""
         src = self.source
         if cmd.type == "add_hook":
-            return await asyncio.to_thread(
-                src.add_hook,
-                cmd.kind,
-                target=cmd.target,
-                point=cmd.point,
-                enabled=cmd.enabled,
-                params=cmd.params,
-            )
+            return await asyncio.to_thread(commands.add_hook, src, cmd)
         if cmd.type == "update_hook":
-            return await asyncio.to_thread(
-                src.update_hook,
-                cmd.id,
-                params=cmd.params,
-                enabled=cmd.enabled,
-                target=cmd.target,
-                position=cmd.position,
-            )
+            return await asyncio.to_thread(commands.update_hook, src, cmd.id, cmd)
         if cmd.type == "remove_hook":
-            await asyncio.to_thread(src.remove_hook, cmd.id)
+            await asyncio.to_thread(commands.remove_hook, src, cmd.id)
             return {"id": cmd.id}
         if cmd.type in ("pause", "resume", "step"):
-            return await asyncio.to_thread(src.training_command, cmd.type)
+            return await asyncio.to_thread(commands.training, src, cmd.type)
         if cmd.type == "rate":
-            return await asyncio.to_thread(src.set_rate, cmd.steps_per_second)
+            return await asyncio.to_thread(commands.set_rate, src, cmd)
         # subscribe: a read (allowed on a read-only server), it changes only this client's stream
         if "max_rate" in cmd.model_fields_set:
             self.client.set_max_rate(cmd.max_rate)

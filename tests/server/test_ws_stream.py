@@ -252,3 +252,36 @@ def test_a_command_flood_closes_that_socket_only(live):
         assert info.value.rcvd is not None and info.value.rcvd.code == 1008
         send(other, type="subscribe", request_id="still-here")
         assert recv_until(other, lambda m: m.get("request_id") == "still-here")["type"] == "ack"
+
+
+def test_socket_commands_run_through_the_command_layer(live, monkeypatch):
+    """Every websocket command that changes something calls the same function of server/commands.py
+    as its HTTP route and the agent's tool (each call recorded here), so the three cannot drift."""
+    import server.commands as commands
+
+    calls: list[str] = []
+    for name in ("add_hook", "update_hook", "remove_hook", "training", "set_rate"):
+        real = getattr(commands, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(commands, name, spy)
+    srv = live()
+    srv.wait_step(2)
+    with srv.ws() as ws:
+        box = Inbox(ws)
+        send(ws, type="add_hook", request_id="a", kind="scale", params={"factor": 0.5})
+        hook = box.reply("a")["result"]
+        send(ws, type="update_hook", request_id="u", id=hook["id"], params={"factor": 0.25})
+        assert box.reply("u")["type"] == "ack"
+        send(ws, type="remove_hook", request_id="d", id=hook["id"])
+        assert box.reply("d")["type"] == "ack"
+        send(ws, type="pause", request_id="p")
+        assert box.reply("p")["type"] == "ack"
+        send(ws, type="rate", request_id="r", steps_per_second=20)
+        assert box.reply("r")["type"] == "ack"
+        send(ws, type="resume", request_id="q")
+        assert box.reply("q")["type"] == "ack"
+    assert calls == ["add_hook", "update_hook", "remove_hook", "training", "set_rate", "training"]
