@@ -514,7 +514,7 @@ class Dashboard {
       const worst = row.worst && row.worst.length ? row.worst[0].param : null;
       best = worst !== null && v.params[worst] !== undefined ? worst : (v.groups.members[best] || [0])[0];
     }
-    this.pickParam(v.params[best]);
+    this.pickParam(v.params[best], { auto: true });
   }
 
   /**
@@ -612,13 +612,18 @@ class Dashboard {
     }
   }
 
-  pickParam(name) {
+  /**
+   * A parameter picked: the histogram shows it and the parameter statistics add it. The page's own
+   * first choice (`auto`, the histogram's default) joins the statistics only while nothing is
+   * picked there: a filter typed before the first snapshot arrived keeps what it picked.
+   */
+  pickParam(name, { auto = false } = {}) {
     if (!name || !this.view.params.includes(name)) return;
     this.histParam = name;
     $("histParam").value = name;
     this.hist.param = name;
     this.scheduler.resetNow("hist");
-    this.measured.pick(name);
+    this.measured.pick(name, { stats: !auto || !this.measured.params.picked.length });
     this.subscribe();
     this.showHistStatus();
   }

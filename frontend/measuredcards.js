@@ -53,9 +53,10 @@ export class MeasuredCards {
     for (const [, chart] of this.charts()) timeline.join(chart);
   }
 
-  /** A parameter picked on another chart (or the histogram's list). */
-  pick(name) {
-    this.params.pick(name);
+  /** A parameter picked on another chart (or the histogram's list); `stats` false: the histogram
+   * over steps follows it, the parameter statistics keep their picks. */
+  pick(name, { stats = true } = {}) {
+    if (stats) this.params.pick(name);
     this.histTime.param = name;
     this.scheduler().resetNow("histTime");
   }

@@ -268,3 +268,66 @@ def test_hook_effects_show_a_post_accumulate_clip_and_an_l2_hook(
     assert any("clip_value @post_accumulate on 0.*" in n for n in legend), legend
     expect(page.get_by_test_id("flow-note")).to_contain_text("pre_step")
     assert log.errors == []
+
+
+def test_a_filter_typed_before_the_first_snapshot_keeps_its_picks(new_page: Any, tmp_path: Path) -> None:
+    """The page's own first choice of a parameter (the histogram's default, the largest gradient
+    norm when the first snapshot arrives) joins the parameter statistics only while nothing is
+    picked there: a filter typed before any data reached the page (a slow machine, a busy server)
+    keeps exactly what it picked (before: the default was added beside it, two chips). The page's
+    websocket is routed through the test, which holds the snapshots back (the hello's history
+    too), lets the filter pick another parameter than the default the held ones give, then sends
+    them and drops the rest until the page has chosen its default."""
+    import json
+
+    held: list[dict[str, Any]] = []
+    state = {"mode": "hold"}  # hold -> drop (after the held ones are sent) -> pass
+    page_side: list[Any] = []
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+        page_side.append(ws)
+
+        def from_server(message: Any) -> None:
+            if state["mode"] != "pass" and isinstance(message, str):
+                m = json.loads(message)
+                if m.get("type") == "snapshot":
+                    if state["mode"] == "hold":
+                        held.append(m["data"])
+                    return
+                if m.get("type") == "hello" and m.get("history"):
+                    held.extend(m["history"])
+                    message = json.dumps({**m, "history": []})
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    def hist_param(page: Any) -> str:
+        return page.evaluate("() => document.querySelector('[data-testid=hist-param]').value")
+
+    with support.start_demo(tmp_path, scenario="mlp", rate=10) as srv:
+        support.wait_until(lambda: srv.get("/api/session")["training"]["step"] >= 3, 30, "step 3")
+        names = srv.get("/api/snapshots", params={"limit": 1})["params"]
+        page, log = new_page()
+        page.route_web_socket("**/ws*", route)
+        page.goto(srv.url)
+        expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+        # (the route's handler runs while Playwright works: each poll asks the page something)
+        support.wait_until(lambda: page.evaluate("() => true") and held, 30, "a snapshot held back")
+        state["mode"] = "drop"
+        assert hist_param(page) == ""
+        norms = held[-1]["grad_norm_raw"]
+        default = names[max(range(len(names)), key=lambda i: norms[i])]
+        other = next(n for n in names if n != default)
+        page.get_by_test_id("param-filter").fill(other)
+        chips = page.get_by_test_id("param-picked").get_by_test_id("param-chip")
+        expect(chips).to_have_count(1)
+        for data in held:
+            page_side[-1].send(json.dumps({"type": "snapshot", "data": data}))
+        # the snapshots drawn: the histogram picked its default parameter
+        page.wait_for_function("() => !!document.querySelector('[data-testid=hist-param]').value")
+        assert hist_param(page) == default
+        state["mode"] = "pass"
+        expect(chips).to_have_count(1)
+        expect(chips).to_have_attribute("data-param", other)
+        assert log.errors == []
