@@ -18,6 +18,18 @@ import pytest
 from tests.support import NO_CHROMIUM, ServerProcess, chromium_path, launch_chromium, start_demo
 
 
+@pytest.fixture(autouse=True)
+def patient_expect() -> Iterator[None]:
+    """Generous waits for Playwright's `expect` (its default is 5 s): the machine running the suite
+    may be busy (beside a CPU hog, a replay's page took 6 s to draw its first cards). A wait ends
+    as soon as its condition holds; a module may set its own."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=20_000)
+    yield
+    expect.set_options(timeout=5_000)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One Chromium per test module. Not per session: while playwright's sync API is active it

@@ -24,14 +24,6 @@ from tests import support
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(autouse=True)
-def patient_expect():
-    """Generous waits: the machine running the suite may be busy (the default is 5 s)."""
-    expect.set_options(timeout=20_000)
-    yield
-    expect.set_options(timeout=5_000)
-
-
 def reset(server: support.ServerProcess) -> None:
     """No hooks, training running, the default cap: each test starts from the same state."""
     for hook in server.get("/api/hooks"):
