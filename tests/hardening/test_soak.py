@@ -62,6 +62,14 @@ def synthetic_snapshot(step: int, n_params: int) -> dict:
     }
 
 
+def four_tensor_run(store) -> int:  # noqa: ANN001
+    """A run of four 10x10 weights in `store`, as `synthetic_snapshot(step, 4)` writes for."""
+    return store.new_run(
+        params=[{"name": f"{i}.weight", "shape": [10, 10], "numel": 100, "module": str(i)} for i in range(4)],
+        modules=["", "0", "1", "2", "3"],
+    )
+
+
 @pytest.mark.slow
 def test_a_long_history_keeps_the_wal_and_the_file_bounded(tmp_path):
     """20,000 steps of a 4-tensor model's snapshots and scalars, committed in
@@ -77,12 +85,7 @@ def test_a_long_history_keeps_the_wal_and_the_file_bounded(tmp_path):
     store = HistoryStore(db, flush_interval=0.05)
     walls = []
     try:
-        run = store.new_run(
-            params=[
-                {"name": f"{i}.weight", "shape": [10, 10], "numel": 100, "module": str(i)} for i in range(4)
-            ],
-            modules=["", "0", "1", "2", "3"],
-        )
+        run = four_tensor_run(store)
         store.start_writer()
         for step in range(1, 20_001):
             store.add_snapshot(run, synthetic_snapshot(step, 4))
@@ -139,12 +142,7 @@ def test_the_wal_holds_its_limit_and_one_bounded_write_however_many_rows_a_flush
     monkeypatch.setattr(storage, "_size", size)
     store = HistoryStore(tmp_path / "wal.sqlite", flush_interval=60.0)
     try:
-        run = store.new_run(
-            params=[
-                {"name": f"{i}.weight", "shape": [10, 10], "numel": 100, "module": str(i)} for i in range(4)
-            ],
-            modules=["", "0", "1", "2", "3"],
-        )
+        run = four_tensor_run(store)
         store.start_writer()
         for step in range(1, 10_001):
             snap = synthetic_snapshot(step, 4)
