@@ -164,17 +164,29 @@ def _cos(dot: float, a_sq: float, b_sq: float) -> float | None:
     return max(-1.0, min(1.0, dot / math.sqrt(a_sq * b_sq)))
 
 
-def _threshold(t: Any, beta2: Any, eps: Any) -> Tensor | float:
-    """``(1 - beta2**t) * eps**2``: where the bias-corrected second moment is below ``eps**2``.
-    A Python float when every input is a number or a CPU tensor (Adam keeps ``step`` on the CPU
-    unless it is capturable or fused: reading it waits for nothing); else a device scalar, taken
-    without a read."""
-    parts = [t, beta2, eps]
-    if all(not isinstance(x, Tensor) or x.device.type == "cpu" for x in parts):
-        t, beta2, eps = (float(x) for x in parts)
-    else:
+def _thresholds(steps: list[Any], consts: list[tuple[Any, Any]]) -> Tensor | list[Tensor | float]:
+    """Per tensor ``(1 - beta2**t) * eps**2`` (its state's step ``t``, its group's ``beta2`` and
+    ``eps``): where the bias-corrected second moment is below ``eps**2``. One float64 CPU tensor
+    when every input is a number or a CPU tensor (Adam keeps ``step`` on the CPU unless it is
+    capturable or fused: reading it waits for nothing; the steps are stacked, not read one by one);
+    else one value per tensor, a device scalar where an input is on a device, taken without a read."""
+
+    def on_cpu(x: Any) -> bool:
+        return not isinstance(x, Tensor) or x.device.type == "cpu"
+
+    if all(map(on_cpu, steps)) and all(on_cpu(b) and on_cpu(e) for b, e in consts):
+        if all(isinstance(t, Tensor) and t.dim() == 0 for t in steps):
+            t = torch.stack(steps).double()  # (one op for all: each state's step is a 0-dim tensor)
+        else:
+            t = torch.tensor([float(x) for x in steps], dtype=torch.float64)
+        beta2 = torch.tensor([float(b) for b, _ in consts], dtype=torch.float64)
+        eps = torch.tensor([float(e) for _, e in consts], dtype=torch.float64)
+        return (1 - beta2**t) * (eps * eps)
+    out: list[Tensor | float] = []
+    for t, (beta2, eps) in zip(steps, consts, strict=True):
         eps = float(eps) if not isinstance(eps, Tensor) else eps
-    return (1 - beta2**t) * (eps * eps)
+        out.append((1 - beta2**t) * (eps * eps))
+    return out
 
 
 def _root(x: float, any_: bool) -> float | None:
@@ -198,6 +210,7 @@ class OptimProbe:
         self._prev_flat: Tensor | None = None
         self._prev_at: list[int | None] = [None] * self.n  # the step each buffer's gradient is of
         self._prev_sq: list[float | None] = [None] * self.n  # its sample's squared norm, from its transfer
+        self._flat_plan: FlatPlan | None = None  # the update ratio's, as before_update last had it
         self._clear()
 
     def _clear(self) -> None:
@@ -266,6 +279,7 @@ class OptimProbe:
         and keep this step's sample in its place. ``params``: the parameters, detached; ``plan``: the
         flat plan where the update ratio keeps the parameters whole in one flat copy (else None);
         ``kept``: the strides the update ratio's probe sampled the parameters with this step."""
+        self._flat_plan = plan
         if self._taken:  # a closure evaluated again: the first evaluation's gradients are compared
             return
         self._taken = True
@@ -378,7 +392,7 @@ class OptimProbe:
         if opt is None:
             return
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
-        idx, numel, m, v, thresholds = [], [], [], [], []
+        idx, numel, m, v, steps, consts = [], [], [], [], [], []
         for i, p in enumerate(self.tensors):
             s = opt.state.get(p)  # (a defaultdict: .get adds nothing)
             grp = group_of.get(id(p))
@@ -390,17 +404,34 @@ class OptimProbe:
                 continue
             if ea.layout != torch.strided or es.is_complex():
                 continue
-            thresholds.append(_threshold(s.get("step", 1), betas[1], eps))
             idx.append(i)
             numel.append(es.numel())
             m.append(ea.detach())
             v.append(es.detach())
+            steps.append(s.get("step", 1))
+            consts.append((betas[1], eps))
         if not idx:
             return
         self._adam = (idx, numel)
+        thresholds = _thresholds(steps, consts)
+        plan = self._flat_plan
+        if (
+            isinstance(thresholds, Tensor)
+            and plan is not None
+            and not plan.large
+            and len(idx) == self.n
+            and plan.fits(m)
+            and plan.fits(v)
+        ):  # many small CPU tensors: three flat passes (FlatPlan.adam_state)
+            norms, sums, below = plan.adam_state(m, v, thresholds)
+            self._add(pack, "optim:m", norms)
+            self._add(pack, "optim:v", sums)
+            self._add(pack, "optim:below", below)
+            return
         self._add(pack, "optim:m", foreach_norm(m))
         self._add(pack, "optim:v", foreach_norm(v, 1.0))  # sum(v): v >= 0
-        self._add(pack, "optim:below", counts_below(v, thresholds))
+        listed = thresholds.tolist() if isinstance(thresholds, Tensor) else thresholds
+        self._add(pack, "optim:below", counts_below(v, listed))
 
     # ------------------------------------------------------------------ from the transfer
     def read(

@@ -639,6 +639,22 @@ class FlatPlan:
         small = self._seg(flat.double().square_(), "sum").sqrt_()
         return self._merge(small, foreach_norm(large) if large else [], torch.float32)
 
+    def adam_state(
+        self, m: list[Tensor], v: list[Tensor], thresholds: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """For a plan with no large tensor and an Adam state aligned with the parameters (``m`` and
+        ``v`` fit the plan): per tensor ``||m||``, ``sum(v)`` and how many elements of ``v`` are
+        below the tensor's threshold (``thresholds``: float64, one per tensor, in parameter order),
+        each as one 1-D float32 tensor over all ``n``, from two flat copies in float64."""
+        fm = self.flat(m).double()
+        fv = self.flat(v).double()
+        norms = self._seg(fm.square_(), "sum").sqrt_()
+        sums = self._seg(fv, "sum")
+        thr = thresholds if self._order is None else thresholds.index_select(0, self._order)
+        per_element = torch.repeat_interleave(thr, self.lengths, output_size=fv.numel())
+        below = self._seg(fv.lt_(per_element).double(), "sum")  # (fv is a copy: compared in place)
+        return self._unorder(norms).float(), self._unorder(sums).float(), self._unorder(below).float()
+
     def sums_of_flat(self, flat: Tensor) -> Tensor:
         """Per-tensor sums (float32, all ``n``; summed in float64) of a buffer laid out as :meth:`flat`'s,
         for a plan with no large tensor (the dot products of two such buffers, multiplied)."""

@@ -276,12 +276,23 @@ def test_a_model_past_the_memory_floor_is_sampled_and_estimated():
     assert o["cos_grad_prev"] == pytest.approx(want, abs=0.03)
 
 
-def test_many_small_tensors_take_the_flat_path():
-    """At least 32 small CPU tensors kept whole: the flat passes, the same values."""
+def test_many_small_tensors_take_the_flat_path(monkeypatch):
+    """At least 32 small CPU tensors kept whole: the flat passes (the Adam state's too), the same values."""
+    from inspector.stats.tensor_stats import FlatPlan
+
+    flat_adam = []
+    real = FlatPlan.adam_state
+
+    def spy(self, *args):  # noqa: ANN001
+        flat_adam.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(FlatPlan, "adam_state", spy)
     torch.manual_seed(1)
     net = nn.Sequential(*[nn.Sequential(nn.Linear(10, 10), nn.Tanh()) for _ in range(20)], nn.Linear(10, 1))
     trace, members, snaps = run(OPTIMIZERS["adamw"], steps=3, net=net)
     assert len(trace.params) >= 32
+    assert len(flat_adam) == 3, "each sampled step's Adam state took the flat passes"
     for k, snap in enumerate(snaps):
         got, want = snap["optim"], reference(trace, k, members)
         for key in (*GEO, *ADAM):
