@@ -54,12 +54,15 @@ The file stays bounded on a run of any length:
   reading an old snapshot it is tried again after the next write) whenever a write has left
   it past `WAL_LIMIT` (2 MiB); `journal_size_limit` keeps it at most that after any checkpoint
   SQLite makes on its own. (Before, it stayed at its high-water mark: 10 MiB after 20,000
-  steps of bench/soak.py.) Every write is a bounded transaction, so the WAL holds at most
-  WAL_LIMIT and one of them: pending rows go `COMMIT_SNAPSHOTS` snapshots and `COMMIT_SCALARS`
-  scalars at a time, and the step thinning, the detail thinning and the page reclaiming
-  (`VACUUM_CHUNK` pages) each run in a transaction of their own, with a checkpoint after each.
-  (Before, a flush interval's rows went in one commit with both thinnings, and a run at 400
-  steps a second left a 5 MiB WAL between checkpoints.)
+  steps of bench/soak.py.) The writer's transactions are bounded in rows, however many a flush
+  interval brought, so the WAL holds at most WAL_LIMIT and one of them: pending rows go one
+  run's `COMMIT_SNAPSHOTS` snapshots and `COMMIT_SCALARS` scalars at a time, and the step
+  thinning, the detail thinning (`DETAIL_BATCH` rows) and the page reclaiming (`VACUUM_CHUNK`
+  pages) each run in a transaction of their own, with a checkpoint after each. (Before, a flush
+  interval's rows went in one commit with both thinnings, and a run at 400 steps a second left a
+  5 MiB WAL between checkpoints.) Rows, not bytes: 128 snapshots of the `mlp` demo are about
+  a quarter of a MiB, of a 10,000-tensor model (its per-tensor detail) tens of MiB; and a
+  rewind's branch moves the abandoned rows in one transaction.
 
 When a write fails (disk full, I/O error) training goes on: the writer keeps its
 pending rows in memory (bounded; the oldest snapshots go first), reports
@@ -128,11 +131,14 @@ def _size(path: str) -> int:
 
 
 def _part(snaps: OrderedDict, scalars: OrderedDict) -> tuple[dict, dict]:
-    """The oldest pending rows that one transaction of the writer commits: at most
-    `COMMIT_SNAPSHOTS` snapshots and `COMMIT_SCALARS` scalars (rows arrive in step order), both
-    up to the same step, where a limit cut either (never nothing while something is pending)."""
-    s_keys = list(itertools.islice(snaps, COMMIT_SNAPSHOTS + 1))
-    c_keys = list(itertools.islice(scalars, COMMIT_SCALARS + 1))
+    """The oldest pending rows of one run that one transaction of the writer commits: the run of
+    the oldest pending snapshot (else scalars row), at most `COMMIT_SNAPSHOTS` of its snapshots
+    and `COMMIT_SCALARS` of its scalars rows (rows arrive in step order), both up to the same
+    step where a limit cuts either: the thinning after the part counts ages from its newest step.
+    Never empty while something is pending (the row at a cut is in the part)."""
+    run = next(iter(snaps))[0] if snaps else next(iter(scalars))[0]
+    s_keys = list(itertools.islice((k for k in snaps if k[0] == run), COMMIT_SNAPSHOTS + 1))
+    c_keys = list(itertools.islice((k for k in scalars if k[0] == run), COMMIT_SCALARS + 1))
     bound = float("inf")
     if len(s_keys) > COMMIT_SNAPSHOTS:
         bound = s_keys[COMMIT_SNAPSHOTS - 1][1]
@@ -140,8 +146,6 @@ def _part(snaps: OrderedDict, scalars: OrderedDict) -> tuple[dict, dict]:
         bound = min(bound, c_keys[COMMIT_SCALARS - 1][1])
     part_snaps = {k: snaps[k] for k in s_keys[:COMMIT_SNAPSHOTS] if k[1] <= bound}
     part_scalars = {k: scalars[k] for k in c_keys[:COMMIT_SCALARS] if k[1] <= bound}
-    if not part_snaps and not part_scalars:  # out of step order: the oldest as they come
-        part_snaps = {k: snaps[k] for k in s_keys[:COMMIT_SNAPSHOTS]}
     return part_snaps, part_scalars
 
 
@@ -345,11 +349,13 @@ class HistoryStore(HistoryReader):
                     # rows queued before it belong where they were: commit them first
                     if self._commit(conn, snaps, scalars, urgent, last_thin):
                         oldest = None
-                        for ack in acks:  # hook requests among them are durable now
+                    if not urgent:  # the requests went with the first part: durable now
+                        for ack in acks:
                             ack[1] = True
                             ack[0].set()
                         acks.clear()
                     self._branch(conn, item)
+                    self._bound_wal(conn)
                 elif kind == "snapshot":
                     _, run, snap = item
                     step = int(snap.get("step", 0))
@@ -408,7 +414,7 @@ class HistoryStore(HistoryReader):
         `urgent`; False when a part failed (it and the rest stay pending). A part ends at a step:
         the thinning after it counts ages from its newest step, so no later row may go with it."""
         while True:
-            part_snaps, part_scalars = _part(snaps, scalars)
+            part_snaps, part_scalars = _part(snaps, scalars) if snaps or scalars else ({}, {})
             newest = self._commit_part(conn, part_snaps, part_scalars, urgent)
             if newest is None:
                 return False
@@ -631,7 +637,7 @@ class HistoryStore(HistoryReader):
         """Drop the per-parameter detail of `run`'s snapshots past its newest `detail_window`,
         except on those with an incident and on the first recorded row of each `span`-aligned
         bucket of steps (`_detail_span`): at most `DETAIL_BATCH` rows, oldest first, from where
-        the last pass stopped (in the commit's transaction). The buckets are the ones `_thin` keeps
+        the last pass stopped (in a transaction of its own: `_maintain`). The buckets are the ones `_thin` keeps
         the first row of (with every step recorded, the multiples of `span`), so the rows that
         keep their detail are the rows the step thinning keeps longest: each of its passes with a
         stride up to `span` keeps them all, and every row a wider one keeps has its detail.

@@ -225,3 +225,35 @@ def test_a_new_database_has_a_rowid_snapshot_table_and_incremental_vacuum(tmp_pa
         not in conn.execute("SELECT sql FROM sqlite_master WHERE name = 'snapshots'").fetchone()[0]
     )
     conn.close()
+
+
+def test_a_commit_part_holds_one_run_up_to_one_step():
+    """The writer's parts (storage._part): one run's rows at a time, the oldest run first, the
+    snapshots and scalars both cut at the same step, so the thinning after the part counts ages
+    from a step every row up to it is in by (before: a part mixed runs, one run's scalars reaching
+    far past its snapshots)."""
+    from collections import OrderedDict
+
+    from server.history import storage
+
+    snaps: OrderedDict = OrderedDict()
+    scalars: OrderedDict = OrderedDict()
+    for step in range(1, 401):
+        for run in (1, 2):
+            snaps[(run, step)] = ("{}", 0.0, 0, None, None)
+            scalars[(run, step)] = ("{}", 0.0, None)
+    seen = []
+    while snaps or scalars:
+        part_snaps, part_scalars = storage._part(snaps, scalars)  # noqa: SLF001
+        assert part_snaps or part_scalars
+        runs = {r for r, _ in [*part_snaps, *part_scalars]}
+        assert len(runs) == 1, runs
+        assert len(part_snaps) <= storage.COMMIT_SNAPSHOTS and len(part_scalars) <= storage.COMMIT_SCALARS
+        if part_snaps and part_scalars:
+            assert max(s for _, s in part_snaps) == max(s for _, s in part_scalars)
+        for k in part_snaps:
+            del snaps[k]
+        for k in part_scalars:
+            del scalars[k]
+        seen.append((runs.pop(), len(part_snaps), len(part_scalars)))
+    assert sum(n for _, n, _ in seen) == 800 and sum(n for _, _, n in seen) == 800
