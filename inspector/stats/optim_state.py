@@ -73,11 +73,17 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
 def _count_below(v: Tensor, threshold: Tensor | float) -> Tensor:
     """How many elements of ``v`` are below ``threshold`` (a device scalar), a chunk of at most
     ``CHUNK`` elements at a time: the comparison's boolean scratch stays within ``CHUNK`` bytes
-    (a whole 7B-parameter model's ``v`` would need 7 GB of it at once)."""
+    (a whole 7B-parameter model's ``v`` would need 7 GB of it at once). A float16/bfloat16 state
+    is compared in float32: ``eps**2`` (1e-16 and below) rounds to 0 in float16, where nothing
+    would ever be below it."""
     if v.numel() <= CHUNK:
-        return (v < threshold).sum()
+        return (_wide(v) < threshold).sum()
     flat = v.reshape(-1)  # (a view: the state is contiguous)
-    return torch.stack([(c < threshold).sum() for c in flat.split(CHUNK)]).sum()
+    return torch.stack([(_wide(c) < threshold).sum() for c in flat.split(CHUNK)]).sum()
+
+
+def _wide(v: Tensor) -> Tensor:
+    return v.float() if v.dtype in _LOW else v
 
 
 _BATCHED = (torch.float32, torch.float64)
@@ -152,7 +158,7 @@ def counts_below(vs: list[Tensor], thresholds: list[Tensor | float]) -> list[Ten
             if len(batch) == 1:
                 out[batch[0]] = _count_below(vs[batch[0]], t)
                 continue
-            stacked = torch.stack([vs[i] for i in batch]).view(len(batch), -1)
+            stacked = _wide(torch.stack([vs[i] for i in batch]).view(len(batch), -1))
             for i, c in zip(batch, (stacked < t).sum(1).unbind(), strict=True):
                 out[i] = c
     return out  # type: ignore[return-value]

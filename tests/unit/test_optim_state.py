@@ -372,3 +372,16 @@ def test_batched_dots_and_counts_equal_the_one_at_a_time_ones(monkeypatch, chunk
     thresholds: list[Any] = [0.5, 0.5, 1.0, 0.5, 0.5, torch.tensor(0.7)]
     counts = optim_state.counts_below(vs, thresholds)
     assert [int(c) for c in counts] == [int((v < t).sum()) for v, t in zip(vs, thresholds, strict=True)]
+
+
+def test_a_half_precision_second_moment_is_compared_in_float32():
+    """eps**2 times the bias correction (about 1e-19) rounds to 0 in float16: compared in the
+    state's own dtype, not even v = 0 would be below it (before: 0 counted on the per-tensor and
+    batched paths, all of them on the flat one)."""
+    v = torch.zeros(16, dtype=torch.float16)
+    assert int(optim_state._count_below(v, 1e-19)) == 16  # noqa: SLF001
+    assert [int(c) for c in optim_state.counts_below([v, v.clone()], [1e-19, 1e-19])] == [16, 16]
+    assert [int(c) for c in optim_state.counts_below([v.bfloat16(), v.bfloat16()], [1e-19, 1e-19])] == [
+        16,
+        16,
+    ]
