@@ -172,22 +172,20 @@ def _cos(dot: float, a_sq: float, b_sq: float) -> float | None:
 
 def _thresholds(steps: list[Any], consts: list[tuple[Any, Any]]) -> Tensor | list[Tensor | float]:
     """Per tensor ``(1 - beta2**t) * eps**2`` (its state's step ``t``, its group's ``beta2`` and
-    ``eps``): where the bias-corrected second moment is below ``eps**2``. One float64 CPU tensor
-    when every input is a number or a CPU tensor (Adam keeps ``step`` on the CPU unless it is
-    capturable or fused: reading it waits for nothing; the steps are stacked, not read one by one);
-    else one value per tensor, a device scalar where an input is on a device, taken without a read."""
-
-    def on_cpu(x: Any) -> bool:
-        return not isinstance(x, Tensor) or x.device.type == "cpu"
-
-    if all(map(on_cpu, steps)) and all(on_cpu(b) and on_cpu(e) for b, e in consts):
-        if all(isinstance(t, Tensor) and t.dim() == 0 for t in steps):
-            t = torch.stack(steps).double()  # (one op for all: each state's step is a 0-dim tensor)
-        else:
-            t = torch.tensor([float(x) for x in steps], dtype=torch.float64)
-        beta2 = torch.tensor([float(b) for b, _ in consts], dtype=torch.float64)
-        eps = torch.tensor([float(e) for _, e in consts], dtype=torch.float64)
-        return (1 - beta2**t) * (eps * eps)
+    ``eps``): where the bias-corrected second moment is below ``eps**2``; nothing is read from a
+    tensor, and no tensor is made from host data (on a GPU each would wait for the device). Where
+    every tensor's group has the same ``beta2`` and ``eps`` (Python numbers) and every step is a
+    0-dim tensor on one device (Adam's, the usual case): one tensor over all, from the stacked
+    steps (one op, in float64). Else one value per tensor (a tensor where its step is one)."""
+    first = consts[0]
+    if (
+        all(isinstance(x, (int, float)) for x in first)
+        and all(c == first for c in consts)
+        and all(isinstance(t, Tensor) and t.dim() == 0 for t in steps)
+        and len({t.device for t in steps}) == 1
+    ):
+        beta2, eps = (float(x) for x in first)
+        return (1 - beta2 ** torch.stack(steps).double()) * (eps * eps)
     out: list[Tensor | float] = []
     for t, (beta2, eps) in zip(steps, consts, strict=True):
         eps = float(eps) if not isinstance(eps, Tensor) else eps
@@ -436,7 +434,7 @@ class OptimProbe:
             return
         self._add(pack, "optim:m", foreach_norm(m))
         self._add(pack, "optim:v", foreach_norm(v, 1.0))  # sum(v): v >= 0
-        listed = thresholds.tolist() if isinstance(thresholds, Tensor) else thresholds
+        listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
         self._add(pack, "optim:below", counts_below(v, listed))
 
     # ------------------------------------------------------------------ from the transfer
