@@ -648,14 +648,12 @@ class FlatPlan:
         ``v`` fit the plan): per tensor ``||m||``, ``sum(v)`` and how many elements of ``v`` are
         below the tensor's threshold (``thresholds``: float64, one per tensor, in parameter order),
         each as one 1-D float32 tensor over all ``n``, from two flat copies in float64."""
-        fm = self.flat(m).double()
         fv = self.flat(v).double()
-        norms = self._seg(fm.square_(), "sum").sqrt_()
-        sums = self._seg(fv, "sum")
+        sums = self.sums_of_flat(fv)
         thr = thresholds if self._order is None else thresholds.index_select(0, self._order)
         per_element = torch.repeat_interleave(thr, self.lengths, output_size=fv.numel())
-        below = self._seg(fv.lt_(per_element).double(), "sum")  # (fv is a copy: compared in place)
-        return self._unorder(norms).float(), self._unorder(sums).float(), self._unorder(below).float()
+        below = self.sums_of_flat(fv.lt_(per_element))  # (fv is a copy: compared in place)
+        return self.norms_of_flat(self.flat(m), []), sums, below
 
     def sums_of_flat(self, flat: Tensor) -> Tensor:
         """Per-tensor sums (float32, all ``n``; summed in float64) of a buffer laid out as :meth:`flat`'s,
