@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """`live(scenario="mlp", rate=50.0, db=True, read_only=False, host="127.0.0.1", token=None, every=1)`."""
+    """`live(scenario="mlp", rate=50.0, db=True, read_only=False, host="127.0.0.1", token=None, every=1, wait=False)`;
+    `wait`: train nothing until `srv.trainer.client_arrived()` (or a page connects)."""
     # imported here, not at the top: a suite that never asks for `live` does not import the web stack
     from tests.live import Live
 
@@ -38,6 +39,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
         host: str = "127.0.0.1",
         token: str | None = None,
         every: int | None = 1,
+        wait: bool = False,
         **settings: Any,
     ) -> Live:
         server = Live(
@@ -49,6 +51,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., Live]]:
             host=host,
             token=token,
             every=every,
+            wait=wait,
             **settings,
         )
         started.append(server)

@@ -97,11 +97,12 @@ class Live:
         host: str,
         token: str | None,
         every: int | None,
+        wait: bool = False,
         **settings: Any,
     ) -> None:
         self.sc = scenarios.make(scenario, seed=0)
         self.insp = inspector.attach(self.sc.model, self.sc.optimizer, every=every, flight=256)
-        self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate)
+        self.trainer = Trainer(self.sc, self.insp, steps_per_second=rate, wait_for_client=wait)
         self.db = (db if isinstance(db, Path) else tmp / f"history-{id(self)}.sqlite") if db else None
         store = HistoryStore(self.db) if self.db else None
         self.settings = Settings(host=host, port=0, token=token, read_only=read_only, **settings)

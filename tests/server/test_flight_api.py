@@ -36,7 +36,10 @@ def test_spike_settings_are_validated_and_applied(live):
 
 
 def test_a_dump_on_request_and_on_a_nan_is_stored_and_served(live, tmp_path):
-    srv = live("nan", rate=None, every=10)
+    srv = live("nan", rate=None, every=10, wait=True)
+    dumps: list[dict] = []  # every flight record, watched from before the first step
+    srv.insp.subscribe(lambda kind, p: dumps.append(p) if kind == "flight" else None, lossless=True)
+    srv.trainer.client_arrived()
     srv.wait_step(3)
     c = srv.http()
     r = c.post("/api/flight")
@@ -45,16 +48,22 @@ def test_a_dump_on_request_and_on_a_nan_is_stored_and_served(live, tmp_path):
     assert now["reason"] == "request" and now["rows"] and "raw" not in now["rows"][0]
     assert now["bytes"] == srv.insp.memory["flight"] > 0
     # the corrupted batch of step 30: a NaN, found at a later boundary, dumps the ring by itself
-    wait_until(
-        lambda: any(r["nonfinite"] for r in c.get("/api/flight").json()["rows"]), 60, "the NaN's dump stored"
-    )
+    # (a request that came late could have read the NaN's row too: the dump's reason tells them apart)
+    wait_until(lambda: any(d["reason"] == "nonfinite" for d in dumps), 60, "the NaN's own dump")
+    auto = next(d for d in dumps if d["reason"] == "nonfinite")
+    assert auto["step"] == 30 and next(r for r in auto["rows"] if r["step"] == 30)["nonfinite"]
+    # held still, with everything published so far stored: a dump published between the live
+    # read and the stored one would make them differ
+    srv.insp.pause()
+    wait_until(lambda: srv.insp.state["held"], what="the pause to take hold")
+    assert srv.insp.flush()
+    srv.source.store.flush()
     rows = c.get("/api/flight", params={"tensors": "true"}).json()["rows"]
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and 30 in steps and 29 in steps
     bad = next(r for r in rows if r["step"] == 30)
     assert bad["nonfinite"] and len(bad["raw"]) == len(srv.insp.params)
     assert all(not r["nonfinite"] for r in rows if r["step"] < 30)
-    srv.source.store.flush()
     replay = ReplaySource(HistoryStore(srv.db, read_only=True), run_id=srv.source.run_id)
     assert [r["step"] for r in replay.flight(None)] == steps
     assert replay.spike_settings() is None
