@@ -252,6 +252,7 @@ class Inspector:
             branches=branches,
             owner=self,
             flight=self._flight,
+            data=cursor,
         )
         lifecycle.append(self._lifecycle)
         self._noise = self._noise_scale(opts, at, groups, events)
@@ -855,6 +856,15 @@ class Inspector:
             TypeError: ``iterable`` is not iterable.
         """
         return self._cursor.wrap(iterable)
+
+    def take_batch(self) -> bool:
+        """For a loop whose batches a trainer draws (the Lightning and Hugging Face callbacks call
+        it): count one batch the trainer handed out (per micro-batch), as :meth:`batches` does.
+        True when it falls in a window a rewind skips: the caller must let it have no effect (the
+        trainer drew it already); a step whose batches were all dropped makes no update (every
+        gradient of the optimizer is set to None at the step, a ``step_skipped`` event with reason
+        ``batches_skipped``). Reads no tensor. See inspector/whatif/skip.py."""
+        return self._cursor.take()
 
     @property
     def data_position(self) -> dict[str, Any]:

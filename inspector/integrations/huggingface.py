@@ -11,7 +11,7 @@ Install with ``pip install 'gradient-inspector[hf]'`` (transformers and accelera
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -62,6 +62,15 @@ class GradientInspectorCallback(SessionCallback, TrainerCallback):  # type: igno
       divides by the whole step's token count). When the model returns no loss (a
       ``compute_loss_func``, label smoothing), the loss of ``on_log`` is recorded instead, for the
       step it is logged at (HF averages it over ``logging_steps``).
+    - each training forward also counts its batch (``insp.take_batch()``), so that a rewind can
+      skip batches (``insp.rewind(cp, skip=...)``, the page's "skip the batches since the
+      checkpoint"). The Trainer draws the batches itself, so a batch in the skipped window is
+      still drawn and run forward, but has no effect: the forward's outputs are replaced by zeros
+      joined to the parameters by a factor 0, so its backward gives every parameter an exact zero
+      (a NaN batch included), its loss is not recorded, and a step whose batches were all
+      skipped makes no update (every gradient set to None before ``optimizer.step()``). In a step
+      of which only some micro-batches were skipped, the kept ones are still divided as the
+      Trainer divides them (by the accumulation steps, or by the step's whole token count).
     - ``on_train_end``: the inspector is closed, unless it serves (see ``wait``). If ``train()``
       raises, call ``callback.close()``.
 
@@ -176,17 +185,48 @@ class GradientInspectorCallback(SessionCallback, TrainerCallback):  # type: igno
         self._session.finish()
 
     # ------------------------------------------------------------------ internals
-    def _on_forward(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+    def _on_forward(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
         if not module.training or not torch.is_grad_enabled():
-            return  # evaluation and prediction forwards
+            return None  # evaluation and prediction forwards
+        insp = self._session.inspector
+        if insp is not None and insp.take_batch():  # in a skipped window: no effect
+            return without_effect(module, output)
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            return
+            return None
         self._model_gives_loss = True
         self._partial = kwargs.get("num_items_in_batch") is not None
         self._losses.append(loss.detach().float().reshape(()))
+        return None
 
     def _remove_forward_hook(self) -> None:
         handle, self._forward_handle = self._forward_handle, None
         if handle is not None:
             handle.remove()
+
+
+def without_effect(module: nn.Module, output: Any) -> Any:
+    """``output`` with every floating-point tensor replaced by zeros plus ``z``, a 0 joined to each
+    trainable parameter by a factor 0 (``p.reshape(-1)[:1].sum() * 0``): a loss computed from it,
+    and its backward, give every parameter an exact zero gradient, whatever the batch held (NaN
+    included), and every parameter one (as a kept batch gives them, so nothing is left unused)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return output
+    device = params[0].device
+    z = sum((p.reshape(-1)[:1].float().sum() * 0).to(device) for p in params)
+
+    def zeroed(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return torch.zeros_like(v) + z.to(v.device, v.dtype)
+        return v
+
+    if isinstance(output, torch.Tensor):
+        return zeroed(output)
+    if isinstance(output, MutableMapping):  # a ModelOutput (an OrderedDict) or a dict, fresh from the forward
+        for k in list(output.keys()):
+            output[k] = zeroed(output[k])
+        return output
+    if isinstance(output, tuple | list):
+        return type(output)(zeroed(v) for v in output)
+    return output

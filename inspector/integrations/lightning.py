@@ -64,7 +64,12 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
       ``training_step`` and ``backward``; the inspector's ``pre_step`` work runs after that
       closure, so the raw statistics are of the accumulated gradients.
     - ``on_train_batch_start``: marks the step under way (``training_step`` need not call
-      ``self(x)``); hook edits made on the dashboard land here or at the step boundary.
+      ``self(x)``); hook edits made on the dashboard land here or at the step boundary. The batch
+      is counted (``insp.take_batch()``), so that a rewind can skip batches
+      (``insp.rewind(cp, skip=...)``, the page's "skip the batches since the checkpoint"): a batch
+      in the skipped window never reaches your ``training_step`` (the callback wraps it on the
+      module while attached and returns None for that batch, which Lightning takes as "skip this
+      batch"), and a step whose batches were all skipped makes no update.
     - ``on_train_batch_end``: records the loss (``outputs["loss"]`` or a returned tensor; under
       automatic optimization Lightning divides it by ``accumulate_grad_batches``, so it is
       multiplied back), once per optimizer step, averaged over the step's micro-batches.
@@ -117,6 +122,10 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
         self.optimizer_index = optimizer_index
         self._losses: list[torch.Tensor] = []
         self._recorded_step = 0
+        self._drop = False  # the batch under way falls in a skipped window
+        self._wrapped: tuple[LightningModule, Any] | None = (
+            None  # the module, its own training_step attribute
+        )
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -139,6 +148,7 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
         )
         self._losses.clear()
         self._recorded_step = insp.step
+        self._wrap_training_step(pl_module)
         total = trainer.estimated_stepping_batches  # the run's optimizer steps (inf without a limit)
         left = total - trainer.global_step if isinstance(total, int) else None
         if left is not None and left >= 1:
@@ -150,6 +160,7 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
         insp = self._session.inspector
         if insp is not None:
             begin_step(insp, pl_module)
+            self._drop = insp.take_batch()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -169,7 +180,41 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
             self._recorded_step = insp.step
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._unwrap_training_step()
         self._session.finish()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._unwrap_training_step()
         self._session.finish(wait=False)  # keep serving if asked (a post-mortem), never block here
+
+    def close(self) -> None:
+        """Close the inspector: our hooks are removed and the server stops. Idempotent."""
+        self._unwrap_training_step()
+        super().close()
+
+    # ------------------------------------------------------------------ skipped batches
+    def _wrap_training_step(self, module: LightningModule) -> None:
+        """Put a ``training_step`` on the module instance that returns None (Lightning: skip this
+        batch, no backward) for a batch in a skipped window, and calls the module's own otherwise."""
+        self._unwrap_training_step()
+        own = module.__dict__.get("training_step")  # (an instance attribute of the user's, kept)
+        inner = module.training_step
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            if self._drop:
+                return None
+            return inner(*args, **kwargs)
+
+        module.training_step = training_step
+        self._wrapped = (module, own)
+        self._drop = False
+
+    def _unwrap_training_step(self) -> None:
+        wrapped, self._wrapped = self._wrapped, None
+        if wrapped is None:
+            return
+        module, own = wrapped
+        if own is None:
+            module.__dict__.pop("training_step", None)
+        else:
+            module.training_step = own

@@ -53,6 +53,7 @@ from ..stats.nonfinite import NO_FINDINGS, NonfiniteReport
 from ..stats.step_stats import RawRead, StepStats
 from ..stats.telemetry import Cadence
 from ..whatif.checkpoints import Checkpoints
+from ..whatif.skip import BatchCursor
 from ..wire.errors import InspectorError, describe_error
 from ..wire.records import HookSpec
 from ..wrappers import Attached
@@ -104,10 +105,13 @@ class StepLifecycle:
         branches: Checkpoints,
         owner: object,
         flight: FlightRecorder | None = None,
+        data: BatchCursor | None = None,
     ) -> None:
         # the Inspector, kept (and nothing read of it): the step hooks on the user's model and
         # optimizer are this object's methods, so they keep the Inspector alive as long as they
         # are registered, as an Inspector's own bound methods did; close() removes them
+        self._data = data  # take_batch(): a step whose batches were all dropped makes no update
+        self._dropped = False  # this step's update was dropped so already
         self._owner = owner
         self._at = attached
         self._lock = lock
@@ -461,6 +465,11 @@ class StepLifecycle:
         t0 = time.perf_counter()
         at, clock, hooks = self._at, self._clock, self._hooks
         plan, sampled = hooks.plan, clock.sampled
+        if self._data is not None and self._data.step_dropped(clock.step + 1):
+            # a trainer drew this step's batches, and every one fell in a skipped window (one
+            # event a step, however often a closure is evaluated)
+            self._no_update("batches_skipped", report=not self._dropped)
+            self._dropped = True
         if not (
             sampled
             or plan.pre
@@ -524,15 +533,7 @@ class StepLifecycle:
                     skip = True
                     break
         if skip:
-            # the whole step: the optimizer's parameters that are not watched here too (a scalar
-            # outside the model, the rest of a model of which a part was attached)
-            for p in at.tensors:
-                p.grad = None
-            if at.optimizer is not None:
-                for group in at.optimizer.param_groups:
-                    for p in group["params"]:
-                        p.grad = None
-            self._events.emit("step_skipped", step=clock.step + 1, reason="nan_guard")
+            self._no_update("nan_guard")
         self._submit_check(raw, guards, skip)
         if sampled:
             try:
@@ -545,6 +546,19 @@ class StepLifecycle:
             except Exception as e:  # never take training down for telemetry
                 self._telemetry_failed("the flight recorder", e)
         clock.spend(time.perf_counter() - t0)
+
+    def _no_update(self, reason: str, *, report: bool = True) -> None:
+        """The step makes no update: every gradient set to None, the optimizer's parameters that
+        are not watched here too (a scalar outside the model, the rest of a model of which a part
+        was attached); a ``step_skipped`` event."""
+        for p in self._at.tensors:
+            p.grad = None
+        if self._at.optimizer is not None:
+            for group in self._at.optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+        if report:
+            self._events.emit("step_skipped", step=self._clock.step + 1, reason=reason)
 
     def _flight_norms(
         self, index: list[int], raw: Any, final: Any, final_index: list[int] | None = None
@@ -629,6 +643,7 @@ class StepLifecycle:
         with self._lock:
             step, sampled = clock.complete()
             self._hist_chosen = None  # (the next step chooses its own, even under a rewound number)
+            self._dropped = False
             events = self._events.take_step()
             rec = self._records.take_current()
             if sampled:

@@ -1,5 +1,5 @@
 """The data position, and skipping batches after a rewind: ``insp.batches(loader)``,
-``insp.rewind(checkpoint, skip=...)``.
+``insp.take_batch()``, ``insp.rewind(checkpoint, skip=...)``.
 
 The recovery published for large runs after a loss spike: go back to a checkpoint taken some steps
 before it, and skip the batches that led to it. :class:`BatchCursor` is the part that knows where
@@ -38,6 +38,15 @@ Two kinds of data source:
   back to the checkpoint's position too: without ``skip`` the same batches come again; with it,
   the window's batches are drawn and dropped as the loop reaches them, and any window at or after
   the checkpoint's position is possible.
+
+A loop that someone else owns (the Lightning and Hugging Face callbacks: the trainer draws the
+batches) cannot be handed a wrapped loader. It calls ``insp.take_batch()`` once per batch the
+trainer hands it (per micro-batch under accumulation); the batch is counted as above, and a batch in
+a window cannot be left undrawn, so the caller makes it have no effect instead (Lightning: its
+``training_step`` is not called; the Hugging Face Trainer: its outputs are replaced so that its
+backward gives every parameter an exact zero), and a step whose batches were all dropped makes no
+update: the lifecycle sets every gradient of the optimizer to None, as a ``nan_guard`` ``skip``
+does (a ``step_skipped`` event, reason ``batches_skipped``). Such a loader goes on, as above.
 
 A ``DataLoader`` with workers: the cursor counts what the loop receives, not what the workers
 have prefetched, so the window lands on the right batches; a dropped batch is still loaded (by a
@@ -114,6 +123,7 @@ class BatchCursor:
         self._skip: tuple[int, int] | None = None  # the window still to drop as the loop reaches it
         self.windows: deque[dict[str, Any]] = deque(maxlen=MAX_WINDOWS)
         self.dropped = 0  # batches drawn and dropped so far
+        self._mine: list[int] | None = None  # [step, kept, dropped] of take()'s newest step
 
     # ------------------------------------------------------------ the training thread
     def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -132,23 +142,50 @@ class BatchCursor:
             except StopIteration:
                 return
             with self._lock:
-                p = self.position
-                self.position += 1
-                skip = self._skip
-                if skip is not None and skip[0] <= p <= skip[1]:
-                    self.dropped += 1
-                    if p >= skip[1]:
-                        self._skip = None
-                    continue
-                if skip is not None and p > skip[1]:
-                    self._skip = None
-                step = self._step()
-                last = self._steps[-1] if self._steps else None
-                if last is not None and last[0] == step and last[2] == p - 1:
-                    last[2] = p
-                else:
-                    self._steps.append([step, p, p])
-            yield batch
+                drop = self._count()
+            if not drop:
+                yield batch
+
+    def take(self) -> bool:
+        """``insp.take_batch()``: count one batch that a loop the caller does not own (a trainer's)
+        received; True when it falls in a skipped window: the caller must let it have no effect
+        (the callbacks do: Lightning's ``training_step`` is not called, the Hugging Face Trainer's
+        backward gives zeros), and a step whose batches were all dropped makes no update
+        (:meth:`step_dropped`)."""
+        with self._lock:
+            self.used = True
+            drop = self._count()
+            step = self._step()
+            mine = self._mine
+            if mine is None or mine[0] != step:
+                self._mine = mine = [step, 0, 0]
+            mine[2 if drop else 1] += 1
+            return drop
+
+    def step_dropped(self, step: int) -> bool:
+        """Whether step ``step`` received batches through :meth:`take` and every one was dropped."""
+        mine = self._mine
+        return mine is not None and mine[0] == step and mine[2] > 0 and mine[1] == 0
+
+    def _count(self) -> bool:
+        """The next batch: its index counted, and whether it falls in the window (lock held)."""
+        p = self.position
+        self.position += 1
+        skip = self._skip
+        if skip is not None and skip[0] <= p <= skip[1]:
+            self.dropped += 1
+            if p >= skip[1]:
+                self._skip = None
+            return True
+        if skip is not None and p > skip[1]:
+            self._skip = None
+        step = self._step()
+        last = self._steps[-1] if self._steps else None
+        if last is not None and last[0] == step and last[2] == p - 1:
+            last[2] = p
+        else:
+            self._steps.append([step, p, p])
+        return False
 
     # ------------------------------------------------------------ rewinds (lock held, Checkpoints)
     def plan(
@@ -163,7 +200,7 @@ class BatchCursor:
             raise HookError(
                 ("skip",),
                 "the data position is unknown: iterate your batches through insp.batches(loader) "
-                "so that a rewind can skip some",
+                "(a trainer's loop: call insp.take_batch() for each batch) so that a rewind can skip some",
             )
         now = self.position  # the next batch; those before it were received (or dropped)
         if skip[0] == "since":
@@ -212,6 +249,7 @@ class BatchCursor:
         """After a rewind (lock held): the position goes back with a seekable stream (the data was
         loaded back) and the window is set; returns the ``batches_skipped`` event's fields, or None."""
         before = self.position
+        self._mine = None  # (the step numbers of the new branch come again)
         first, last = window if window is not None else (0, -1)
         # the steps of the abandoned branch that had received some of the window's batches
         steps = [s for s, a, b in self._steps if s > cp_step and a <= last and b >= first]

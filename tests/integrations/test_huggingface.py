@@ -17,7 +17,7 @@ from tests.integrations.conftest import need
 transformers = need("transformers")
 need("accelerate")
 
-from inspector.integrations.huggingface import GradientInspectorCallback  # noqa: E402
+from inspector.integrations.huggingface import GradientInspectorCallback, without_effect  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -146,3 +146,120 @@ def test_without_the_trainers_clipping_the_inspector_clips_and_a_hook_added_mid_
         else:  # then clip_value 1e-4 on every element as well
             assert max(v for v in s["grad_absmax"] if v is not None) <= 1e-4 * (1 + 1e-5)
             assert max(v for v in s["grad_absmax_raw"] if v is not None) > 1e-4
+
+
+class NumberedLM(torch.nn.Module):
+    """PlainLM that notes each training forward's sample numbers (`index`) in `forwards`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64)
+        self.forwards: list[list[int]] = []
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> dict:
+        if self.training:
+            self.forwards.append(index.tolist())
+        logits = self.head(self.embed(input_ids))
+        return {"loss": torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())}
+
+
+def test_a_rewind_with_skip_drops_the_window_and_the_rest_count_in_order(tmp_path):
+    """Accumulation 2, batches of 2: a checkpoint after step 3 (micro-batches 0-5), a rewind after
+    step 6 with skip=9: micro-batches 6-14 are the window; 6-11 were received (the Trainer's
+    loader goes on), 12-14 are drawn by the Trainer and have no effect: the new branch's step 4
+    (12, 13) makes no update, its step 5 keeps 15 alone. The weights equal plain SGD on what was kept, each micro-batch's
+    loss divided by 2 as the Trainer divides it."""
+    state: dict = {}
+
+    class Rewinder(transformers.TrainerCallback):
+        def on_step_end(self, args, st, control, **kwargs):  # noqa: ANN001
+            insp = state["insp"]
+            if st.global_step == 3:
+                state["cp"] = insp.checkpoint()
+            elif st.global_step == 6:
+                assert insp.rewind(state["cp"], skip=9)["done"]
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (64, 8), generator=g)
+    data = [{"input_ids": row, "labels": row, "index": torch.tensor(k)} for k, row in enumerate(ids)]
+    model = NumberedLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=14,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=0,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    cb = GradientInspectorCallback(every=1, on_attach=lambda insp: state.setdefault("insp", insp))
+    trainer = transformers.Trainer(
+        model=model,
+        args=arguments,
+        train_dataset=data,
+        callbacks=[cb, Rewinder()],
+        optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)),
+    )
+    trainer.train()
+    insp = state["insp"]
+
+    micro = model.forwards  # every micro-batch the Trainer drew, in order
+    assert len(micro) == 28
+    pos = insp.data_position
+    assert pos["position"] == 28 and pos["dropped"] == 3
+    (window,) = pos["windows"]
+    assert (window["first"], window["last"], window["received"], window["ahead"]) == (6, 14, 6, 3)
+    skipped = [e for e in insp.events() if e["kind"] == "step_skipped"]
+    assert [(e["step"], e["reason"]) for e in skipped] == [(4, "batches_skipped")], (
+        "the whole-dropped step only"
+    )
+    snaps = insp.snapshots()
+    assert [s["step"] for s in snaps] == list(range(1, 12))
+    assert [s["step"] for s in snaps if s["loss"] is None] == [4], "a dropped batch's loss is not recorded"
+
+    ref = NumberedLM()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    kept = [*range(6), *range(15, 28)]
+    steps = [[m for m in (2 * s, 2 * s + 1) if m in kept] for s in range(14)]
+    for k, step in enumerate(steps):
+        if not step or 6 <= 2 * k <= 11:  # no update / the abandoned branch's steps
+            continue
+        ref_opt.zero_grad()
+        for m in step:
+            rows = torch.tensor(micro[m])
+            out = ref(ids[rows], ids[rows], rows)
+            (out["loss"] / 2).backward()
+        ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_dropped_batch_gives_every_parameter_an_exact_zero_even_a_nan_batch():
+    model = tiny_gpt2()
+    ids = torch.randint(0, 64, (2, 8))
+    model.train()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    real = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    emb = model.transformer.wte
+    with torch.no_grad():  # a batch that blows up: every activation NaN
+        saved = emb.weight[ids[0, 0]].clone()
+        emb.weight[ids[0, 0]] = float("nan")
+    out = model(input_ids=ids, labels=ids)
+    with torch.no_grad():
+        emb.weight[ids[0, 0]] = saved
+    assert torch.isnan(out.loss)
+    out = without_effect(model, out)
+    assert type(out).__name__ == "CausalLMOutputWithCrossAttentions" and out.loss == out["loss"]
+    out.loss.backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.equal(p.grad, torch.zeros_like(p.grad)), n
+    assert any(g.abs().sum() > 0 for g in real.values()), "(the real batch's gradient is not zero)"

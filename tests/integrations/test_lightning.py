@@ -156,3 +156,84 @@ def test_serve_keeps_the_dashboard_up_after_fit_until_closed(tmp_path):
 def test_an_unknown_option_is_refused_when_the_callback_is_made():
     with pytest.raises(TypeError, match="unknown option 'evry'"):
         GradientInspectorCallback(evry=1)
+
+
+class Numbered(pl.LightningModule):
+    """Batch k of the data is sample k: `seen` lists the batches its training_step ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 1)
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001
+        x, y, k = batch
+        self.seen.append(int(k))
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    @staticmethod
+    def data() -> torch.utils.data.TensorDataset:
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(40, 4, generator=g)
+        return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True), torch.arange(40))
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.data(), batch_size=1)
+
+
+@pytest.mark.filterwarnings("ignore:`training_step` returned `None`:UserWarning")  # (the skip itself)
+def test_a_rewind_with_skip_drops_the_window_and_the_rest_come_in_order(tmp_path):
+    """Checkpoint after batch 4, rewind after batch 9 with skip=8: batches 5-12 are the window;
+    5-9 were received (a trainer's loader goes on: never again), 10-12 are drawn by the trainer and
+    dropped (training_step never runs on them, their steps make no update), 13 on come in order.
+    The weights equal plain SGD on batches 0-4 then 13-29."""
+    state: dict = {}
+
+    class Rewinder(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+            insp = state["insp"]
+            if trainer.global_step == 5:
+                state["cp"] = insp.checkpoint()
+            elif trainer.global_step == 10:
+                assert insp.rewind(state["cp"], skip=8)["done"]
+
+    cb = GradientInspectorCallback(every=1, on_attach=lambda insp: state.setdefault("insp", insp))
+    model = Numbered()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=30,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        callbacks=[cb, Rewinder()],
+    )
+    trainer.fit(model)
+    insp = state["insp"]
+
+    assert model.seen == list(range(10)) + list(range(13, 30)), "the window's batches are not trained on"
+    pos = insp.data_position
+    assert pos["position"] == 30 and pos["dropped"] == 3
+    (window,) = pos["windows"]
+    assert (window["first"], window["last"], window["received"], window["ahead"]) == (5, 12, 5, 3)
+    skipped = [e for e in insp.events() if e["kind"] == "step_skipped"]
+    assert [(e["step"], e["reason"]) for e in skipped] == [(s, "batches_skipped") for s in (6, 7, 8)]
+    assert "training_step" not in model.__dict__, "the module's own training_step is back"
+
+    ref = Numbered()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    data = Numbered.data()
+    for k in [*range(5), *range(13, 30)]:
+        x, y, _ = data[k : k + 1]
+        opt.zero_grad()
+        nn.functional.mse_loss(ref.net(x), y).backward()
+        opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)
