@@ -18,7 +18,7 @@ import { NoiseChart } from "./noise.js";
 import { OptimNowChart, OptimTimeChart } from "./optim.js";
 import { PresetDialog } from "./presets.js";
 import { RanksCard } from "./ranks.js";
-import { RulesPanel } from "./rules.js";
+import { RulesPanel, ruleDefinition } from "./rules.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
@@ -44,6 +44,7 @@ class Dashboard {
     this.connState = null;
     this.disconnected = false; // the socket is down: controls off, the state reads "disconnected"
     this.previousHooks = []; // the hooks of the run before a server restart (the restart banner)
+    this.restart = null; // what the restart banner says: {previous, run, hooks, rules} (offerReapply)
     this.resetStep = null; // the step of the newest scenario_reset (the "try this" hint)
     this.stepSamples = []; // [time s, step] once a second: the measured steps/s
 
@@ -343,10 +344,11 @@ class Dashboard {
     if (!sameRun) {
       const previous = live.runId;
       const before = [...live.hooks.values()];
+      const beforeRules = this.view === live ? this.rules.rules.map(ruleDefinition) : [];
       live.setSession(session);
       this.resetStep = null;
       this.stepSamples = []; // the rate is of this run's steps
-      if (previous !== null) this.offerReapply(previous, before, session);
+      if (previous !== null) this.offerReapply(previous, before, beforeRules, session);
       this.log.clear();
       if (previous !== null)
         this.localEvent(
@@ -472,7 +474,8 @@ class Dashboard {
     $("readOnlyBadge").hidden = !ro;
     $("readOnlyBadge").textContent = this.view !== this.live ? "read-only: earlier run" : "read-only";
     const off = ro || (this.disconnected && this.view === this.live); // nothing to command
-    for (const id of ["pause", "resume", "step", "rate", "reapplyHooks"]) $(id).disabled = off;
+    for (const id of ["pause", "resume", "step", "rate", "reapplyHooks", "reapplyRules"])
+      $(id).disabled = off;
     this.panel.setReadOnly(off, this.view !== this.live);
     this.rules.setReadOnly(off, this.view !== this.live);
     document.body.classList.toggle("read-only", ro);
@@ -647,6 +650,7 @@ class Dashboard {
     $("rate").addEventListener("change", () => this.setRate());
     $("rate").addEventListener("keydown", (ev) => ev.key === "Enter" && $("rate").blur());
     $("reapplyHooks").addEventListener("click", () => this.reapply());
+    $("reapplyRules").addEventListener("click", () => this.reapplyRules());
     $("restartDismiss").addEventListener("click", () => ($("restartBanner").hidden = true));
     segmented($("lossScale"), (v) => {
       this.loss.lossLog = v === "log";
@@ -735,25 +739,66 @@ class Dashboard {
   }
 
   /**
-   * A server restart started a new run without the page's hooks: say so, and
-   * offer the previous run's hooks back (a preset import, one change).
+   * A server restart started a new run without the page's hooks or rules: say
+   * so, and offer each back: the previous run's hooks (a preset import, one
+   * change), and its rules that the new run lacks (a `rules=` file brings them
+   * back by itself) as they stood, an enabled flag a rule set by itself
+   * included. The new run's rules are asked for here.
    */
-  offerReapply(previous, before, session) {
-    const banner = $("restartBanner");
+  offerReapply(previous, before, beforeRules, session) {
     const key = (x) => JSON.stringify([x.kind, x.point, x.target, x.params, x.enabled]);
     const now = (session.hooks || []).map(key).sort().join("|");
     this.previousHooks = before.filter((x) => x.kind !== "python"); // Python callables stay in Python
-    if (!before.length || before.map(key).sort().join("|") === now) {
+    const hooksDiffer = before.length > 0 && before.map(key).sort().join("|") !== now;
+    const restart = {
+      previous,
+      run: session.run_id,
+      hooks: hooksDiffer
+        ? {
+            n: before.length,
+            py: before.length - this.previousHooks.length,
+            now: (session.hooks || []).length,
+          }
+        : null,
+      rules: [],
+    };
+    this.restart = restart;
+    this.showRestart();
+    if (!beforeRules.length) return;
+    api.rules().then((res) => {
+      if (this.restart !== restart || !res.ok || !res.data) return;
+      const have = new Set((res.data.rules || []).map((r) => JSON.stringify(ruleDefinition(r))));
+      restart.rules = beforeRules.filter((d) => !have.has(JSON.stringify(d)));
+      this.showRestart();
+    });
+  }
+
+  /** The restart banner, from `this.restart`: hidden when nothing is missing. */
+  showRestart() {
+    const banner = $("restartBanner");
+    const r = this.restart;
+    if (r === null || (r.hooks === null && !r.rules.length)) {
       banner.hidden = true;
       return;
     }
-    const n = before.length;
-    const py = n - this.previousHooks.length;
-    banner.querySelector('[data-role="restart-text"]').textContent =
-      `New run ${session.run_id}: its hooks are not the previous run's (run ${previous} had ${n} hook${n === 1 ? "" : "s"}` +
-      `${py ? `, ${py} of them Python callables that only Python can add back` : ""}; this run has ${(session.hooks || []).length}).`;
-    $("reapplyHooks").hidden = !this.previousHooks.length;
+    const parts = [];
+    if (r.hooks !== null) {
+      const { n, py } = r.hooks;
+      parts.push(
+        `its hooks are not the previous run's (run ${r.previous} had ${n} hook${n === 1 ? "" : "s"}` +
+          `${py ? `, ${py} of them Python callables that only Python can add back` : ""}; this run has ${r.hooks.now})`,
+      );
+    }
+    if (r.rules.length) {
+      const m = r.rules.length;
+      parts.push(`${m} rule${m === 1 ? "" : "s"} of run ${r.previous} ${m === 1 ? "is" : "are"} not in it`);
+    }
+    banner.querySelector('[data-role="restart-text"]').textContent = `New run ${r.run}: ${parts.join("; ")}.`;
+    $("reapplyHooks").hidden = r.hooks === null || !this.previousHooks.length;
     $("reapplyHooks").title = "replace this run's hooks with the previous run's (one change)";
+    $("reapplyRules").hidden = !r.rules.length;
+    $("reapplyRules").title =
+      "add the previous run's rules as they stood (a rule naming a hook id names it in this run)";
     banner.hidden = false;
   }
 
@@ -773,11 +818,41 @@ class Dashboard {
       text.textContent = `The previous run's hooks could not be re-applied: ${errorText(res)}`;
       return;
     }
-    $("restartBanner").hidden = true;
+    if (this.restart !== null) this.restart.hooks = null;
+    this.showRestart();
     this.localEvent(
       "hooks",
       `re-applied the previous run's ${hooks.length} hook${hooks.length === 1 ? "" : "s"}`,
     );
+  }
+
+  /** The previous run's missing rules, added one by one (a refused one stops it, with the reason). */
+  async reapplyRules() {
+    const r = this.restart;
+    if (r === null) return;
+    $("reapplyRules").disabled = true;
+    const done = [];
+    let failed = null;
+    for (const rule of r.rules) {
+      const res = await api.addRule(rule);
+      if (!res.ok) {
+        failed = res;
+        break;
+      }
+      done.push(rule);
+    }
+    $("reapplyRules").disabled = false;
+    r.rules = r.rules.filter((d) => !done.includes(d));
+    this.showRestart();
+    if (done.length)
+      this.localEvent(
+        "rules",
+        `re-applied ${done.length} rule${done.length === 1 ? "" : "s"} of run ${r.previous}`,
+      );
+    if (failed !== null) {
+      const text = $("restartBanner").querySelector('[data-role="restart-text"]');
+      text.textContent = `A rule of run ${r.previous} could not be re-applied: ${errorText(failed)}`;
+    }
   }
 
   async training(action) {

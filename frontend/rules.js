@@ -84,6 +84,27 @@ function numberOrText(text) {
   return t;
 }
 
+/** The fields that define a rule (`POST /api/rules` takes them): no id, no state. */
+export function ruleDefinition(rule) {
+  const out = {};
+  for (const k of RULE_FIELDS) if (rule[k] !== undefined) out[k] = rule[k];
+  return out;
+}
+const RULE_FIELDS = [
+  "name",
+  "signal",
+  "op",
+  "threshold",
+  "for_steps",
+  "action",
+  "args",
+  "cooldown",
+  "enabled",
+  "max_failures",
+  "cap",
+  "window",
+];
+
 /**
  * The rules an earlier run had, from its rule_* events (in order): definitions from
  * rule_added/rule_updated/rule_removed, counts and the last firing from rule_fired/rule_failed.

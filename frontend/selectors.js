@@ -63,6 +63,7 @@ export const SELECTORS = {
   rateError: "rate-error",
   restartBanner: "restart-banner",
   reapplyHooks: "reapply-hooks",
+  reapplyRules: "reapply-rules",
   restartDismiss: "restart-dismiss",
   exportCsv: "export-csv",
   exportPng: "export-png",

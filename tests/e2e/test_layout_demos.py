@@ -212,3 +212,53 @@ def test_a_refused_value_returns_to_the_value_in_force_without_a_console_error(d
     expect(form.get_by_test_id("field-error").filter(has_text="must be > 0")).to_be_visible()
     assert [(h["params"], h["target"]) for h in demo.get("/api/hooks")] == [({"std": 0.5, "seed": 3}, "0.*")]
     assert log.errors == [] and failed == []
+
+
+def test_a_restart_that_dropped_the_rules_offers_them_back_as_they_stood(tmp_path: Path, new_page):
+    db = tmp_path / "history.sqlite"
+    first = support.start_demo(tmp_path, db=db)
+    second: support.ServerProcess | None = None
+    try:
+        page, log, _ = open_page(new_page, first)
+        loss = {"name": "loss watch", "signal": "loss", "op": ">", "threshold": 50.0, "action": "pause"}
+        first.client.post("/api/rules", json=loss).raise_for_status()
+        first.client.post("/api/rules", json={"preset": "safe overnight"}).raise_for_status()
+        rid = next(r["id"] for r in first.get("/api/rules")["rules"] if r["name"] == "loss watch")
+        first.client.patch(f"/api/rules/{rid}", json={"enabled": False}).raise_for_status()
+        expect(page.get_by_test_id("rule-list").locator("li")).to_have_count(2)
+        expect(page.get_by_test_id("rule-list")).to_contain_text("loss watch")
+        defs = sorted(
+            (
+                {k: v for k, v in r.items() if k not in ("id", "state")}
+                for r in first.get("/api/rules")["rules"]
+            ),
+            key=lambda d: d["name"],
+        )
+        old_run = first.get("/api/session")["run_id"]
+        first.stop()
+        expect(page.get_by_test_id("training-state")).to_have_text("disconnected")
+
+        second = support.start_demo(tmp_path, db=db, port=first.port)
+        new_run = second.get("/api/session")["run_id"]
+        banner = page.get_by_test_id("restart-banner")
+        expect(banner).to_be_visible(timeout=40_000)
+        expect(banner).to_contain_text(f"New run {new_run}: 2 rules of run {old_run} are not in it")
+        expect(page.get_by_test_id("reapply-hooks")).to_be_hidden()  # (no hook was lost)
+        assert second.get("/api/rules")["rules"] == []
+        page.get_by_test_id("reapply-rules").click()
+        expect(banner).to_be_hidden()
+        now = sorted(
+            (
+                {k: v for k, v in r.items() if k not in ("id", "state")}
+                for r in second.get("/api/rules")["rules"]
+            ),
+            key=lambda d: d["name"],
+        )
+        assert now == defs, "the rules as they stood, the disabled one disabled"
+        expect(page.get_by_test_id("rule-list").locator("li")).to_have_count(2)
+        # (the browser logs each reconnection refused while no server listened)
+        assert [e for e in log.errors if "ERR_CONNECTION_REFUSED" not in e] == []
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
