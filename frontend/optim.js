@@ -84,9 +84,7 @@ export class OptimNowChart {
         baseLayout({
           xaxis: axis({ visible: false }),
           yaxis: axis({ visible: false }),
-          annotations: [
-            centerNote("no optimizer measurement yet (off with optim_state=False; none under FSDP2)"),
-          ],
+          annotations: [centerNote("no optimizer measurement yet (off with optim_state=False)")],
         }),
         PLOT_CONFIG,
       );

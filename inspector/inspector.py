@@ -194,7 +194,7 @@ class Inspector:
         )
         self._edits = edits = Edits(reg, hooks, feed, events.emit, gate.cond)
         self._stats = stats = StepStats(params, tensors, layout, groups)
-        if layout is None and opts.optim_state:  # the optimizer's state and update geometry (not FSDP2)
+        if opts.optim_state:  # the optimizer's state and update geometry (FSDP2: the state only)
             stats.optim = OptimProbe(tensors, groups, optimizer)
         self._nonfinite = nonfinite = NonfiniteReport(params, events.emit)
         self._hist = hist = HistSelection(params, opts.hist_every)

@@ -33,7 +33,10 @@ squares, its share of elements below ``eps**2`` the summed counts over the summe
 cosines come from the summed dot products and squared norms (each sampled tensor's weighted by its
 sampling factor, so that the group's cosine is that of the concatenated tensors, estimated).
 
-Not under FSDP2 (a sharded run's ``optim`` is None).
+Under FSDP2 the Adam state is measured on each rank's shards and combined in the snapshot's one
+collective (:meth:`OptimProbe.sharded_columns`): ``exp_avg_norm``, ``exp_avg_sq_sqrt_norm`` and
+``below_eps_frac`` of the full tensors, and ``step_ratio`` from the combined update and gradient
+norms; the cosines (``cos_update_grad``, ``cos_grad_prev``) are not measured there (None).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ import torch
 from torch import Tensor
 
 from .groups import Groups
+from .sharded import local
 from .telemetry import Pack
-from .tensor_stats import FlatPlan, foreach_norm
+from .tensor_stats import FlatPlan, device_constant, foreach_norm
 from .update_ratio import BLOCK, sample_view, strides
 
 __all__ = ["ADAM_KEYS", "GEO_KEYS", "OptimProbe"]
@@ -391,10 +395,13 @@ class OptimProbe:
         pack.add(name, values)
         self._names.append(name)
 
-    def _add_adam(self, pack: Pack) -> None:
+    def _adam_state(self) -> tuple[list[int], list[int], list[Tensor], list[Tensor], Any] | None:
+        """The tensors with Adam state, their sizes (a DTensor's: the whole tensor's), their
+        moments ``m`` and ``v`` (this rank's shards under FSDP2) and the thresholds below which
+        ``v`` counts as under ``eps**2`` (:func:`_thresholds`); None where no tensor has it."""
         opt = self.optimizer
         if opt is None:
-            return
+            return None
         group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
         idx, numel, m, v, steps, consts = [], [], [], [], [], []
         for i, p in enumerate(self.tensors):
@@ -406,18 +413,26 @@ class OptimProbe:
             betas, eps = grp.get("betas"), grp.get("eps")
             if not isinstance(ea, Tensor) or not isinstance(es, Tensor) or betas is None or eps is None:
                 continue
+            ea, n = local(ea.detach()), es.numel()
+            es = local(es.detach())
             if ea.layout != torch.strided or es.is_complex():
                 continue
             idx.append(i)
-            numel.append(es.numel())
-            m.append(ea.detach())
-            v.append(es.detach())
-            steps.append(s.get("step", 1))
+            numel.append(n)
+            m.append(ea)
+            v.append(es)
+            steps.append(local(st) if isinstance(st := s.get("step", 1), Tensor) else st)
             consts.append((betas[1], eps))
         if not idx:
+            return None
+        return idx, numel, m, v, _thresholds(steps, consts)
+
+    def _add_adam(self, pack: Pack) -> None:
+        found = self._adam_state()
+        if found is None:
             return
+        idx, numel, m, v, thresholds = found
         self._adam = (idx, numel)
-        thresholds = _thresholds(steps, consts)
         plan = self._flat_plan
         if (
             isinstance(thresholds, Tensor)
@@ -436,6 +451,32 @@ class OptimProbe:
         self._add(pack, "optim:v", foreach_norm(v, 1.0))  # sum(v): v >= 0
         listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
         self._add(pack, "optim:below", counts_below(v, listed))
+
+    def sharded_columns(self, device: torch.device) -> list[tuple[str, Tensor]]:
+        """FSDP2: the Adam state's sums over this rank's shards, three columns of one value per
+        tensor (0 where a tensor has no Adam state): ``sum(m**2)``, ``sum(v)`` and the count of
+        ``v`` below ``eps**2``, for :meth:`~inspector.stats.sharded_stats.ShardedStats.combine` to sum
+        across the mesh (a tensor that is not sharded: its own). Every rank builds the same three
+        columns; their combined values come back in the transfer under these names, and
+        :meth:`read` takes them. The geometry (the cosines) is not measured under FSDP2."""
+        self._names = ["optim:m_sq", "optim:v", "optim:below"]
+        zeros = [torch.zeros(self.n, device=device) for _ in range(3)]
+        found = self._adam_state()
+        if found is None:
+            self._adam = None
+            return list(zip(self._names, zeros, strict=True))
+        idx, numel, m, v, thresholds = found
+        self._adam = (idx, numel)
+        listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
+        at = device_constant(tuple(idx), torch.int64, device)
+        parts = (
+            [x.to(device).pow(2) for x in foreach_norm(m)],
+            [x.to(device) for x in foreach_norm(v, 1.0)],
+            [x.to(device) for x in counts_below(v, listed)],
+        )
+        for col, values in zip(zeros, parts, strict=True):
+            col.index_copy_(0, at, torch.stack([x.reshape(()).float() for x in values]))
+        return list(zip(self._names, zeros, strict=True))
 
     # ------------------------------------------------------------------ from the transfer
     def read(
@@ -508,14 +549,11 @@ class OptimProbe:
         adam_sums: dict[int, tuple[float, float, float, int]] = {}
         if self._adam is not None:
             idx, numel = self._adam
-            for i, cnt, mn, vs, b in zip(
-                idx,
-                numel,
-                data.get("optim:m", []),
-                data.get("optim:v", []),
-                data.get("optim:below", []),
-                strict=False,
-            ):
+            ms, vv, bb = data.get("optim:m", []), data.get("optim:v", []), data.get("optim:below", [])
+            if "optim:m_sq" in data:  # FSDP2: one value per tensor, combined across the mesh
+                ms = [math.sqrt(max(data["optim:m_sq"][i], 0.0)) for i in idx]
+                vv, bb = [vv[i] for i in idx], [bb[i] for i in idx]
+            for i, cnt, mn, vs, b in zip(idx, numel, ms, vv, bb, strict=False):
                 out["exp_avg_norm"][i] = mn
                 out["exp_avg_sq_sqrt_norm"][i] = math.sqrt(vs) if vs >= 0 else None
                 out["below_eps_frac"][i] = b / cnt if cnt else None

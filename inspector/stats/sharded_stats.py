@@ -49,9 +49,12 @@ class ShardedStats:
         pnorms: list[Tensor],
         unorms: list[Tensor] | None,
         effs: list[tuple[str, list[Tensor]]],
+        optim: list[tuple[str, Tensor]] | None = None,
     ) -> None:
         """``raw``: the step's raw read (``step_stats.RawRead``, or None); ``part``: this rank's
-        partial final statistics (``fnorms``, ``fabsmax``, ``moments`` with their ``counts``, ``hist``).
+        partial final statistics (``fnorms``, ``fabsmax``, ``moments`` with their ``counts``, ``hist``);
+        ``optim``: the optimizer state's columns (``OptimProbe.sharded_columns``: one value per
+        tensor, summed for a sharded one), added to ``pack`` under their own names.
 
         FSDP2: this sampled step's statistics of the full tensors, from every rank's partial
         results in **one** collective (:meth:`Layout.combine`), added to ``pack`` under the names the
@@ -101,6 +104,8 @@ class ShardedStats:
             v = torch.stack([x.to(dev) for x in e])
             # (a kind's own values after the three, zclip's, are the same on every rank: not summed)
             cols.append((f"eff:{hid}", v, (True, True, True) + (False,) * (len(e) - 3)))
+        for name, v in optim or []:
+            cols.append((name, v.to(dev), sharded))
         for i, h in sorted(part.get("hist", {}).items()):  # range maxed, counts summed
             cols.append((f"hist:{i}", h.to(dev), (False, False) + (True,) * (h.numel() - 2)))
         flat, rows = lay.combine_rows(
@@ -131,5 +136,7 @@ class ShardedStats:
             pack.add("update_norm", got["u_sq"].sqrt())
         for hid, _ in effs:
             pack.add(f"eff:{hid}", got[f"eff:{hid}"])
+        for name, _ in optim or []:
+            pack.add(name, got[name])
         for i in part.get("hist", {}):
             pack.add(f"hist:{i}", got[f"hist:{i}"])

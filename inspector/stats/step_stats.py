@@ -582,7 +582,7 @@ class StepStats:
 
     def _optim_read(self, data: dict[str, list[float]], step: int, grad_norm: list[float | None]) -> Any:
         """``Snapshot.optim`` from the transfer (None: the instrument is off or measured nothing)."""
-        if self.optim is None or self.layout is not None:
+        if self.optim is None:
             return None
         try:
             return self.optim.read(data, step, data.get("update_norm"), grad_norm)
@@ -687,7 +687,13 @@ class StepStats:
         pack.add("rec", [records[k][0] for k in rec_keys])
         if self._sharded is not None:
             effs_by_id = list(zip(eff_ids, effs, strict=True))
-            self._sharded.combine(pack, raw, self._part, meta, pnorms, unorms, effs_by_id)
+            optim = None
+            if self.optim is not None:
+                try:  # the Adam state's sums over this rank's shards (inspector.stats.optim_state)
+                    optim = self.optim.sharded_columns(dev)
+                except Exception as e:  # never take training down for telemetry: this instrument is off
+                    self._optim_failed(e)
+            self._sharded.combine(pack, raw, self._part, meta, pnorms, unorms, effs_by_id, optim)
         if self.noise is not None:
             self.noise.pack(pack)
         if self.optim is not None and self.layout is None:
