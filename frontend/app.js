@@ -405,7 +405,7 @@ class Dashboard {
     this.watch.showWorst();
     const v = this.view;
     this.panel.showEffects({ ...(v.latest ? v.latest.hook_effects : {}), ...this.measured.moduleEffects(v) });
-    this.ranks.show(v.latest, v.params);
+    this.ranks.show(v.latest, v.params, v.groups ? v.groups.names : []);
     if (!this.histParam) this.defaultHistParam();
     this.showHistStatus();
   }

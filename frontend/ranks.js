@@ -5,12 +5,15 @@
 // variation), a rank whose norm stands out from the others' (a straggler's stale batch, a bad
 // shard: a robust z of its norm against the other ranks' median and MAD, flagged past
 // FLAG_Z; from three ranks on, two cannot tell which one is off), and a rank that found a
-// NaN or Inf. Hidden when the snapshot has no per-rank values (one process, or
-// per_rank_stats=False). Whole model only: the rows carry no per-group values.
+// NaN or Inf; and per group (`group_norm_min`/`group_norm_max` with their ranks), the groups
+// whose local norms differ the most across the ranks (max / min), GROUPS_SHOWN of them, so that a
+// straggler or a bad shard is named down to the part of the model it shows in. Hidden when the
+// snapshot has no per-rank values (one process, or per_rank_stats=False).
 
 import { fmt, h } from "./util.js";
 
 export const FLAG_Z = 3.5; // |robust z| past this flags a rank (Iglewicz and Hoaglin's cut-off)
+export const GROUPS_SHOWN = 8; // the groups that differ the most across the ranks, listed
 
 function median(xs) {
   const s = [...xs].sort((a, b) => a - b);
@@ -40,11 +43,13 @@ export class RanksCard {
     this.card = card;
     this.summary = card.querySelector('[data-testid="ranks-summary"]');
     this.table = card.querySelector('[data-testid="ranks-table"]');
+    this.groupsTable = card.querySelector('[data-testid="ranks-groups"]');
     this.shown = null;
   }
 
-  /** Draw the newest row's `ranks` (`params`: the parameter names, for a NaN's name). */
-  show(row, params) {
+  /** Draw the newest row's `ranks` (`params`: the parameter names, for a NaN's name; `groups`:
+   * the group names the per-group lists are aligned with). */
+  show(row, params, groups = []) {
     const ranks = row && row.ranks;
     const norms = ranks && Array.isArray(ranks.rank_norm) ? ranks.rank_norm : null;
     this.card.hidden = !norms;
@@ -90,5 +95,43 @@ export class RanksCard {
       );
     });
     this.table.replaceChildren(h("thead", {}, head), h("tbody", {}, ...body));
+    this.showGroups(ranks, groups);
+  }
+
+  /** The groups whose ranks' local norms differ the most (max / min), most first. */
+  showGroups(ranks, groups) {
+    const lo = Array.isArray(ranks.group_norm_min) ? ranks.group_norm_min : null;
+    const hi = Array.isArray(ranks.group_norm_max) ? ranks.group_norm_max : null;
+    this.groupsTable.hidden = !lo || !hi || !lo.length;
+    if (this.groupsTable.hidden) {
+      this.groupsTable.replaceChildren();
+      return;
+    }
+    const ratio = (g) => (lo[g] > 0 ? hi[g] / lo[g] : hi[g] > 0 ? Infinity : 1);
+    const order = lo
+      .map((_, g) => g)
+      .filter((g) => typeof lo[g] === "number" && typeof hi[g] === "number")
+      .sort((a, b) => ratio(b) - ratio(a))
+      .slice(0, GROUPS_SHOWN);
+    const cap =
+      lo.length > order.length
+        ? `the ${order.length} of ${lo.length} groups whose local norms differ the most across the ranks`
+        : "each group's local norm across the ranks";
+    const head = h(
+      "tr",
+      {},
+      ...["group", "‖g‖ min (rank)", "‖g‖ max (rank)", "max / min"].map((t) => h("th", {}, t)),
+    );
+    const body = order.map((g) =>
+      h(
+        "tr",
+        { dataset: { group: String(g) } },
+        h("td", { class: "name" }, groups[g] ?? `group ${g}`),
+        h("td", {}, `${fmt(lo[g])} (${ranks.group_argmin[g]})`),
+        h("td", {}, `${fmt(hi[g])} (${ranks.group_argmax[g]})`),
+        h("td", {}, Number.isFinite(ratio(g)) ? fmt(ratio(g)) : "∞"),
+      ),
+    );
+    this.groupsTable.replaceChildren(h("caption", {}, cap), h("thead", {}, head), h("tbody", {}, ...body));
   }
 }

@@ -135,10 +135,13 @@ class Rows:
         norms, :mod:`inspector.stats.noise_scale`), averaged over the ranks (NaN where one had none)."""
         return self.rows[:, self.NORMS + n :].mean(dim=0).tolist()
 
-    def spread(self, n: int) -> dict[str, list[Any]]:
+    def spread(self, n: int, members: list[list[int]] | None = None) -> dict[str, list[Any]]:
         """Per parameter: min and max of the local norms across ranks, and which rank; per rank
         (``rank_norm``, ``rank_nonfinite``): its local gradients' norm over every parameter, and
-        the first parameter it found not finite (None: none)."""
+        the first parameter it found not finite (None: none); per group of ``members`` (the
+        parameter indices of each group, :class:`~inspector.stats.groups.Groups`): min and max
+        across ranks of each rank's local norm over the group's parameters, and which rank
+        (``group_norm_min``, ``group_norm_max``, ``group_argmin``, ``group_argmax``)."""
         norms = self.rows[
             :, self.NORMS : self.NORMS + n
         ]  # (world, n_params); NaN where a rank had no gradient
@@ -159,7 +162,7 @@ class Rows:
         seen = ~torch.isnan(norms).all(dim=1)
         rank_norm = [v if ok else None for v, ok in zip(sq.sqrt().tolist(), seen.tolist(), strict=True)]
         bad = [int(v) for v in self.rows[:, self.LOCAL_BAD].tolist()]
-        return {
+        out: dict[str, list[Any]] = {
             "norm_min": clean(lo),
             "norm_max": clean(hi),
             "argmin": clean(argmin, True),
@@ -167,3 +170,33 @@ class Rows:
             "rank_norm": rank_norm,
             "rank_nonfinite": [v if v >= 0 else None for v in bad],
         }
+        if members:
+            out.update(_group_spread(norms, members))
+        return out
+
+
+def _group_spread(norms: Tensor, members: list[list[int]]) -> dict[str, list[Any]]:
+    """``norms``: (world, parameters), NaN where a rank had no gradient. Per group: each rank's
+    norm over the group's parameters it had gradients for; their min and max across the ranks
+    that had any, and which rank (None where no rank had one)."""
+    world, n = norms.shape
+    of = torch.full((n,), len(members), dtype=torch.int64)
+    for g, m in enumerate(members):
+        of[m] = g
+    sq = torch.where(torch.isnan(norms), torch.zeros_like(norms), norms).double().pow(2)
+    seen = (~torch.isnan(norms)).double()
+    per = torch.zeros(world, len(members) + 1, dtype=torch.float64).index_add_(1, of, sq)[:, :-1].sqrt()
+    have = torch.zeros(world, len(members) + 1, dtype=torch.float64).index_add_(1, of, seen)[:, :-1] > 0
+    lo, argmin = torch.where(have, per, torch.full_like(per, math.inf)).min(dim=0)
+    hi, argmax = torch.where(have, per, torch.full_like(per, -math.inf)).max(dim=0)
+    anyone = have.any(dim=0).tolist()
+
+    def clean(t: Tensor, idx: bool = False) -> list[Any]:
+        return [(int(v) if idx else v) if ok else None for v, ok in zip(t.tolist(), anyone, strict=True)]
+
+    return {
+        "group_norm_min": clean(lo),
+        "group_norm_max": clean(hi),
+        "group_argmin": clean(argmin, True),
+        "group_argmax": clean(argmax, True),
+    }

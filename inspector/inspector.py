@@ -257,6 +257,8 @@ class Inspector:
         lifecycle.append(self._lifecycle)
         self._noise = self._noise_scale(opts, at, groups, events)
         stats.noise = self._noise
+        if self._lifecycle.sync is not None:  # the ranks' spread per group too
+            self._lifecycle.sync.group_members = lambda: groups.members
         if self._noise is not None and self._noise.mode == "ddp" and self._lifecycle.sync is not None:
             self._lifecycle.sync.noise_cols = self._noise.columns  # its values ride in the rows
         self._dashboard = Dashboard(self, gate, lambda: self._lifecycle.apply_edits(torch_ok=True))

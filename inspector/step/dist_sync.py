@@ -66,6 +66,8 @@ class DistributedSync:
         # the gradient noise scale's columns (one per parameter, after the local norms, on sampled
         # steps with them), and the last such exchange's values averaged over the ranks
         self.noise_cols: Callable[[], list[float]] | None = None
+        # the groups' parameter indices (the Inspector sets it): the ranks' spread per group too
+        self.group_members: Callable[[], list[list[int]]] | None = None
         self.noise_mean: list[float] | None = None
         # the rules (inspector.rules): rank 0's decisions travel with its pending changes, and every
         # rank receives them at the same exchange (set by the Inspector; None: none)
@@ -166,7 +168,8 @@ class DistributedSync:
                 )
         if first:
             self.noise_mean = rows.extra_mean(self._n) if with_norms and self.noise_cols is not None else None
-        return (rows.spread(self._n) if with_norms else None), rows.hold
+        members = self.group_members() if self.group_members is not None else None
+        return (rows.spread(self._n, members) if with_norms else None), rows.hold
 
     def sync_edits(self) -> None:
         """A script edit under torch.distributed (every rank makes it at the same point of the

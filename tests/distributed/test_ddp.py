@@ -139,6 +139,7 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
 
         snaps = c.get("/api/snapshots", params={"limit": 20}).json()["snapshots"]
         events = c.get("/api/events").json()["events"]
+        members = c.get("/api/session").json()["groups"]["members"]
         assert c.post("/api/training/resume").status_code == 202
         for p in procs:
             out, _ = p.communicate(timeout=120)
@@ -167,7 +168,23 @@ def test_two_ranks_share_hooks_pause_and_report_per_rank(tmp_path):
 
     # per-rank spread of the local, pre-all-reduce norms (different data on each rank)
     spread = snaps[-1]["ranks"]
-    assert set(spread) == {"norm_min", "norm_max", "argmin", "argmax", "rank_norm", "rank_nonfinite"}
+    groupwise = {"group_norm_min", "group_norm_max", "group_argmin", "group_argmax"}
+    assert set(spread) == {
+        "norm_min",
+        "norm_max",
+        "argmin",
+        "argmax",
+        "rank_norm",
+        "rank_nonfinite",
+        *groupwise,
+    }
+    # per group: each rank's norm over the group's tensors is at least each member's on that rank
+    assert all(len(spread[k]) == len(members) for k in groupwise)
+    for g, m in enumerate(members):
+        assert spread["group_norm_min"][g] <= spread["group_norm_max"][g]
+        assert spread["group_norm_max"][g] >= max(spread["norm_max"][i] for i in m) * (1 - 1e-12)
+        assert spread["group_norm_min"][g] >= max(spread["norm_min"][i] for i in m) * (1 - 1e-12)
+        assert {spread["group_argmin"][g], spread["group_argmax"][g]} <= {0, 1}
     assert all(lo < hi for lo, hi in zip(spread["norm_min"], spread["norm_max"], strict=True))
     assert {*spread["argmin"], *spread["argmax"]} == {0, 1}
     # per rank (the world size's length): the whole model's local norm, and a NaN's rank

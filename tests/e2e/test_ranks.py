@@ -3,7 +3,8 @@
 A history database is written with four-rank snapshots (rank 2's local norm far from the
 others', rank 3 reporting a non-finite gradient in `0.bias`), served by `gradient-inspector
 replay`, and opened in Chromium: the card shows the world size, flags rank 2 and names rank 3's
-NaN; a run without `ranks` (one process) keeps the card hidden.
+NaN, and lists the groups by how much their norms differ across the ranks; a run without
+`ranks` (one process) keeps the card hidden.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def four_ranks(step):
         "argmax": [2, 0],
         "rank_norm": [1.02, 0.98, 9.5 if step == 3 else 1.0, 1.01],
         "rank_nonfinite": [None, None, None, 1 if step == 3 else None],
+        # per group (one a tensor in so small a model): each rank's norm over the group's tensors
+        "group_norm_min": [0.4, 0.9],
+        "group_norm_max": [0.6, 9.0],
+        "group_argmin": [1, 0],
+        "group_argmax": [0, 2],
     }
 
 
@@ -87,4 +93,11 @@ def test_the_ranks_card_shows_world_size_a_differing_rank_and_a_nan_rank(tmp_pat
         assert rows.nth(3).get_attribute("data-nan") == "true"
         assert "NaN/Inf in 0.bias" in rows.nth(3).inner_text()
         assert "9.5" in rows.nth(2).inner_text()
+        # the groups, the one whose ranks differ the most first, each with the ranks at its ends
+        groups = page.get_by_test_id("ranks-groups")
+        assert groups.is_visible() and "differ the most" not in groups.inner_text()
+        cells = [
+            [c.inner_text() for c in groups.locator("tbody tr").nth(k).locator("td").all()] for k in range(2)
+        ]
+        assert cells == [["0.bias", "0.9 (0)", "9 (2)", "10"], ["0.weight", "0.4 (1)", "0.6 (0)", "1.5"]]
         assert own_errors(log) == []
