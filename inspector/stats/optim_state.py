@@ -81,9 +81,9 @@ def _count_below(v: Tensor, threshold: Tensor | float) -> Tensor:
     is compared in float32: ``eps**2`` (1e-16 and below) rounds to 0 in float16, where nothing
     would ever be below it."""
     if v.numel() <= CHUNK:
-        return (_wide(v) < threshold).sum()
+        return torch.count_nonzero(_wide(v) < threshold)  # (a bool sum: 2.5x as long on a CPU)
     flat = v.reshape(-1)  # (a view: the state is contiguous)
-    return torch.stack([(_wide(c) < threshold).sum() for c in flat.split(CHUNK)]).sum()
+    return torch.stack([torch.count_nonzero(_wide(c) < threshold) for c in flat.split(CHUNK)]).sum()
 
 
 def _wide(v: Tensor) -> Tensor:
@@ -163,7 +163,7 @@ def counts_below(vs: list[Tensor], thresholds: list[Tensor | float]) -> list[Ten
                 out[batch[0]] = _count_below(vs[batch[0]], t)
                 continue
             stacked = _wide(torch.stack([vs[i] for i in batch]).view(len(batch), -1))
-            for i, c in zip(batch, (stacked < t).sum(1).unbind(), strict=True):
+            for i, c in zip(batch, torch.count_nonzero(stacked < t, dim=1).unbind(), strict=True):
                 out[i] = c
     return out  # type: ignore[return-value]
 
