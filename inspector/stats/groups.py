@@ -30,6 +30,8 @@ abs-max, one sort of the padded table for the minimum, lower median and maximum.
 flat float32 tensor that rides in the snapshot's one host transfer; :meth:`Groups.unpack` turns its
 host values into the aggregate lists. The NaN and Inf counts are summed on the host from the
 per-tensor counts (which are themselves found on the host, and are zero but for rare tensors).
+:meth:`Groups.aggregate_host` makes the same lists from the per-tensor lists on the host: under
+FSDP2, and for a model of fewer than ``step_stats.DEVICE_GROUPS`` tensors (a few dozen floats).
 """
 
 from __future__ import annotations

@@ -75,6 +75,10 @@ from .update_ratio import FLOOR, UpdateProbe
 
 __all__ = ["RawRead", "StepStats"]
 
+# from this many parameter tensors on, the group aggregates are made on the device (one segment of
+# the snapshot's transfer); below it on the host, from the transferred per-tensor lists
+DEVICE_GROUPS = 64
+
 
 @dataclass
 class RawRead:
@@ -531,10 +535,11 @@ class StepStats:
     ) -> Tensor | None:
         """The group aggregates on the device, for the snapshot's one transfer, from the stacked
         per-tensor vectors of :meth:`final` and the parameter and update norms; None where they
-        cannot be taken there (no vectors: nothing sampled, tensors on several devices), and then
-        :meth:`_group_host` takes them from the lists."""
+        cannot be taken there (no vectors: nothing sampled, tensors on several devices) or need not
+        be (fewer than ``DEVICE_GROUPS`` tensors: a few dozen floats on the host cost less than
+        the dozen device ops), and then :meth:`_group_host` takes them from the lists."""
         n = len(self.params)
-        if pvec is None or pvec.numel() != n:
+        if pvec is None or pvec.numel() != n or n < DEVICE_GROUPS:
             return None
         dev = pvec.device
         try:
