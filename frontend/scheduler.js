@@ -9,7 +9,9 @@
 // is redrawn whole when it scrolls into view (an IntersectionObserver says when);
 // and the charts on screen are drawn at most every LARGE_INTERVAL_MS, with a gap
 // of LARGE_GAP_FACTOR x a draw's time after it (drawing at most ~1/3.5 of the
-// main thread: the messages of a large run cost more to take in).
+// main thread: the messages of a large run cost more to take in). A chart under a pressed
+// pointer is not redrawn until the pointer is released: a redraw between press and release
+// would lose the click (Plotly replaces what was pressed on).
 
 import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./state.js";
 
@@ -48,6 +50,20 @@ export class Scheduler {
     this.queued = false;
     this.globalNextAt = 0;
     this.stats = {}; // name -> {draws, ms}: visible at window.__dashboard for profiling
+    this.pressed = null; // the slot a pointer is pressed on: not redrawn until released
+    for (const s of this.slots) {
+      if (!s.chart.el || typeof s.chart.el.addEventListener !== "function") continue;
+      s.chart.el.addEventListener("pointerdown", () => (this.pressed = s), true);
+    }
+    if (typeof window !== "undefined") {
+      const release = () => {
+        if (this.pressed === null) return;
+        this.pressed = null;
+        this.request();
+      };
+      window.addEventListener("pointerup", release, true);
+      window.addEventListener("pointercancel", release, true);
+    }
   }
 
   /** Watch which charts are on screen (a large run draws only those). */
@@ -155,8 +171,8 @@ export class Scheduler {
         s.stale = true;
         continue;
       }
-      if (now < s.nextAt) {
-        waiting = true;
+      if (now < s.nextAt || s === this.pressed) {
+        waiting = waiting || s !== this.pressed; // (a pressed one is asked for again on release)
         continue;
       }
       if (next === null || s.nextAt < next.nextAt) next = s;

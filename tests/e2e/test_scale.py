@@ -145,19 +145,30 @@ def heat_rows(page: Any) -> list[str]:
 
 
 def click_heat_row(page: Any, name: str) -> None:
-    """A mouse click on the heatmap's row `name`, on the newest step's cell."""
-    page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
-    rows = heat_rows(page)
-    # the newest column's x on the page: its step through the axis's range
-    x = page.evaluate(
-        """() => { const gd = document.querySelector('[data-testid="chart-heatmap"]');
-                   const xs = gd.data[0].x, ax = gd._fullLayout.xaxis;
-                   return ax.l2p(xs[xs.length - 1]) + ax._offset; }"""
-    )
-    box = page.locator('[data-testid="chart-heatmap"]').bounding_box()
-    k = rows.index(name)
-    plot = page.locator('[data-testid="chart-heatmap"] .nsewdrag').first.bounding_box()
-    page.mouse.click(box["x"] + x, plot["y"] + (k + 0.5) / len(rows) * plot["height"])
+    """A mouse click on the heatmap's row `name`, on the newest step's cell, once the pointer is
+    seen over that row (Plotly's hover names it): the page may still move under the pointer
+    between measuring and clicking (a card above gaining its height as its data arrives)."""
+
+    def aim() -> tuple[float, float] | None:
+        page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
+        rows = heat_rows(page)
+        # the newest column's x on the page: its step through the axis's range
+        x = page.evaluate(
+            """() => { const gd = document.querySelector('[data-testid="chart-heatmap"]');
+                       const xs = gd.data[0].x, ax = gd._fullLayout.xaxis;
+                       return ax.l2p(xs[xs.length - 1]) + ax._offset; }"""
+        )
+        box = page.locator('[data-testid="chart-heatmap"]').bounding_box()
+        plot = page.locator('[data-testid="chart-heatmap"] .nsewdrag').first.bounding_box()
+        at = (box["x"] + x, plot["y"] + (rows.index(name) + 0.5) / len(rows) * plot["height"])
+        page.mouse.move(*at)
+        over = page.evaluate(
+            """() => { const h = document.querySelector('[data-testid="chart-heatmap"]')._hoverdata;
+                       return h && h.length ? h[0].y : null; }"""
+        )
+        return at if over == name else None
+
+    page.mouse.click(*support.wait_until(aim, 30, f"the pointer over the heatmap row {name}"))
 
 
 def flow_bars(page: Any) -> list[str]:

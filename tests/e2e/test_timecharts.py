@@ -266,3 +266,23 @@ def test_another_run_of_the_database_is_overlaid_with_its_hook_markers(tmp_path,
         assert marks["x"] and "added clip_value" in marks["text"][0]
         assert all(math.isfinite(v) for v in t[f"run {run1} loss"]["y"] if v is not None)
         assert log.errors == []
+
+
+def test_a_chart_under_a_pressed_pointer_is_redrawn_only_once_released(fast, new_page):
+    """A redraw between a press and its release would lose the click (Plotly replaces what was
+    pressed on): the scheduler holds the pressed chart's redraws, and draws it on release."""
+    page, log = open_page(new_page, fast)
+    page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
+    draws = "() => (window.__dashboard.scheduler.stats.heatmap || {draws: 0}).draws"
+    step = "() => window.__dashboard.live.step"
+    start = page.evaluate(draws)
+    wait_until(lambda: page.evaluate(draws) >= start + 2, what="the heatmap redrawn as steps come")
+    box = page.locator('[data-testid="chart-heatmap"] .nsewdrag').first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    held, at = page.evaluate(draws), page.evaluate(step)
+    wait_until(lambda: page.evaluate(step) >= at + 20, what="20 more steps while pressed")
+    assert page.evaluate(draws) == held, "not redrawn while pressed"
+    page.mouse.up()
+    wait_until(lambda: page.evaluate(draws) > held, what="redrawn once released")
+    assert log.errors == []
