@@ -61,23 +61,29 @@ def dataset(n: int = 64) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def train(tmp_path, callbacks, model: str = "gpt2", **args) -> transformers.Trainer:
-    arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=STEPS,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-        dataloader_num_workers=0,
-        **args,
+def arguments(tmp_path, **args) -> transformers.TrainingArguments:
+    """The tests' TrainingArguments (on the CPU, nothing saved or reported); `args` override them."""
+    return transformers.TrainingArguments(
+        **{
+            "output_dir": str(tmp_path / "out"),
+            "max_steps": STEPS,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": [],
+            "use_cpu": True,
+            "disable_tqdm": True,
+            "seed": 0,
+            "dataloader_num_workers": 0,
+            **args,
+        }
     )
+
+
+def train(tmp_path, callbacks, model: str = "gpt2", **args) -> transformers.Trainer:
     trainer = transformers.Trainer(
-        model=MODELS[model](), args=arguments, train_dataset=dataset(), callbacks=callbacks
+        model=MODELS[model](), args=arguments(tmp_path, **args), train_dataset=dataset(), callbacks=callbacks
     )
     trainer.train()
     return trainer
@@ -186,23 +192,16 @@ def test_a_rewind_with_skip_drops_the_window_and_the_rest_count_in_order(tmp_pat
     data = [{"input_ids": row, "labels": row, "index": torch.tensor(k)} for k, row in enumerate(ids)]
     model = NumberedLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=14,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_grad_norm=0,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-        dataloader_num_workers=0,
-    )
     cb = GradientInspectorCallback(every=1, on_attach=lambda insp: state.setdefault("insp", insp))
     trainer = transformers.Trainer(
         model=model,
-        args=arguments,
+        args=arguments(
+            tmp_path,
+            max_steps=14,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_grad_norm=0,
+        ),
         train_dataset=data,
         callbacks=[cb, Rewinder()],
         optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)),

@@ -58,12 +58,13 @@ class Regressor(pl.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
 
 
-def fit(tmp_path, **trainer_kwargs) -> Regressor:
-    model = Regressor()
+def fit(tmp_path, model: pl.LightningModule | None = None, max_steps: int = STEPS, **trainer_kwargs):
+    """Train `model` (a new Regressor by default) on the CPU for `max_steps`; returns the model."""
+    model = Regressor() if model is None else model
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=STEPS,
+        max_steps=max_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -202,20 +203,7 @@ def test_a_rewind_with_skip_drops_the_window_and_the_rest_come_in_order(tmp_path
                 assert insp.rewind(state["cp"], skip=8)["done"]
 
     cb = GradientInspectorCallback(every=1, on_attach=lambda insp: state.setdefault("insp", insp))
-    model = Numbered()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=30,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-        callbacks=[cb, Rewinder()],
-    )
-    trainer.fit(model)
+    model = fit(tmp_path, Numbered(), max_steps=30, callbacks=[cb, Rewinder()])
     insp = state["insp"]
 
     assert model.seen == list(range(10)) + list(range(13, 30)), "the window's batches are not trained on"
