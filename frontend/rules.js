@@ -84,26 +84,11 @@ function numberOrText(text) {
   return t;
 }
 
-/** The fields that define a rule (`POST /api/rules` takes them): no id, no state. */
+/** The fields that define a rule (`POST /api/rules` takes them): all but its id and state. */
 export function ruleDefinition(rule) {
-  const out = {};
-  for (const k of RULE_FIELDS) if (rule[k] !== undefined) out[k] = rule[k];
-  return out;
+  const { id: _id, state: _state, ...definition } = rule;
+  return definition;
 }
-const RULE_FIELDS = [
-  "name",
-  "signal",
-  "op",
-  "threshold",
-  "for_steps",
-  "action",
-  "args",
-  "cooldown",
-  "enabled",
-  "max_failures",
-  "cap",
-  "window",
-];
 
 /**
  * The rules an earlier run had, from its rule_* events (in order): definitions from
