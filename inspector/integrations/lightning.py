@@ -123,9 +123,8 @@ class GradientInspectorCallback(SessionCallback, Callback):  # type: ignore[misc
         self._losses: list[torch.Tensor] = []
         self._recorded_step = 0
         self._drop = False  # the batch under way falls in a skipped window
-        self._wrapped: tuple[LightningModule, Any] | None = (
-            None  # the module, its own training_step attribute
-        )
+        # the module whose training_step is wrapped, and its own training_step attribute (None: none)
+        self._wrapped: tuple[LightningModule, Any] | None = None
 
     # ------------------------------------------------------------------ Lightning hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
