@@ -87,8 +87,8 @@ function sourceText(ns) {
       : "the batch size inferred from the leading dimension of the model's first input";
   if (small === null || big === null) return `batch size: ${ns.batch_source ? given : "not known yet"}`;
   const split =
-    ns.mode === "ddp"
-      ? `one rank's micro-batch of ${fmt(small)} against the all-reduced gradient of ${fmt(big / small)} × it (DDP ranks${k && k > 1 ? ` × ${k} micro-batches` : ""})`
+    ns.mode === "ddp" || ns.mode === "fsdp"
+      ? `one rank's micro-batch of ${fmt(small)} against the reduced gradient of ${fmt(big / small)} × it (${ns.mode === "ddp" ? "DDP" : "FSDP2"} ranks${k && k > 1 ? ` × ${k} micro-batches` : ""})`
       : `one micro-batch of ${fmt(small)} against the step's ${k} accumulated micro-batches (${fmt(big)} examples)`;
   return `${split}; ${given}`;
 }

@@ -19,9 +19,10 @@ gloo group (CPU tensors, so an NCCL job's GPUs are never synchronised for it). E
   unused slot). A sharded parameter's histogram is a collective, so every rank takes rank 0's
   choice (the page's subscriptions live on rank 0).
 - ``local_norms``: on sampled steps, each parameter's local gradient norm (under FSDP2, of this
-  rank's shard): rank 0's snapshot reports their spread (``ranks``). Under DDP with the gradient
-  noise scale on, one more column per parameter follows them: this rank's small-batch squared
-  norm (:mod:`inspector.stats.noise_scale`), averaged over the ranks by every rank.
+  rank's shard): rank 0's snapshot reports their spread (``ranks``). Under DDP and FSDP2 with
+  the gradient noise scale on, one more column per parameter follows them: this rank's
+  small-batch squared norm (:mod:`inspector.stats.noise_scale`), averaged over the ranks by
+  every rank.
 
 While paused, rank 0 repeats the exchange every ``HEARTBEAT`` seconds, so the other ranks
 wait in a bounded collective (the group's timeout), never in DDP's all-reduce. If a peer

@@ -64,7 +64,7 @@ from .stats.histsel import HIST_BINS, HIST_CAP, HistSelection
 from .stats.noise_scale import DEFAULT_EMA, NoiseScale, check_noise_options
 from .stats.nonfinite import NonfiniteReport
 from .stats.optim_state import OptimProbe
-from .stats.sharded import layout_of
+from .stats.sharded import backward_sources, layout_of
 from .stats.step_stats import StepStats
 from .stats.telemetry import Cadence, check_cadence
 from .step.clock import StepClock
@@ -259,7 +259,11 @@ class Inspector:
         stats.noise = self._noise
         if self._lifecycle.sync is not None:  # the ranks' spread per group too
             self._lifecycle.sync.group_members = lambda: groups.members
-        if self._noise is not None and self._noise.mode == "ddp" and self._lifecycle.sync is not None:
+        if (
+            self._noise is not None
+            and self._noise.mode in ("ddp", "fsdp")
+            and self._lifecycle.sync is not None
+        ):
             self._lifecycle.sync.noise_cols = self._noise.columns  # its values ride in the rows
         self._dashboard = Dashboard(self, gate, lambda: self._lifecycle.apply_edits(torch_ok=True))
         # rules (inspector.rules): their actions call this facade's public methods, at the boundary
@@ -298,15 +302,18 @@ class Inspector:
         reason = None
         world = 1
         rank_sq = None
-        if at.layout is not None:
-            mode, reason = None, "not under FSDP2 (needs DDP's per-rank gradients, or one process)"
-        elif at.dist is not None:
+        sources = None
+        if at.dist is not None:
             if opts.per_rank_stats:
-                mode, world = "ddp", at.dist.world
+                mode, world = ("fsdp" if at.layout is not None else "ddp"), at.dist.world
                 sync = self._lifecycle.sync
                 rank_sq = (lambda: sync.noise_mean) if sync is not None else None
+                if at.layout is not None and at.root is not None:
+                    sources = backward_sources(at.root, at.tensors)
             else:
-                mode, reason = None, "under DDP it needs attach(..., per_rank_stats=True)"
+                mode, reason = None, "under DDP and FSDP2 it needs attach(..., per_rank_stats=True)"
+        elif at.layout is not None:
+            mode, reason = None, "under FSDP2 it needs the job's process group (torch.distributed)"
         return NoiseScale(
             at.tensors,
             groups,
@@ -319,6 +326,7 @@ class Inspector:
             world=world,
             scaler=at.scaler,
             rank_sq=rank_sq,
+            sources=sources,
             on_failure=lambda message: events.emit("telemetry_error", message=message),
         )
 
@@ -1035,7 +1043,7 @@ def attach(
             glob that matches its name, the others to the group ``"other"``. None (default):
             groups from the model's structure, at most 60 (``insp.groups`` shows them).
         noise_scale: measure the gradient noise scale ``B_simple`` (each snapshot's ``noise_scale``),
-            from the per-rank gradients under DDP or the micro-batches of gradient accumulation
+            from the per-rank gradients under DDP and FSDP2 or the micro-batches of gradient accumulation
             (see inspector/stats/noise_scale.py); False turns it off (the field is then None).
         batch_size: examples per micro-batch on one rank, for the noise scale; None (default):
             the leading dimension of the model's first tensor argument.

@@ -37,9 +37,16 @@ Where the two batch sizes come from:
   ``b_simple`` (a ratio) is the same. ``K`` is counted per step (the backward passes that reached a
   parameter's hook). Under a GradScaler each increment is divided by the square of the scale it
   was scaled by.
+- **FSDP2** (``per_rank_stats`` on): as under DDP, each rank's gradient of one backward before the
+  collective is the small batch. FSDP2 computes it on a parameter's unsharded copy (the full
+  tensor its all-gather fills) and then reduce-scatters it into the shard's ``.grad``, so the
+  tensor hooks go on those unsharded parameters (:func:`inspector.stats.sharded.backward_sources`),
+  which FSDP2 keeps from a module's first all-gather on: a sampled step before every module has
+  been gathered once is not measured. ``|G_big|^2`` is the reduced gradient's, from the shards'
+  sums of squares the snapshot combines anyway; ``B_big`` is the world size times ``K`` times the
+  micro-batch, with or without ``set_requires_gradient_sync(False)`` between micro-batches.
 - **One process, one backward per step**: there is no second batch size; the estimate is null and
-  ``reason`` says what it needs. Under FSDP2 likewise (its per-rank values are of the reduced
-  gradient's shards, and its sharded parameters' gradients do not pass through tensor hooks).
+  ``reason`` says what it needs.
 
 The batch size (examples per micro-batch on one rank) is ``attach(..., batch_size=N)``, or else
 inferred from the leading dimension of the first tensor argument of the model's forward
@@ -152,10 +159,14 @@ class NoiseScale:
         is_sampled: whether the step under way is sampled.
         batch_size: ``attach``'s, or None (inferred).
         ema: the smoothing per sampled step.
-        mode: "ddp" (averaged over the ranks), "accumulation", or None (unsupported: ``reason`` says why).
-        world: the number of ranks (DDP).
+        mode: "ddp" or "fsdp" (averaged over the ranks), "accumulation", or None (unsupported:
+            ``reason`` says why).
+        world: the number of ranks (DDP, FSDP2).
         scaler: a GradScaler whose scale the increments are divided by, or None.
-        rank_sq: under DDP, a callable giving the last exchange's per-parameter small-batch squared
+        sources: where parameter ``i``'s gradient of one backward is seen (the tensor to hook), or
+            None where there is none yet; None: the parameters themselves (FSDP2:
+            :func:`inspector.stats.sharded.backward_sources`).
+        rank_sq: under DDP and FSDP2, a callable giving the last exchange's per-parameter small-batch squared
             norms (:meth:`columns`) averaged over the ranks (NaN where a rank had none), or None.
         on_failure: called once with a message when the instrument fails and turns itself off.
     """
@@ -174,6 +185,7 @@ class NoiseScale:
         world: int = 1,
         scaler: Any = None,
         rank_sq: Callable[[], list[float] | None] | None = None,
+        sources: Callable[[int], Tensor | None] | None = None,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.tensors = list(tensors)
@@ -187,6 +199,8 @@ class NoiseScale:
         self.world = world
         self._scaler = scaler
         self._rank_sq = rank_sq
+        self._sources = sources if sources is not None else self.tensors.__getitem__
+        self._tried = False  # this sampled step's hooks were registered, or could not be
         self._on_failure = on_failure  # called once with a message if the instrument fails
         self._trace = _Ema(self.beta)
         self._gsq = _Ema(self.beta)
@@ -234,14 +248,23 @@ class NoiseScale:
         In one process, after a sampled step with one backward pass, only the first one's (it
         counts the backward passes): the increments of a step without accumulation would be of no
         use, and the first sampled step with two or more starts measuring from the next one."""
+        self._tried = True
         live = [i for i, t in enumerate(self.tensors) if t.requires_grad]
         if not live:
             return
-        self._counter = live[0]
         few = self.mode == "accumulation" and self._last_k < 2 and not self._permanent
+        hooked = live[:1] if few else live
+        sources = [self._sources(i) for i in hooked]
+        if any(s is None for s in sources):
+            # (FSDP2, before every module's first all-gather) measuring only some parameters, or
+            # only some of the step's backward passes, would be a wrong estimate: none this step
+            self._counter = None
+            return
+        self._counter = live[0]
         self._full = not few
-        for i in live[:1] if few else live:
-            self._step_handles.append(self.tensors[i].register_hook(self._increment_hook(i)))
+        for i, src in zip(hooked, sources, strict=True):
+            assert src is not None
+            self._step_handles.append(src.register_hook(self._increment_hook(i)))
 
     def _remove_tensor_hooks(self) -> None:
         for h in self._step_handles:
@@ -257,7 +280,7 @@ class NoiseScale:
             t = _first_tensor(args)
             if t is not None and t.dim() >= 1:
                 self._sizes.append(int(t.shape[0]))  # (a shape: nothing read from the device)
-        if not self._step_handles:
+        if not self._tried:
             self._register_tensor_hooks()
 
     def _increment_hook(self, i: int) -> Callable[[Tensor], None]:
@@ -284,6 +307,7 @@ class NoiseScale:
         return hook
 
     def _clear_step(self) -> None:
+        self._tried = False
         self._k = 0
         self._sizes = []
         self._acc = {}
@@ -294,7 +318,7 @@ class NoiseScale:
         """At every boundary (and a skipped iteration): forget the step, remove its tensor hooks."""
         if self._step_handles and not self._permanent:
             self._remove_tensor_hooks()
-        if self._k or self._acc or self._sizes or self._packed or self._small is not None:
+        if self._k or self._acc or self._sizes or self._packed or self._small is not None or self._tried:
             self._clear_step()
 
     # ------------------------------------------------------------ the snapshot
@@ -385,11 +409,16 @@ class NoiseScale:
                 b_small, b_big = b, k * b
             elif reason is None:
                 reason = "needs gradient accumulation (2 or more backward passes per step) or DDP"
-        elif self.mode == "ddp":
+        elif self.mode in ("ddp", "fsdp"):
             got = self._rank_sq() if self._rank_sq is not None else None
             small = list(got) if got is not None else [math.nan] * len(small)
             if b is not None and k >= 1:
                 b_small, b_big = b, self.world * k * b
+            elif k == 0 and reason is None:
+                reason = (
+                    "no backward pass measured yet (under FSDP2: from the first sampled step after "
+                    "every module has been gathered once)"
+                )
         if b_small is not None and self._edited >= len(self.tensors) and reason is None:
             reason = "a post_accumulate hook edits every parameter's gradient between backward passes"
         if b is None and reason is None:

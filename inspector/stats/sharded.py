@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..wire.errors import AttachError
 from .tensor_stats import device_constant
 
-__all__ = ["Layout", "layout_of", "local", "is_dtensor"]
+__all__ = ["Layout", "backward_sources", "layout_of", "local", "is_dtensor"]
 
 try:  # torch >= 2.4
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -93,21 +93,52 @@ class Layout:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _fsdp_managed(model: nn.Module) -> set[int]:
-    """The ids of the parameters FSDP2 manages (its sharded parameters), from every FSDP module."""
+def _fsdp_params(model: nn.Module) -> dict[int, Any]:
+    """FSDP2's own record of each parameter it manages (``FSDPParam``), by the id of its sharded
+    parameter, from every FSDP module."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover
-        return set()
-    out: set[int] = set()
+        return {}
+    out: dict[int, Any] = {}
     for m in model.modules():
         if not isinstance(m, FSDPModule):
             continue
         state = m._get_fsdp_state()
         group = getattr(state, "_fsdp_param_group", None)
         for fp in getattr(group, "fsdp_params", ()) if group is not None else ():
-            out.add(id(fp.sharded_param))
+            out[id(fp.sharded_param)] = fp
     return out
+
+
+def _fsdp_managed(model: nn.Module) -> set[int]:
+    """The ids of the parameters FSDP2 manages (its sharded parameters), from every FSDP module."""
+    return set(_fsdp_params(model))
+
+
+def backward_sources(model: nn.Module, tensors: list[Tensor]) -> Any:
+    """Where each parameter's gradient of one backward pass can be seen, on this rank, before any
+    collective: a function of the parameter index giving the tensor whose tensor hooks receive it,
+    or None where there is none yet.
+
+    FSDP2 computes a sharded parameter's gradient on its **unsharded** parameter (a plain
+    ``nn.Parameter`` of the full shape that its all-gather fills; FSDP2 keeps that object from the
+    module's first all-gather on), then reduce-scatters it into the shard's ``.grad``; the sharded
+    parameter's own tensor hooks never run. So a hook on the unsharded parameter sees this rank's
+    gradient of one backward, the full tensor, as DDP's local gradient before its all-reduce. It
+    exists only once its module has been gathered (after the first forward); until then: None. A
+    parameter FSDP2 does not manage is its own source."""
+    fsdp = _fsdp_params(model)
+
+    def source(i: int) -> Tensor | None:
+        t = tensors[i]
+        fp = fsdp.get(id(t))
+        if fp is None:
+            return t
+        u = getattr(fp, "_unsharded_param", None)
+        return u if isinstance(u, Tensor) and not is_dtensor(u) else None
+
+    return source
 
 
 def layout_of(model: Any, names: list[str], tensors: Iterable[Tensor]) -> Layout | None:
