@@ -33,10 +33,13 @@ squares, its share of elements below ``eps**2`` the summed counts over the summe
 cosines come from the summed dot products and squared norms (each sampled tensor's weighted by its
 sampling factor, so that the group's cosine is that of the concatenated tensors, estimated).
 
-Under FSDP2 the Adam state is measured on each rank's shards and combined in the snapshot's one
+Under FSDP2 everything is measured on each rank's shards and combined in the snapshot's one
 collective (:meth:`OptimProbe.sharded_columns`): ``exp_avg_norm``, ``exp_avg_sq_sqrt_norm`` and
-``below_eps_frac`` of the full tensors, and ``step_ratio`` from the combined update and gradient
-norms; the cosines (``cos_update_grad``, ``cos_grad_prev``) are not measured there (None).
+``below_eps_frac`` of the full tensors, ``step_ratio`` from the combined update and gradient
+norms, and the cosines from the shards' dot products and squared norms, summed (each rank's
+sampled sums scaled to its whole shard first, so that a sum over ranks estimates the full
+tensor's; exact where the shards are kept whole). The previous gradient's sample is of this
+rank's shard.
 """
 
 from __future__ import annotations
@@ -366,28 +369,29 @@ class OptimProbe:
                         self._add(pack, "optim:pdot", self._pdot)
                 else:
                     if differences is not None:
-                        bufs, _, scale = differences
-                        self._scale = list(scale) if len(scale) == self.n else [1.0] * self.n
-                        didx, da, db = [], [], []
-                        # this step's gradient sample, copied before the update (an optimizer may
-                        # change the gradient in place: SGD's foreach Nesterov does)
-                        for i in self._idx:
-                            v = self._prev[i]
-                            d = bufs[i] if i < len(bufs) else None
-                            if (
-                                d is not None
-                                and v is not None
-                                and d.shape == v.shape
-                                and d.device == v.device
-                            ):
-                                didx.append(i)
-                                da.append(d)
-                                db.append(v)
-                        self._didx = didx
-                        self._add(pack, "optim:dot", dots(da, db))
+                        self._add(pack, "optim:dot", self._update_dots(differences))
                     self._add(pack, "optim:gnorm", self._gnorm)
                     self._add(pack, "optim:pdot", self._pdot)
             self._add_adam(pack)
+
+    def _update_dots(self, differences: tuple[list[Tensor], list[int], list[float]]) -> list[Tensor]:
+        """The list path: each sampled gradient's dot product with the update's sample (the update
+        ratio's ``before - after`` buffers), for the tensors it sets in ``_didx``; notes the
+        samples' scale factors."""
+        bufs, _, scale = differences
+        self._scale = list(scale) if len(scale) == self.n else [1.0] * self.n
+        didx, da, db = [], [], []
+        # this step's gradient sample, copied before the update (an optimizer may change the
+        # gradient in place: SGD's foreach Nesterov does)
+        for i in self._idx:
+            v = self._prev[i]
+            d = bufs[i] if i < len(bufs) else None
+            if d is not None and v is not None and d.shape == v.shape and d.device == v.device:
+                didx.append(i)
+                da.append(d)
+                db.append(v)
+        self._didx = didx
+        return dots(da, db)
 
     def _add(self, pack: Pack, name: str, values: Tensor | list[Tensor]) -> None:
         if isinstance(values, list) and not values:
@@ -452,31 +456,65 @@ class OptimProbe:
         listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
         self._add(pack, "optim:below", counts_below(v, listed))
 
-    def sharded_columns(self, device: torch.device) -> list[tuple[str, Tensor]]:
-        """FSDP2: the Adam state's sums over this rank's shards, three columns of one value per
-        tensor (0 where a tensor has no Adam state): ``sum(m**2)``, ``sum(v)`` and the count of
-        ``v`` below ``eps**2``, for :meth:`~inspector.stats.sharded_stats.ShardedStats.combine` to sum
-        across the mesh (a tensor that is not sharded: its own). Every rank builds the same three
-        columns; their combined values come back in the transfer under these names, and
-        :meth:`read` takes them. The geometry (the cosines) is not measured under FSDP2."""
-        self._names = ["optim:m_sq", "optim:v", "optim:below"]
+    def sharded_columns(
+        self,
+        device: torch.device,
+        differences: tuple[list[Tensor], list[int], list[float]] | None = None,
+    ) -> list[tuple[str, Tensor]]:
+        """FSDP2: this rank's sums over its shards, columns of one value per tensor (0 where a
+        tensor has none), for :meth:`~inspector.stats.sharded_stats.ShardedStats.combine` to sum
+        across the mesh (a tensor that is not sharded: its own). The Adam state: ``sum(m**2)``,
+        ``sum(v)`` and the count of ``v`` below ``eps**2``. The geometry, where
+        :meth:`before_update` sampled the shards' gradients: the gradient sample's squared norm,
+        its dot product with the update's sample (``differences``: the update ratio's buffers) and
+        with the previous sampled step's, each times its sample's scale factor squared (an
+        estimate of the whole shard's sum, so that the ranks' sums add up to the full tensor's).
+        Every rank builds the same columns; their combined values come back in the transfer under
+        these names, and :meth:`read` takes them."""
+        # (the same columns every step, zeros where there is nothing: the collective's layout, and
+        # so its masks, device constants, stay the same)
+        geo = self._taken and self._plan is None and bool(self._idx)
+        w = [1.0] * self.n
+        dvals: list[Tensor] = []
+        with torch.no_grad():
+            if geo and differences is not None:
+                dvals = self._update_dots(differences)
+                w = [s * s for s in self._scale]
+            g_sq = [x.pow(2) for x in self._gnorm] if geo else []  # type: ignore[union-attr]
+            cols = [
+                ("optim:dot", self._column(device, self._didx if dvals else [], dvals, w)),
+                ("optim:g_sq", self._column(device, self._idx if geo else [], g_sq, w)),
+                ("optim:pdot", self._column(device, self._pidx if geo else [], self._pdot, w)),  # type: ignore[arg-type]
+            ]
+        names = ["optim:m_sq", "optim:v", "optim:below"]
         zeros = [torch.zeros(self.n, device=device) for _ in range(3)]
         found = self._adam_state()
         if found is None:
             self._adam = None
-            return list(zip(self._names, zeros, strict=True))
-        idx, numel, m, v, thresholds = found
-        self._adam = (idx, numel)
-        listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
-        at = device_constant(tuple(idx), torch.int64, device)
-        parts = (
-            [x.to(device).pow(2) for x in foreach_norm(m)],
-            [x.to(device) for x in foreach_norm(v, 1.0)],
-            [x.to(device) for x in counts_below(v, listed)],
-        )
-        for col, values in zip(zeros, parts, strict=True):
-            col.index_copy_(0, at, torch.stack([x.reshape(()).float() for x in values]))
-        return list(zip(self._names, zeros, strict=True))
+        else:
+            idx, numel, m, v, thresholds = found
+            self._adam = (idx, numel)
+            listed = list(thresholds.unbind()) if isinstance(thresholds, Tensor) else thresholds  # (no read)
+            at = device_constant(tuple(idx), torch.int64, device)
+            parts = (
+                [x.to(device).pow(2) for x in foreach_norm(m)],
+                [x.to(device) for x in foreach_norm(v, 1.0)],
+                [x.to(device) for x in counts_below(v, listed)],
+            )
+            for col, values in zip(zeros, parts, strict=True):
+                col.index_copy_(0, at, torch.stack([x.reshape(()).float() for x in values]))
+        cols += list(zip(names, zeros, strict=True))
+        self._names = [name for name, _ in cols]
+        return cols
+
+    def _column(self, device: torch.device, idx: list[int], values: list[Tensor], w: list[float]) -> Tensor:
+        """One value per tensor (0 where none): ``values`` at ``idx``, each times its weight."""
+        col = torch.zeros(self.n, device=device)
+        if idx:
+            weights = device_constant(tuple(w[i] for i in idx), torch.float32, device)
+            got = torch.stack([x.reshape(()).to(device, torch.float32) for x in values]) * weights
+            col.index_copy_(0, device_constant(tuple(idx), torch.int64, device), got)
+        return col
 
     # ------------------------------------------------------------------ from the transfer
     def read(
@@ -494,12 +532,17 @@ class OptimProbe:
             return None
         n = self.n
         out: dict[str, list[Any]] = {k: [None] * n for k in (*ADAM_KEYS, *GEO_KEYS)}
-        flat = self._plan is not None
-        scale = [1.0] * n if flat else self._scale
-        w = [s * s for s in scale]  # a sampled tensor's sums, scaled to the whole tensor
+        # per tensor: one value (FlatPlan, and FSDP2's combined columns), or one per index listed
+        whole = self._plan is not None or "optim:g_sq" in data
+        # a sampled tensor's sums, scaled to the whole tensor (FSDP2's columns are already)
+        scale = [1.0] * n if whole else self._scale
+        w = [s * s for s in scale]
         gnorm_vals = data.get("optim:gnorm", [])
         gsq: list[float | None] = [None] * n
-        if flat:
+        if "optim:g_sq" in data:
+            for i in self._idx:
+                gsq[i] = data["optim:g_sq"][i]
+        elif whole:
             for i in self._idx:
                 gsq[i] = gnorm_vals[i] ** 2
         else:
@@ -508,7 +551,7 @@ class OptimProbe:
         # the effective step and the update's cosine with the descent direction
         dot: list[float | None] = [None] * n
         dvals = data.get("optim:dot", [])
-        if flat:
+        if whole:
             for i in self._didx:
                 dot[i] = dvals[i]
         else:
@@ -532,7 +575,7 @@ class OptimProbe:
             at = self._prev_at[i]
             if at is None or at >= step:
                 continue
-            pdot[i] = pvals[i] if flat else pvals[k]
+            pdot[i] = pvals[i] if whole else pvals[k]
             gaps[i] = step - at
         gap = Counter(gaps.values()).most_common(1)[0][0] if gaps else None
         for i, gp in gaps.items():

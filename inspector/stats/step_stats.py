@@ -415,7 +415,7 @@ class StepStats:
         }
         self._fgrads = dict(zip(self._meta["fin_idx"], fgrads, strict=True))
         self._pack = pack
-        if self.optim is not None and self.layout is None:
+        if self.optim is not None:
             try:  # the gradients' sample for the optimizer's geometry (inspector.stats.optim_state)
                 plan = self._flat if self._kept is not None else None
                 kept = self.update.differences()  # (before the update: the strides it sampled with)
@@ -695,7 +695,7 @@ class StepStats:
             optim = None
             if self.optim is not None:
                 try:  # the Adam state's sums over this rank's shards (inspector.stats.optim_state)
-                    optim = self.optim.sharded_columns(dev)
+                    optim = self.optim.sharded_columns(dev, self.update.differences())
                 except Exception as e:  # never take training down for telemetry: this instrument is off
                     self._optim_failed(e)
             self._sharded.combine(pack, raw, self._part, meta, pnorms, unorms, effs_by_id, optim)
