@@ -1,10 +1,10 @@
 // The heatmap and the per-parameter charts (the loss chart is losschart.js). Each draws
-// once with Plotly.newPlot / Plotly.react (reset) and then streams: the heatmap grows
-// with Plotly.extendTraces over a bounded window, the per-parameter charts are redrawn
-// from the newest snapshot. The time charts (loss, heatmap) share a step axis
-// (timeline.js); while they show older history fetched ahead of the window, they
-// redraw instead of extending. The caller batches messages and calls update() at most
-// once per animation frame.
+// once with Plotly.newPlot / Plotly.react (reset) and then streams: the heatmap takes
+// its new columns with one Plotly.update (one redraw, its shared x range and marker lines
+// in the same call), the per-parameter charts are redrawn from the newest snapshot. The
+// time charts (loss, heatmap) share a step axis (timeline.js), the fetched older history
+// ahead of the window. The caller batches messages and calls update() at most once per
+// animation frame.
 //
 // A large run (state.large: more than DETAIL_ALL tensors) is shown by groups (groups.js):
 // the heatmap has one row per group, a click expands a group in place into its modules and
@@ -91,9 +91,9 @@ function categories(names) {
 // ---------------------------------------------------------------------------
 // 2. Heatmap: per-parameter gradient norm over steps, log colour scale, its range
 // from robust quantiles (one 1e31 outlier does not wash every other cell out).
-// z holds one row per snapshot and `transpose` turns rows into columns, so a
-// new step is one extendTraces of a row. The fetched older history (zoomed out)
-// comes first, then the streamed window.
+// z holds one row per snapshot and `transpose` turns rows into columns; each row's
+// column is computed once. The fetched older history (zoomed out) comes first, then
+// the streamed window.
 
 // Streamed steps shown: the whole window, so the heatmap covers the loss chart's shared range
 // (every redraw paints columns x parameters cells; the scheduler spaces costly draws out).
@@ -381,7 +381,14 @@ export class HeatmapChart {
     this.el.dataset.rows = String(this.entries ? this.entries.length : state.params.length);
     const rows = [...state.history.rows, ...state.window().slice(-HEATMAP_COLUMNS)];
     this.base = state.history.rows.length;
-    const z = rows.map((r) => this.rowOf(r));
+    // each row's column, kept for the updates (it depends on the rows and the statistic shown,
+    // which change only here)
+    this.columns = new WeakMap();
+    const z = rows.map((r) => {
+      const col = this.rowOf(r);
+      this.columns.set(r, col);
+      return col;
+    });
     const [lo, hi] = this.zRange(z);
     this.range = [lo, hi];
     this.el.dataset.zmin = String(lo);
@@ -449,31 +456,43 @@ export class HeatmapChart {
     }
   }
 
+  /**
+   * New columns or markers: one Plotly.update (one redraw) with the columns as `reset` takes
+   * them (the fetched history, then the window's newest HEATMAP_COLUMNS), the colour range
+   * widened where what is shown outgrew it, the marker lines and the shared x range.
+   */
   update(state, news) {
-    if (this.base && (news.rows.length || news.markers)) {
-      this.reset(state); // history ahead of the streamed columns: as the loss chart, redrawn
+    if (!this.el.data || !this.el._fullLayout) {
+      this.reset(state);
       return;
     }
-    if (news.markers) Plotly.relayout(this.el, { shapes: markerShapes(state.markers) });
-    if (!news.rows.length) return;
-    const rows = news.rows.slice(-HEATMAP_COLUMNS);
-    const z = rows.map((r) => this.rowOf(r));
-    const n = this.base + Math.min(HEATMAP_COLUMNS, state.window().length);
-    Plotly.extendTraces(this.el, { x: [rows.map((r) => r.step)], z: [z] }, [0], n);
-    // Widen the colour range when the robust range of what is shown grows (never narrows
-    // while streaming, so colours stay comparable; a reset recomputes it).
-    const [lo, hi] = this.zRange(Array.from(this.el.data[0].z).slice(-HEATMAP_COLUMNS));
-    if (lo < this.range[0] || hi > this.range[1]) {
-      this.range = [Math.min(lo, this.range[0]), Math.max(hi, this.range[1])];
-      this.el.dataset.zmin = String(this.range[0]);
-      this.el.dataset.zmax = String(this.range[1]);
-      Plotly.restyle(this.el, {
-        zmin: this.range[0],
-        zmax: this.range[1],
-        colorbar: this.colorbar(this.range[0], this.range[1]),
+    const trace = {};
+    const layout = {};
+    if (news.markers) layout.shapes = markerShapes(state.markers);
+    if (news.rows.length) {
+      const rows = [...state.history.rows, ...state.window().slice(-HEATMAP_COLUMNS)];
+      this.base = state.history.rows.length;
+      const z = rows.map((r) => {
+        let col = this.columns.get(r);
+        if (col === undefined) this.columns.set(r, (col = this.rowOf(r)));
+        return col;
       });
+      trace.x = [rows.map((r) => r.step)];
+      trace.z = [z];
+      // Widen the colour range when the robust range of what is shown grows (never narrows
+      // while streaming, so colours stay comparable; a reset recomputes it).
+      const [lo, hi] = this.zRange(z.slice(-HEATMAP_COLUMNS));
+      if (lo < this.range[0] || hi > this.range[1]) {
+        this.range = [Math.min(lo, this.range[0]), Math.max(hi, this.range[1])];
+        this.el.dataset.zmin = String(this.range[0]);
+        this.el.dataset.zmax = String(this.range[1]);
+        trace.zmin = [this.range[0]];
+        trace.zmax = [this.range[1]];
+        trace.colorbar = [this.colorbar(this.range[0], this.range[1])];
+      }
     }
-    if (this.timeline) this.timeline.sync(this, state);
+    if (this.timeline) Object.assign(layout, this.timeline.rangeUpdate(this, state) || {});
+    if (Object.keys(trace).length || Object.keys(layout).length) Plotly.update(this.el, trace, layout, [0]);
   }
 }
 

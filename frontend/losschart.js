@@ -1,13 +1,14 @@
 // The loss chart: loss and global gradient norm over steps, with markers at hook changes
 // (a symbol per action), scenario resets, NaN/Inf, spikes and rule firings; non-finite values as markers; an EMA
 // smoothing (raw kept faint); another run of the database overlaid. It draws once with
-// Plotly.newPlot / Plotly.react (reset), then grows with Plotly.extendTraces over a bounded
-// window; it shares its step axis with the other time charts (timeline.js).
+// Plotly.react (reset), then redraws what streamed in with one Plotly.update a draw (the
+// traces that changed, whole: the state holds a bounded window); it shares its step axis with
+// the other time charts (timeline.js).
 
 import { COLORS, HOOK_ACTIONS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
 import { logTicks, logTicksIn } from "./ticks.js";
 import { fmt, num, positive, quantileRange } from "./util.js";
-import { mainLossRange, restyleShadow, shadowTraces } from "./whatif.js";
+import { mainLossRange, shadowTraces, shadowUpdate } from "./whatif.js";
 
 const Plotly = window.Plotly;
 
@@ -437,90 +438,83 @@ export class LossChart {
     }
   }
 
+  /**
+   * New rows, loss points, markers or what-if values since the last draw: one Plotly.update
+   * (one redraw) with every trace that changed, given whole from the state (the fetched history
+   * and the window, as `reset` draws them), and the shared x range; then new round ticks when
+   * the visible range calls for them (a relayout, only then). A loss that crosses the automatic
+   * log threshold redraws from scratch.
+   */
   update(state, news) {
-    if (news.shadow || news.markers) restyleShadow(this.el, state);
     if (news.loss.x.length) this.showHint(true, true);
     if (news.rows.length) this.showChanged(news.rows);
-    else if (news.rows.length && this.hint.hidden && !this.lossValues?.length && !state.loss.x.length)
-      this.showHint(true, false);
-    if (this.base.loss || this.base.rows) {
-      // Older history ahead of the streamed points: extendTraces would cut the history's
-      // front as the window moves, so redraw it all (the scheduler spaces costly draws out).
-      if (news.rows.length || news.loss.x.length || news.markers) this.reset(state);
-      return;
-    }
-    const idx = [];
-    const upd = { x: [], y: [] };
-    const maxp = { x: [], y: [] };
-    const nLoss = this.base.loss + state.loss.x.length;
-    const nRows = this.base.rows + state.window().length;
-    if (news.loss.x.length) {
-      idx.push(LOSS);
-      upd.x.push(news.loss.x);
-      upd.y.push(news.loss.y);
-      maxp.x.push(nLoss);
-      maxp.y.push(nLoss);
-    }
-    if (news.rows.length) {
-      const xs = news.rows.map((r) => r.step);
-      for (const [i, value] of [
-        [NORM_RAW, (r) => positive(r.total_norm_raw)],
-        [NORM_FINAL, (r) => positive(r.total_norm)],
-        [NORM_BACKWARD, backwardNorm],
-      ]) {
-        idx.push(i);
-        upd.x.push(xs);
-        upd.y.push(news.rows.map(value));
-        maxp.x.push(nRows);
-        maxp.y.push(nRows);
-      }
-    }
-    if (idx.length) Plotly.extendTraces(this.el, upd, idx, maxp);
     const gd = this.el;
-    const lossY = gd.data[LOSS].y;
-    this.lossValues = lossY;
-    if (news.loss.x.length && this.isLog(lossY) !== this.logShown) {
-      this.reset(state); // the loss crossed the automatic log threshold: redraw on the other scale
+    if (!gd.data || !gd._fullLayout) {
+      this.reset(state);
       return;
     }
-    if (news.rows.length || news.loss.x.length) this.retick();
-    if (this.smoothing > 0 && idx.length) {
-      const xs = (i) => Array.from(gd.data[i].x);
-      Plotly.restyle(
-        gd,
-        {
-          x: [xs(LOSS), xs(NORM_RAW), xs(NORM_FINAL)],
-          y: [
-            smooth(Array.from(lossY), this.smoothing, this.logShown),
-            smooth(Array.from(gd.data[NORM_RAW].y), this.smoothing, true),
-            smooth(Array.from(gd.data[NORM_FINAL].y), this.smoothing, true),
-          ],
-        },
-        [LOSS_SMOOTH, RAW_SMOOTH, FINAL_SMOOTH],
-      );
-    }
-    if (news.rows.length || news.loss.x.length) {
-      const t = this.nonfiniteTrace(state, this.data(state).rows);
+    const streamed = news.rows.length > 0 || news.loss.x.length > 0;
+    const changes = new Map(); // trace index -> {attribute: new value}
+    const put = (i, attrs) => changes.set(i, { ...(changes.get(i) || {}), ...attrs });
+    let lossY = Array.from(gd.data[LOSS].y || []);
+    if (streamed) {
+      const d = this.data(state);
+      if (this.isLog(d.lossY) !== this.logShown) {
+        this.reset(state); // the loss crossed the automatic log threshold: redraw on the other scale
+        return;
+      }
+      const { rows, lossX } = d;
+      lossY = d.lossY;
+      this.lossValues = lossY;
+      this.base = { loss: state.history.loss.x.length, rows: state.history.rows.length };
+      const x = rows.map((r) => r.step);
+      const raw = rows.map((r) => positive(r.total_norm_raw));
+      const fin = rows.map((r) => positive(r.total_norm));
+      put(LOSS, { x: lossX, y: lossY });
+      put(NORM_RAW, { x: x.slice(), y: raw });
+      put(NORM_FINAL, { x, y: fin });
+      put(NORM_BACKWARD, { x: x.slice(), y: rows.map(backwardNorm) });
+      if (this.smoothing > 0) {
+        put(LOSS_SMOOTH, { x: lossX.slice(), y: smooth(lossY, this.smoothing, this.logShown) });
+        put(RAW_SMOOTH, { x: x.slice(), y: smooth(raw, this.smoothing, true) });
+        put(FINAL_SMOOTH, { x: x.slice(), y: smooth(fin, this.smoothing, true) });
+      }
+      const t = this.nonfiniteTrace(state, rows);
       if (t.x.length || (gd.data[NONFINITE].x || []).length) {
-        Plotly.restyle(gd, { x: [t.x], y: [t.y], hovertext: [t.hovertext] }, [NONFINITE]);
+        put(NONFINITE, { x: t.x, y: t.y, hovertext: t.hovertext });
       }
     }
     if (news.markers) {
       const t = this.markerTraces(state.markers);
-      Plotly.restyle(
-        gd,
-        {
-          x: t.map((d) => d.x),
-          y: t.map((d) => d.y),
-          hovertext: t.map((d) => d.hovertext ?? null),
-          customdata: t.map((d) => d.customdata ?? null),
-          "marker.color": t.map((d) => (d.marker ? d.marker.color : null)),
-          "marker.symbol": t.map((d) => (d.marker ? d.marker.symbol : null)),
-        },
-        MARK_TRACES,
+      MARK_TRACES.forEach((i, k) =>
+        put(i, {
+          x: t[k].x,
+          y: t[k].y,
+          hovertext: t[k].hovertext ?? null,
+          customdata: t[k].customdata ?? null,
+          "marker.color": t[k].marker ? t[k].marker.color : null,
+          "marker.symbol": t[k].marker ? t[k].marker.symbol : null,
+        }),
       );
     }
-    if (this.timeline) this.timeline.sync(this, state);
+    const layout = {};
+    if (news.shadow || news.markers) {
+      const u = shadowUpdate(gd, state, lossY);
+      if (u) {
+        for (const [i, attrs] of u.traces) put(i, attrs);
+        Object.assign(layout, u.layout);
+      }
+    }
+    if (this.timeline) Object.assign(layout, this.timeline.rangeUpdate(this, state) || {});
+    if (changes.size || Object.keys(layout).length) {
+      const indices = [...changes.keys()];
+      const keys = new Set(indices.flatMap((i) => Object.keys(changes.get(i))));
+      const traceUpdate = {};
+      // (undefined: that trace keeps the attribute as it is)
+      for (const k of keys) traceUpdate[k] = indices.map((i) => changes.get(i)[k]);
+      Plotly.update(gd, traceUpdate, layout, indices);
+    }
+    if (streamed) this.retick();
   }
 
   /**

@@ -127,6 +127,15 @@ export class Timeline {
 
   /** Apply the shared range to a chart after it streamed (one relayout when it moved). */
   sync(chart, state) {
+    const upd = this.rangeUpdate(chart, state);
+    if (upd) Plotly.relayout(chart.el, upd);
+  }
+
+  /**
+   * The relayout keys that bring a chart to the shared range (null when it is there), for a
+   * chart that folds them into a draw of its own; fetches the history the window moved past.
+   */
+  rangeUpdate(chart, state) {
     const held = state.history.range;
     const start = state.windowStart();
     if (this.user && held && this.fetching === null && start - held[1] > 0.05 * (state.step - held[0])) {
@@ -134,13 +143,13 @@ export class Timeline {
       this.fetchFor(this.range(state), true);
     }
     const r = this.range(state);
-    if (!r || !chart.el._fullLayout) return;
+    if (!r || !chart.el._fullLayout) return null;
     const cur = chart.el._fullLayout.xaxis && chart.el._fullLayout.xaxis.range;
-    if (cur && Math.abs(cur[0] - r[0]) < 1e-6 && Math.abs(cur[1] - r[1]) < 1e-6) return;
+    if (cur && Math.abs(cur[0] - r[0]) < 1e-6 && Math.abs(cur[1] - r[1]) < 1e-6) return null;
     chart.el._giRange = r;
     // A copy to Plotly: a mouse zoom writes the new range into the layout's array in place,
     // and on `r` itself it would read as our own relayout and be ignored.
-    Plotly.relayout(chart.el, { "xaxis.range": [...r], "xaxis.autorange": false });
+    return { "xaxis.range": [...r], "xaxis.autorange": false };
   }
 
   onRelayout(chart, ev) {

@@ -125,25 +125,40 @@ export function mainLossRange(ax, ys, state) {
 
 /** Restyle the what-if traces of a drawn loss chart (new shadow points, markers). */
 export function restyleShadow(gd, state) {
-  if (!gd.data || gd.data.length < SHADOW_TRACES) return;
-  const t = shadowTraces(state);
-  const first = gd.data.length - SHADOW_TRACES;
+  const u = shadowUpdate(gd, state, Array.from((gd.data && gd.data[0] && gd.data[0].y) || []));
+  if (!u) return;
+  const keys = ["x", "y", "hovertext", "name"];
   Plotly.restyle(
     gd,
-    {
-      x: t.map((d) => d.x.slice()),
-      y: t.map((d) => d.y.slice()),
-      hovertext: t.map((d) => d.hovertext ?? null),
-      name: t.map((d) => d.name),
-    },
-    t.map((_, i) => first + i),
+    Object.fromEntries(keys.map((k) => [k, u.traces.map(([, t]) => t[k])])),
+    u.traces.map(([i]) => i),
   );
+  if (Object.keys(u.layout).length) Plotly.relayout(gd, u.layout);
+}
+
+/**
+ * The what-if traces' new values (`[trace index, {x, y, hovertext, name}]`) and the loss axis
+ * range they call for (`layout`, a relayout's keys; empty when the user set the range), for a
+ * chart that draws them last; `lossY` the main loss as it is to be drawn. Null when the chart
+ * has no such traces yet.
+ */
+export function shadowUpdate(gd, state, lossY) {
+  if (!gd.data || gd.data.length < SHADOW_TRACES) return null;
+  const t = shadowTraces(state);
+  const first = gd.data.length - SHADOW_TRACES;
+  const traces = t.map((d, i) => [
+    first + i,
+    { x: d.x.slice(), y: d.y.slice(), hovertext: d.hovertext ?? null, name: d.name },
+  ]);
+  const layout = {};
   const fl = gd._fullLayout;
   const user = gd.layout && gd.layout.yaxis && gd.layout.yaxis.autorange === false;
-  if (!fl || !fl.yaxis || user) return;
-  const ax = { type: fl.yaxis.type };
-  mainLossRange(ax, Array.from(gd.data[0].y || []), state);
-  if (ax.range) Plotly.relayout(gd, { "yaxis.range": ax.range, "yaxis.autorange": false });
+  if (fl && fl.yaxis && !user) {
+    const ax = { type: fl.yaxis.type };
+    mainLossRange(ax, lossY, state);
+    if (ax.range) Object.assign(layout, { "yaxis.range": ax.range, "yaxis.autorange": false });
+  }
+  return { traces, layout };
 }
 
 export class WhatIf {
