@@ -286,3 +286,70 @@ def test_a_chart_under_a_pressed_pointer_is_redrawn_only_once_released(fast, new
     page.mouse.up()
     wait_until(lambda: page.evaluate(draws) > held, what="redrawn once released")
     assert log.errors == []
+
+
+# Every Plotly call a chart makes inside the scheduler's update draws (not its resets), per draw;
+# those made by a chart's retick (new round ticks after the visible range moved) are told apart.
+COUNT_CALLS = """() => {
+  const sc = window.__dashboard.scheduler;
+  const draws = (window.__updateDraws = []);
+  let current = null;
+  for (const f of ["react", "newPlot", "update", "restyle", "relayout", "extendTraces", "addTraces"]) {
+    const orig = Plotly[f];
+    Plotly[f] = function (gd, ...args) {
+      if (current && gd === current.el) current.calls.push((current.retick ? "retick:" : "") + f);
+      return orig.call(this, gd, ...args);
+    };
+  }
+  for (const s of sc.slots) {
+    const c = s.chart;
+    if (typeof c.retick !== "function") continue;
+    const retick = c.retick.bind(c);
+    c.retick = () => {
+      if (current) current.retick = true;
+      try { retick(); } finally { if (current) current.retick = false; }
+    };
+  }
+  const draw = sc.draw.bind(sc);
+  sc.draw = (slot, reset, now, pending) => {
+    const rec = { name: slot.name, el: slot.chart.el, calls: [], retick: false };
+    current = rec;
+    try { draw(slot, reset, now, pending); } finally { current = null; }
+    if (!reset) draws.push({ name: rec.name, calls: rec.calls });
+  };
+}"""
+
+
+def update_draws(page: Any, name: str) -> list[list[str]]:
+    """The Plotly calls of each update draw of chart ``name`` so far (retick's marked)."""
+    return [d["calls"] for d in page.evaluate("() => window.__updateDraws") if d["name"] == name]
+
+
+def test_a_streamed_update_redraws_each_time_chart_once_with_history_ahead_too(fast, new_page):
+    """The loss chart and the heatmap take a snapshot's news in one Plotly call (traces, colour
+    range, markers and the shared x range together: each call is a whole redraw), also when the
+    fetched history of the whole run lies ahead of the streamed window, which stays drawn."""
+    page, log = open_page(new_page, fast)
+    page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
+    page.evaluate(COUNT_CALLS)
+
+    def drawn(n: int) -> bool:
+        return all(len([c for c in update_draws(page, k) if c]) >= n for k in ("loss", "heatmap"))
+
+    wait_until(lambda: drawn(5), what="5 update draws of each time chart")
+    for name in ("loss", "heatmap"):
+        for calls in update_draws(page, name):
+            assert len([c for c in calls if not c.startswith("retick:")]) <= 1, (name, calls)
+    page.get_by_test_id("chart-loss").scroll_into_view_if_needed()
+    page.get_by_test_id("whole-run").click()
+    wait_until(lambda: loss(page)["traces"]["loss"]["x"][0] == 1, what="step 1 on the loss chart")
+    page.evaluate("() => { window.__updateDraws.length = 0; }")
+    newest = max(loss(page)["traces"]["grad norm final"]["x"])
+    wait_until(lambda: drawn(3), what="3 more update draws with the history ahead")
+    d = loss(page)
+    assert d["traces"]["loss"]["x"][0] == 1, "the history ahead is kept"
+    assert max(d["traces"]["grad norm final"]["x"]) > newest, "the streamed steps are drawn after it"
+    for name in ("loss", "heatmap"):
+        for calls in update_draws(page, name):
+            assert len([c for c in calls if not c.startswith("retick:")]) <= 1, (name, calls)
+    assert log.errors == []
