@@ -609,7 +609,15 @@ class Dashboard {
         return;
       }
       if (v.mergeDetail(res.data)) {
-        this.scheduler.resetSome([this.heatmap, this.flow, this.ratio, this.measured.params]);
+        // redrawn: the charts that show one of these tensors (the heatmap and the bars only
+        // where expanded or drilled into; the statistics follow every tensor the page does)
+        const got = new Set(names.map((n) => v.index.get(n)));
+        const shows = (list) => list.some((i) => got.has(i));
+        const charts = [this.measured.params];
+        if (shows(this.heatmap.wanted())) charts.push(this.heatmap);
+        if (shows(this.flow.wanted(v))) charts.push(this.flow);
+        if (shows(this.ratio.wanted(v))) charts.push(this.ratio);
+        this.scheduler.resetSome(charts);
         this.statsDirty = true;
       }
     }

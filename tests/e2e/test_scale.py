@@ -323,3 +323,40 @@ def test_a_small_run_shows_the_worst_list_and_no_group_navigation(demo, new_page
     support.wait_until(lambda: heat_rows(page) == params, 30, "one heatmap row per parameter")
     expect(page.get_by_test_id("worst-note")).not_to_have_text("")
     assert log.errors == []
+
+
+def test_a_tensors_fetched_history_redraws_only_the_charts_that_show_it(large, new_page) -> None:
+    """Following a tensor fetches its held steps (GET /api/detail); the heatmap, showing groups,
+    is not redrawn from scratch for it (a whole redraw of every row and column), while the
+    parameter statistics, which show it, are."""
+    page, log = open_page(large, new_page)
+    groups = large.get("/api/session")["groups"]["names"]
+    page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
+    support.wait_until(lambda: heat_rows(page) == groups, 60, "one heatmap row per group")
+    page.evaluate(
+        """() => { const sc = window.__dashboard.scheduler; const draw = sc.draw.bind(sc);
+                   const some = sc.resetSome.bind(sc);
+                   window.__resets = []; window.__asked = [];
+                   sc.draw = (slot, reset, now, pending) => { if (reset) window.__resets.push(slot.name);
+                                                               draw(slot, reset, now, pending); };
+                   sc.resetSome = (charts) => {
+                     window.__asked.push(...sc.slots.filter((s) => charts.includes(s.chart)).map((s) => s.name));
+                     some(charts); }; }"""
+    )
+    fetched = """() => performance.getEntriesByType("resource").map((e) => decodeURIComponent(e.name))
+                          .filter((u) => u.includes("/api/detail"))"""
+    params = [p if isinstance(p, str) else p["name"] for p in large.get("/api/session")["params"]]
+    name = next(p for p in params if p.startswith("layers.17.mlp.up_proj"))
+    page.evaluate("(name) => window.__dashboard.pickParam(name)", name)
+    support.wait_until(lambda: any(name in u for u in page.evaluate(fetched)), 30, "its history fetched")
+    asked = support.wait_until(
+        lambda: (r := page.evaluate("() => window.__asked")) and r, 30, "charts to redraw asked for"
+    )
+    assert "paramStats" in asked and "heatmap" not in asked, asked
+    start = page.evaluate("() => window.__dashboard.live.step")
+    support.wait_until(
+        lambda: page.evaluate("() => window.__dashboard.live.step") >= start + 5, 30, "5 more steps"
+    )
+    assert "heatmap" not in page.evaluate("() => window.__resets")
+    assert heat_rows(page) == groups
+    assert log.errors == []
