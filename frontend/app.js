@@ -418,8 +418,11 @@ class Dashboard {
     this.statsDirty = true;
   }
 
+  /** The step counter (written only when it changed: a write on every frame is a layout to redo). */
   showStep() {
-    $("stepCounter").textContent = String(this.view.step);
+    const text = String(this.view.step);
+    const el = $("stepCounter");
+    if (el.textContent !== text) el.textContent = text;
   }
 
   showStats() {

@@ -28,9 +28,13 @@ const MARKS = 11; // then hook line, hook tip, NaN/Inf line, NaN/Inf tip, reset 
 const MARK_TRACES = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22];
 const LOG_AUTO_DECADES = 3; // a loss spanning more than this many decades is drawn on a log axis
 
-/** Ticks that fit an axis of this many pixels (about 30 px a label). */
+/**
+ * Ticks that fit the chart's height (about 30 px a label): the height Plotly drew it at, once
+ * drawn (reading the element's would force the page's layout after each redraw).
+ */
 function maxTicks(el, fallback = 300) {
-  return Math.max(3, Math.floor(((el && el.clientHeight) || fallback) / 30));
+  const drawn = el && el._fullLayout && el._fullLayout.height;
+  return Math.max(3, Math.floor((drawn || (el && el.clientHeight) || fallback) / 30));
 }
 
 /**

@@ -353,3 +353,32 @@ def test_a_streamed_update_redraws_each_time_chart_once_with_history_ahead_too(f
         for calls in update_draws(page, name):
             assert len([c for c in calls if not c.startswith("retick:")]) <= 1, (name, calls)
     assert log.errors == []
+
+
+def test_the_page_writes_nothing_on_a_frame_where_nothing_changed(fast, new_page):
+    """Paused, the step counter is not rewritten on every animation frame (each write is a
+    layout for the browser to redo before the next chart's measurements)."""
+    page, log = open_page(new_page, fast)
+    fast.client.post("/api/training/pause").raise_for_status()
+    try:
+        held = wait_until(
+            lambda: (s := fast.get("/api/session")["training"])["held"] and s["step"], what="the pause held"
+        )
+        counter = page.get_by_test_id("step-counter")
+        wait_until(lambda: counter.inner_text() == str(held), what="the page at the held step")
+        writes = page.evaluate(
+            """() => new Promise((done) => {
+                 const el = document.querySelector('[data-testid="step-counter"]');
+                 let n = 0;
+                 const obs = new MutationObserver((records) => { n += records.length; });
+                 obs.observe(el, { childList: true, characterData: true, subtree: true });
+                 let frames = 0;
+                 const tick = () => { if (++frames < 30) requestAnimationFrame(tick);
+                                      else { obs.disconnect(); done(n); } };
+                 requestAnimationFrame(tick);
+               })"""
+        )
+    finally:
+        fast.client.post("/api/training/resume").raise_for_status()
+    assert writes == 0
+    assert log.errors == []
