@@ -14,6 +14,21 @@ from tests.distributed.test_fsdp import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
+
+def report(model: str) -> str:
+    """The scripts' end: each rank prints its estimate, the truth and any error, then closes
+    (``model``: the name the script trains, freed before the process group is destroyed)."""
+    return """
+ns = insp.latest()["noise_scale"]
+errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
+print("RESULT " + json.dumps({"rank": rank, "ns": ns, "want": want, "errors": errors}), flush=True)
+insp.close()
+del insp, MODEL, opt
+import gc; gc.collect()
+dist.destroy_process_group()
+""".replace("MODEL", model)
+
+
 SCRIPT = """
 import json, sys, torch, torch.distributed as dist
 from torch import nn
@@ -39,19 +54,12 @@ for _ in range(400):
         else:
             loss.backward()
     opt.step()
-ns = insp.latest()["noise_scale"]
-errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
-print("RESULT " + json.dumps({"rank": rank, "ns": ns, "want": want, "errors": errors}), flush=True)
-insp.close()
-del insp, ddp, opt
-import gc; gc.collect()
-dist.destroy_process_group()
 """
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_ddp_estimate_matches_per_example_truth(k: int) -> None:
-    results = run_ranks(SCRIPT, str(k))
+    results = run_ranks(SCRIPT + report("ddp"), str(k))
     for res in results:
         assert res["errors"] == [], res["errors"]
         ns, (b_true, tr_true, gsq_true) = res["ns"], res["want"]
@@ -89,19 +97,12 @@ for _ in range(400):
         loss = ((model(x[idx]) - y[idx]) ** 2).mean() / k
         loss.backward()
     opt.step()
-ns = insp.latest()["noise_scale"]
-errors = [e for e in insp.events() if e["kind"] in ("hook_error", "telemetry_error", "distributed_error")]
-print("RESULT " + json.dumps({"rank": rank, "ns": ns, "want": want, "errors": errors}), flush=True)
-insp.close()
-del insp, model, opt
-import gc; gc.collect()
-dist.destroy_process_group()
 """
 
 
 @pytest.mark.parametrize(("k", "no_sync"), [(1, False), (2, False), (2, True)])
 def test_fsdp2_estimate_matches_per_example_truth(k: int, no_sync: bool) -> None:
-    results = run_ranks(FSDP_SCRIPT, str(k), "1" if no_sync else "0")
+    results = run_ranks(FSDP_SCRIPT + report("model"), str(k), "1" if no_sync else "0")
     for res in results:
         assert res["errors"] == [], res["errors"]
         ns, want = res["ns"], res["want"]
