@@ -145,7 +145,6 @@ export class HeatmapChart {
     this.onPick = (cat) => this.clicked(cat);
     this.bound = false;
     this.range = null;
-    this.base = 0;
     // A large run: the rows shown ({key, cat, label, kind, members, g, ancestors}), the expanded
     // nodes (key -> their ancestors' keys, in the order expanded) and the breadcrumb element.
     this.entries = null;
@@ -380,7 +379,6 @@ export class HeatmapChart {
     this.showCrumbs(state);
     this.el.dataset.rows = String(this.entries ? this.entries.length : state.params.length);
     const rows = [...state.history.rows, ...state.window().slice(-HEATMAP_COLUMNS)];
-    this.base = state.history.rows.length;
     // each row's column, kept for the updates (it depends on the rows and the statistic shown,
     // which change only here)
     this.columns = new WeakMap();
@@ -471,7 +469,6 @@ export class HeatmapChart {
     if (news.markers) layout.shapes = markerShapes(state.markers);
     if (news.rows.length) {
       const rows = [...state.history.rows, ...state.window().slice(-HEATMAP_COLUMNS)];
-      this.base = state.history.rows.length;
       const z = rows.map((r) => {
         let col = this.columns.get(r);
         if (col === undefined) this.columns.set(r, (col = this.rowOf(r)));

@@ -75,7 +75,6 @@ export class LossChart {
     this.el = el;
     this.lossScale = "auto"; // "auto" (log when the loss spans > 3 decades), "linear" or "log"
     this.smoothing = 0; // EMA weight, 0 (off) to 0.99
-    this.base = { loss: 0, rows: 0 }; // history points ahead of the streamed ones in the traces
     // A run that records no loss: the chart says how to record one (shown once steps arrive
     // without a loss, gone with the first loss).
     this.hint = document.createElement("div");
@@ -426,7 +425,6 @@ export class LossChart {
   reset(state) {
     const d = this.data(state);
     this.lossValues = d.lossY;
-    this.base = { loss: state.history.loss.x.length, rows: state.history.rows.length };
     this.logShown = this.isLog(d.lossY);
     this.showHint(
       d.rows.length > 0,
@@ -470,7 +468,6 @@ export class LossChart {
       const { rows, lossX } = d;
       lossY = d.lossY;
       this.lossValues = lossY;
-      this.base = { loss: state.history.loss.x.length, rows: state.history.rows.length };
       const x = rows.map((r) => r.step);
       const raw = rows.map((r) => positive(r.total_norm_raw));
       const fin = rows.map((r) => positive(r.total_norm));

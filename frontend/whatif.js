@@ -123,19 +123,6 @@ export function mainLossRange(ax, ys, state) {
   ax.autorange = false;
 }
 
-/** Restyle the what-if traces of a drawn loss chart (new shadow points, markers). */
-export function restyleShadow(gd, state) {
-  const u = shadowUpdate(gd, state, Array.from((gd.data && gd.data[0] && gd.data[0].y) || []));
-  if (!u) return;
-  const keys = ["x", "y", "hovertext", "name"];
-  Plotly.restyle(
-    gd,
-    Object.fromEntries(keys.map((k) => [k, u.traces.map(([, t]) => t[k])])),
-    u.traces.map(([i]) => i),
-  );
-  if (Object.keys(u.layout).length) Plotly.relayout(gd, u.layout);
-}
-
 /**
  * The what-if traces' new values (`[trace index, {x, y, hovertext, name}]`) and the loss axis
  * range they call for (`layout`, a relayout's keys; empty when the user set the range), for a
