@@ -19,7 +19,7 @@ manage (tensor parallel).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -116,7 +116,7 @@ def _fsdp_managed(model: nn.Module) -> set[int]:
     return set(_fsdp_params(model))
 
 
-def backward_sources(model: nn.Module, tensors: list[Tensor]) -> Any:
+def backward_sources(model: nn.Module, tensors: list[Tensor]) -> Callable[[int], Tensor | None]:
     """Where each parameter's gradient of one backward pass can be seen, on this rank, before any
     collective: a function of the parameter index giving the tensor whose tensor hooks receive it,
     or None where there is none yet.
