@@ -19,7 +19,8 @@ runs more than a step behind), naming step N and the parameter.
 
 The probe: on a sampled step each raw gradient's abs-max (which the snapshot needs anyway), finite
 exactly when the gradient is; on an unsampled step its 2-norm (one fused ``torch._foreach_norm``,
-the cheapest pass there is), finite when the gradient is, and NaN exactly when it holds a NaN. A
+or on the CPU a plan's flat and stacked passes, whichever is cheaper there), finite when the
+gradient is, and NaN exactly when it holds a NaN. A
 2-norm is also infinite for finite values whose float32 squares overflow (about 1e19 and up): such
 a finding says so (``overflow_possible``), unless a guard's counts on that gradient tell.
 """

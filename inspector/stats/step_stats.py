@@ -4,7 +4,8 @@ The ``pre_step`` work of a step runs in three parts, around the hooks, and reads
 the host (see :mod:`inspector.stats.deferred` for the every-step NaN/Inf check):
 
 1. :meth:`StepStats.raw`, before any ``pre_step`` hook, on every step: the finiteness probe of
-   each gradient (its 2-norm, one fused ``torch._foreach_norm``); on sampled steps the raw
+   each gradient (its 2-norm: one fused ``torch._foreach_norm``, or many CPU tensors'
+   :class:`~inspector.stats.tensor_stats.FlatPlan` passes); on sampled steps the raw
    2-norms, abs-max (the probe then) and, for large CPU tensors, moments, in one sweep of each
    (``stats.raw_stats``), and copies of the raw gradients that get histograms;
 2. the hooks (the Inspector applies them);
@@ -253,8 +254,8 @@ class StepStats:
         grads = [g for p in self.tensors if (g := p.grad) is not None]
         if not grads:
             return None
-        if self._flat is not None and not self._flat.large and self._flat.fits(grads):
-            try:  # (with large tensors among them the usual fused norm is cheaper here)
+        if self._flat is not None and self._flat.cheap_norms and self._flat.fits(grads):
+            try:  # (one vector: read by one copy)
                 return self._all_index, self._flat.norms(grads)
             except RuntimeError:  # (a gradient that is not what its parameter is: the usual way from now on)
                 self._flat = None
@@ -312,7 +313,7 @@ class StepStats:
         elif sampled:
             am, norms, known = raw_stats(grads)
             out = RawRead(idx, am, True, norm_tensors=norms, absmax=am, moments=known)
-        elif flat and not self._flat.large:  # type: ignore[union-attr]
+        elif flat and self._flat.cheap_norms:  # type: ignore[union-attr]
             out = RawRead(idx, self._flat.norms(grads), False)  # type: ignore[union-attr]
         else:
             out = RawRead(idx, foreach_norm(grads), False)

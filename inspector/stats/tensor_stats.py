@@ -13,7 +13,8 @@ lose every digit there).
 Many small CPU tensors: there every ``torch._foreach_*`` op is a loop of a few microseconds a tensor,
 so :class:`FlatPlan` reduces tensors of up to ``SEGMENT_MAX`` elements in flat passes over one
 buffer (``torch.segment_reduce``, float64): norms, abs-max and moments of thousands of tensors in
-a few ops.
+a few ops; and larger ones of the same shape (up to ``STACK_MAX`` elements: a deep model's
+repeated blocks) row by row of a stack of them.
 
 Dtypes: float32 gradients take the fast path (one ``torch._foreach_norm`` in float32);
 float16 and bfloat16 are reduced in float32 (norms, moments: never in their own precision);
@@ -74,6 +75,11 @@ def _norm_float32(tensors: list[Tensor], ord: float) -> list[Tensor]:
 # there are at least SEGMENT_COUNT of them
 SEGMENT_MAX = 1024  # (above it, torch._foreach_* costs less than the copy into the flat buffer)
 SEGMENT_COUNT = 32
+# larger ones of up to STACK_MAX elements that share their shape with another are stacked: one copy
+# and one reduction along the rows per stack of at most STACK_BYTES, instead of a few microseconds
+# of dispatch a tensor (993 gradients of 2,304-4,608 float32 elements: their norms in 1.2 ms, not 4.3)
+STACK_MAX = 1 << 16
+STACK_BYTES = 1 << 20
 
 
 def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
@@ -550,7 +556,10 @@ class FlatPlan:
     mean, as :func:`moments`). The copy is one ``torch.cat`` along the first dimension per kind of
     tensor (same trailing shape: all the ``[4, 4]`` weights, then all the ``[4]`` biases), which
     costs less a tensor than flattening each; the values are put back in parameter order at the
-    end. The larger tensors take the usual functions. Made once from the parameters (:meth:`of`);
+    end. The larger tensors of up to ``STACK_MAX`` elements that share their shape with another
+    are stacked, at most ``STACK_BYTES`` a stack, and reduced along its rows with the same float64
+    arithmetic (the 2-norms alone in float32, as ``foreach_norm``); the others take the usual
+    functions. Made once from the parameters (:meth:`of`);
     it applies to a list aligned with them that :meth:`fits` (every parameter's gradient present,
     dense, of the planned shape, on the CPU, one real float dtype).
     """
@@ -574,6 +583,17 @@ class FlatPlan:
         self._order = None if order == list(range(len(order))) else torch.tensor(order, dtype=torch.long)
         self.small_idx = torch.tensor(self.small, dtype=torch.long)
         self.large_idx = torch.tensor(self.large, dtype=torch.long)
+        # the large ones by shape (positions in self.large): stacks of two and more, and the rest
+        shapes: dict[Any, list[int]] = {}
+        for j, k in enumerate(self.large):
+            if tensors[k].numel() <= STACK_MAX:
+                shapes.setdefault(tuple(tensors[k].shape), []).append(j)
+        self._stacks = [js for js in shapes.values() if len(js) > 1]
+        stacked = {j for js in self._stacks for j in js}
+        self._loose = [j for j in range(len(self.large)) if j not in stacked]
+        self._stack_idx = [torch.tensor(js, dtype=torch.long) for js in self._stacks]
+        self._loose_idx = torch.tensor(self._loose, dtype=torch.long)
+        self._scratch: dict[torch.dtype, Tensor] = {}  # one stack's buffer per dtype, reused
 
     @staticmethod
     def of(tensors: list[Tensor]) -> FlatPlan | None:
@@ -636,10 +656,79 @@ class FlatPlan:
         out.index_copy_(0, self.large_idx, (large if isinstance(large, Tensor) else _stack(large)).to(dtype))
         return out
 
+    @property
+    def cheap_norms(self) -> bool:
+        """Whether :meth:`norms` costs less than ``foreach_norm`` of the same tensors: every
+        large one stacked (with large ones outside a stack the fused norm alone is cheaper)."""
+        return not self._loose
+
+    def _rows(self, js: list[int], large: list[Tensor]) -> Iterator[Tensor]:
+        """The stack of ``large[j]`` for ``j`` in ``js`` (all of one shape), as 2-D ``[rows,
+        numel]`` copies of at most ``STACK_BYTES`` each, in order."""
+        first = large[js[0]]
+        numel = first.numel()
+        per = max(1, STACK_BYTES // max(1, numel * first.element_size()))
+        scratch = self._scratch.get(first.dtype)
+        if scratch is None:  # (reused: a fresh large buffer each time costs its pages' faults)
+            scratch = self._scratch[first.dtype] = torch.empty(
+                STACK_BYTES // first.element_size(), dtype=first.dtype
+            )
+        for a in range(0, len(js), per):
+            part = js[a : a + per]
+            rows = scratch[: len(part) * numel].view(len(part), *first.shape)
+            torch.stack([large[j] for j in part], out=rows)
+            yield rows.view(len(part), -1)
+
+    def _large_norms(self, large: list[Tensor]) -> Tensor:
+        """2-norms (1-D float32, aligned with ``large``) of the large tensors: by stacks, the
+        rest by ``foreach_norm``."""
+        if not self._stacks:
+            return _stack(foreach_norm(large))
+        out = torch.empty(len(large), dtype=torch.float32)
+        for js, at in zip(self._stacks, self._stack_idx, strict=True):
+            parts = []
+            for rows in self._rows(js, large):
+                wide = rows.dtype == torch.float64
+                parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=None if wide else torch.float32))
+            out.index_copy_(0, at, torch.cat(parts).float())
+        if self._loose:
+            out.index_copy_(0, self._loose_idx, _stack(foreach_norm([large[j] for j in self._loose])))
+        return out
+
+    def _large_stats(self, large: list[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(abs-max, 2-norms)`` in float32 and ``(means, population stds)`` in float64 of the
+        large tensors, each 1-D and aligned with ``large``: the stacks' rows in float64 (the mean,
+        then the deviations from it, as the flat buffer's), the rest by :func:`raw_stats` and
+        :func:`moments`."""
+        n = len(large)
+        am, norms = torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
+        mean, sd = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+        for js, at in zip(self._stacks, self._stack_idx, strict=True):
+            got: list[list[Tensor]] = [[], [], [], []]
+            for rows in self._rows(js, large):
+                f = rows.double()
+                m = f.mean(1)
+                got[2].append(m)
+                got[1].append(f.square().sum(1).sqrt_())
+                got[3].append((f - m.unsqueeze(1)).square_().mean(1).sqrt_())
+                got[0].append(f.abs_().amax(1))
+            for out, vals in zip((am, norms, mean, sd), got, strict=True):
+                out.index_copy_(0, at, torch.cat(vals).to(out.dtype))
+        if self._loose:
+            loose = [large[j] for j in self._loose]
+            lam, lnorms, known = raw_stats(loose)
+            moms = moments(loose, known)
+            at = self._loose_idx
+            am.index_copy_(0, at, lam.float())
+            norms.index_copy_(0, at, _stack(lnorms).float())
+            mean.index_copy_(0, at, _stack([m.real.double() for m, _ in moms]))
+            sd.index_copy_(0, at, _stack([s.double() for _, s in moms]))
+        return am, norms, mean, sd
+
     def norms_of_flat(self, flat: Tensor, large: list[Tensor]) -> Tensor:
         """2-norms (float32, all ``n``) from :meth:`flat`'s buffer and the large tensors."""
         small = self._seg(flat.double().square_(), "sum").sqrt_()
-        return self._merge(small, foreach_norm(large) if large else [], torch.float32)
+        return self._merge(small, self._large_norms(large) if large else [], torch.float32)
 
     def adam_state(
         self, m: list[Tensor], v: list[Tensor], thresholds: Tensor
@@ -685,12 +774,10 @@ class FlatPlan:
                 self._unorder(small[2]),
                 self._unorder(small[3]),
             )
-        large = [xs[k] for k in self.large]
-        lam, lnorms, known = raw_stats(large)
-        moms = moments(large, known)
+        lam, lnorms, lmean, lsd = self._large_stats([xs[k] for k in self.large])
         return (
             self._merge(small[0], lam, torch.float32),
             self._merge(small[1], lnorms, torch.float32),
-            self._merge(small[2], [m.real.double() for m, _ in moms], torch.float64),
-            self._merge(small[3], [sd.double() for _, sd in moms], torch.float64),
+            self._merge(small[2], lmean, torch.float64),
+            self._merge(small[3], lsd, torch.float64),
         )
