@@ -4,7 +4,9 @@
 1, 1+N, 1+2N, ...; otherwise it keeps the inspector's own measured cost within
 ``budget`` (a fraction of the wall-clock step): hooks and NaN/Inf detection still run
 every step (their cost is ``base``), and the full statistics (cost ``sampled``) run
-every k-th step with ``k = ceil((sampled - base) / room)``, ``room = budget * step - base``
+every k-th step with ``k = ceil(extra / room)``, ``room = budget * step - base`` (``extra``: a
+sampled step's cost over ``base`` as our timers see it, or, where larger, as the wall-clock step
+feels it: the median sampled step less the median unsampled one)
 but at least ``MIN_ROOM`` of ``budget * step``, moved by at
 most a doubling at a time and capped so that a snapshot comes about once a second where that
 fits in the whole budget (``k`` aims at half of it), else as often as the whole budget allows.
@@ -68,6 +70,11 @@ class _Recent:
     def add(self, x: float) -> None:
         self._xs.append(x)
 
+    def amend(self, x: float) -> None:
+        """Add ``x`` to the last measurement."""
+        if self._xs:
+            self._xs[-1] += x
+
     @property
     def value(self) -> float | None:
         return statistics.median_low(self._xs) if self._xs else None
@@ -86,6 +93,9 @@ class Cadence:
         self._sampled = _Recent()  # our time on a sampled step (s)
         self._base = _Recent()  # our time on an unsampled step (s)
         self._walls = _Recent()  # the wall-clock step (s)
+        self._walls_sampled = _Recent()  # the same, of sampled steps
+        self._walls_base = _Recent()  # the same, of unsampled steps
+        self._walled = False  # whether the step observed last had a wall-clock time
         self._ours: float | None = None  # EMA of our time per step, all steps (s)
         self._at_one = 0  # sampled steps in a row that the budget left at k = 1
 
@@ -124,8 +134,10 @@ class Cadence:
         """Account one finished step: ``ours`` seconds inside the inspector, ``wall`` seconds
         since the previous boundary (None for the first step or after a pause)."""
         self._ours = self._ema(self._ours, ours)
+        self._walled = wall is not None and wall > 0
         if wall is not None and wall > 0:
             self._walls.add(wall)  # a gap in the loop (evaluation, a checkpoint) is outvoted by the median
+            (self._walls_sampled if sampled else self._walls_base).add(wall)
         (self._sampled if sampled else self._base).add(ours)
         if not sampled:
             return
@@ -141,6 +153,29 @@ class Cadence:
             self.k = k
         self.next_sampled = step + self.k
 
+    def observe_late(self, sampled: bool, seconds: float) -> None:
+        """Count ``seconds`` of the inspector's work at the same boundary after :meth:`observe`
+        (a sampled step's snapshot, built once the next step's sampling is decided) in the step
+        observed last: its cost and its wall-clock time."""
+        if self._ours is not None:
+            self._ours += _EMA * seconds
+        (self._sampled if sampled else self._base).amend(seconds)
+        if self._walled:
+            self._walls.amend(seconds)
+            (self._walls_sampled if sampled else self._walls_base).amend(seconds)
+
+    def _extra(self) -> float | None:
+        """What a sampled step costs more than an unsampled one: what our timers saw, or, where
+        larger, what the step felt, the median wall-clock sampled step less the median unsampled
+        one (our timers miss what our passes cost the training step around them: the caches
+        they evict, the memory they allocate; on a CPU at a thousand tensors that was a third
+        again). None before a sampled step is measured."""
+        if self._sampled_cost is None:
+            return None
+        timed = max(self._sampled_cost - (self._base_cost or 0.0), 0.0)
+        ws, wb = self._walls_sampled.value, self._walls_base.value
+        return timed if ws is None or wb is None else max(timed, ws - wb)
+
     def _choose_k(self) -> int:
         """The next sampling interval (see the module docstring), moved gradually.
 
@@ -152,15 +187,17 @@ class Cadence:
         short enough for about one snapshot a second, so the dashboard never goes quiet, as long as
         that fits in the whole budget; past that the budget wins (the loss and the flight recorder's
         every-step values still come every step)."""
-        if self._wall is None or self._sampled_cost is None:
+        extra = self._extra()
+        if self._wall is None or extra is None:
             return 1
         base = self._base_cost if self._base_cost is not None else 0.0
-        extra = max(self._sampled_cost - base, 0.0)
         if extra <= 0:
             return 1
         # aim at half the budget: our timers see our own work, not what it costs the training step
         # around it (caches evicted by our passes over the gradients and parameters), which the
-        # benchmark (bench/overhead.py) measures at about as much again
+        # benchmark (bench/overhead.py) measures at about as much again; a sampled step's share
+        # of that is in `extra` (its wall-clock step against an unsampled one), the every-step
+        # work's cannot be measured (no step runs without it)
         target = SAFETY * self.budget * self._wall
         room = max(target - base, MIN_ROOM * target)
         k = math.ceil(extra / room)
@@ -184,8 +221,8 @@ class Cadence:
         if self._ours is None or not self._wall:
             return None
         base = self._base_cost if self._base_cost is not None else self._ours
-        sampled = self._sampled_cost if self._sampled_cost is not None else self._ours
-        per_step = base + (sampled - base) / self.k  # what this cadence costs per step
+        extra = self._extra()
+        per_step = base + (extra or 0.0) / self.k  # what this cadence costs per step
         return per_step / self._wall
 
 

@@ -674,7 +674,7 @@ class StepLifecycle:
             self._hooks.end_step()
             if rec:
                 self._records.defer(step, rec)
-        clock.spend(time.perf_counter() - t1)  # counted with the next step
+        self._cadence.observe_late(sampled, time.perf_counter() - t1)  # (the snapshot: this step's cost)
         rules = self.rules if self.rules is not None and self.rules.active else None
         if dist:
             if rules is not None:  # what the exchange brought from rank 0: every rank acts here
