@@ -5,6 +5,7 @@ the scale benchmarks: time only; the server's bytes are measured elsewhere).
     .venv/bin/python bench/scale.py --quick      # a smoke run, too noisy to judge
     .venv/bin/python bench/scale.py --only 1000  # one workload
     .venv/bin/python bench/scale.py --probe      # the unsampled step's probe by itself (seconds)
+    .venv/bin/python bench/scale.py --only 1000 --long 600   # also the defaults past a run's opening
 
 Workloads (CPU, one torch thread, AdamW, pre-drawn batches cycled):
     100      a Llama-shaped stack of 11 tiny blocks (RMSNorm, q/k/v/o, RMSNorm, gate/up/down: 9 tensors
@@ -18,6 +19,13 @@ Variants, each on its own copy of the workload (same seed):
     unsampled  attach(..., every=10**9): after its first step no step is sampled (hooks, the
                NaN/Inf check, the step machine: what every step pays)
     sampled    attach(..., every=1): every step sampled (every statistic, one transfer)
+    long       (with --long N) the defaults again, warmed up for N steps first: a run's opening is
+               sampled densely whatever the budget (the interval within a tenth of the steps so
+               far), so the defaults above are those of a run's first hundred steps, and these
+               the cadence's once the budget decides it. A block then holds a sampled step or
+               none, so its ratio is the mean over all its blocks (its CPU time over plain's in
+               the same rounds, three times as many rounds as without --long), with how many of
+               its measured steps were sampled
 
 Method (as bench/overhead.py): times are this process's CPU time (``time.process_time()``, one
 torch thread), which other processes on a busy shared machine barely disturb; the wall-clock
@@ -195,20 +203,23 @@ class Run:
         self.walls.append((time.perf_counter() - t0) / n)
 
 
-def measure(w: Workload, quick: bool) -> dict[str, Any]:
+def measure(w: Workload, quick: bool, long: int = 0) -> dict[str, Any]:
     warm, blocks, steps = (8, 3, 3) if quick else (w.warmup, w.blocks, w.steps)
+    blocks *= 3 if long else 1
     runs = []
     ntensors = 0
-    for name, opts in VARIANTS.items():
+    variants = {**VARIANTS, **({"long": {}} if long else {})}
+    for name, opts in variants.items():
         model, opt, step = w.build()
         ntensors = sum(1 for _ in model.parameters())
         insp = inspector.attach(model, opt, **opts) if opts is not None else None
         runs.append(Run(name, step, insp))
     for r in runs:  # warm-up, each alone
-        for _ in range(warm):
+        for _ in range(max(warm, long) if r.name == "long" else warm):
             loss = r.step()
             if r.insp is not None:
                 r.insp.record(loss=loss)
+    counted = {r.name: r.insp._clock.sampled_count for r in runs if r.insp is not None}
     for i in range(blocks):
         order = runs[i % len(runs) :] + runs[: i % len(runs)]
         for r in order:
@@ -228,6 +239,9 @@ def measure(w: Workload, quick: bool) -> dict[str, Any]:
             "ratio": statistics.median(ratios),
             "ours_us": (statistics.median(r.times) - statistics.median(plain.times)) * 1e6,
             "cost": dict(r.insp.cost),
+            "mean_ratio": sum(r.times) / sum(plain.times),
+            "sampled_steps": r.insp._clock.sampled_count - counted[r.name],
+            "measured_steps": blocks * steps,
         }
         r.insp.close()
     return out
@@ -260,6 +274,9 @@ def main() -> None:
     ap.add_argument("--only", action="append", help="a workload name (100, 1000, 10000); repeatable")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--probe", action="store_true", help="only the unsampled step's probe, by itself")
+    ap.add_argument(
+        "--long", type=int, default=0, metavar="N", help="also the defaults after N steps of warm-up"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -277,7 +294,7 @@ def main() -> None:
     for w in WORKLOADS:
         if args.only and w.name not in args.only:
             continue
-        r = measure(w, args.quick)
+        r = measure(w, args.quick, args.long)
         d, u, s = r["default"], r["unsampled"], r["sampled"]
 
         def us(x: float | None) -> str:
@@ -290,6 +307,14 @@ def main() -> None:
             f"| {s['ratio']:.3f}, {s['ours_us']:7.0f} ({us(s['cost']['sampled_s'])})",
             flush=True,
         )
+        if "long" in r:
+            g = r["long"]
+            print(
+                f"{'':>7}   defaults after {args.long} steps of warm-up: {g['mean_ratio']:.3f} "
+                f"({g['sampled_steps']} of {g['measured_steps']} steps sampled), k "
+                f"{g['cost']['sampled_every']}, its own accounting {g['cost']['overhead'] * 100:.1f} %",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
