@@ -79,6 +79,14 @@ def test_zooming_out_after_2000_steps_shows_step_1_and_zooming_in_full_resolutio
     page.get_by_test_id("whole-run").click()
     wait_until(lambda: loss(page)["traces"]["loss"]["x"][0] == 1, what="step 1 on the loss chart")
     wait_until(lambda: page.evaluate(HEAT)["x"][0] <= 2, what="the oldest steps on the heatmap")
+    # the thinned history and the streamed window are unevenly spaced: drawn on an even grid,
+    # which Plotly draws as one image of a pixel a cell (not cell by cell, then encoded)
+    drawn = page.evaluate(
+        """() => { const gd = document.querySelector('[data-testid="chart-heatmap"]');
+                   const img = gd.querySelector('image');
+                   return { linear: gd._fullData[0]._islinear, rendering: getComputedStyle(img).imageRendering }; }"""
+    )
+    assert drawn == {"linear": True, "rendering": "pixelated"}, drawn
     d = loss(page)
     assert d["range"][0] <= 1, "the axis shows step 1"
     assert len(d["traces"]["loss"]["x"]) < 2 * 2000, "the whole run comes downsampled"
@@ -211,6 +219,42 @@ def test_tick_labels_are_round_at_every_span_and_one_outlier_does_not_set_the_co
         assert len(set(labels)) == len(labels)
     assert out["ticks"][1] == ["1", "1.2", "1.4"], "never 1.43408 / 0.94482"
     assert out["z"][1] < 1, f"the colour range ignores the outlier: {out['z']}"
+    assert log.errors == []
+
+
+def test_uneven_heatmap_columns_go_on_an_even_grid_each_point_the_nearest_column(fast, new_page):
+    page, log = open_page(new_page, fast)
+    out = page.evaluate(
+        """async () => {
+          const { evenColumns } = await import("/static/charts.js");
+          const steps = [...Array.from({ length: 20 }, (_, i) => i + 1), 22, 24, 28, 36, 52];
+          const cols = steps.map((s) => [s]);
+          const a = evenColumns(steps, cols);
+          const even = evenColumns([10, 20, 30, 40], [[1], [2], [3], [4]]);
+          const wide = Array.from({ length: 5000 }, (_, i) => i * i);  // 0 .. 25M, gaps from 1 up
+          const b = evenColumns(wide, wide.map((s) => [s]));
+          return { x: a.x, z: a.z.map((c) => c[0]), steps: a.steps, shared: a.z[3] === cols[3],
+                   even: even.x, bn: b.x.length, bx: [b.x[0], b.x[b.x.length - 1]],
+                   bgaps: new Set(b.x.slice(1).map((v, i) => Math.round((v - b.x[i]) * 1e6))).size };
+        }"""
+    )
+    assert out["x"] == list(range(1, 53)), "every step from the first to the last, one apart"
+    assert out["shared"], "the columns are shared, not copied"
+    assert out["z"] == out["steps"]
+    for x, shown in zip(out["x"], out["steps"], strict=True):  # the nearest column
+        near = min(abs(s - x) for s in [*range(1, 21), 22, 24, 28, 36, 52])
+        assert abs(shown - x) == near, (x, shown)
+    assert out["steps"][21 - 1] == 22, "a tie: the later column"
+    assert out["steps"][28 - 1] == 28 and out["steps"][30 - 1] == 28 and out["steps"][33 - 1] == 36
+    assert out["even"] == [10, 20, 30, 40], "evenly spaced steps are kept"
+    assert out["bn"] == 1200 and out["bx"] == [0, 4999**2] and out["bgaps"] == 1, "at most 1200, even"
+    # the hover names the step a cell shows
+    text = page.evaluate(
+        """() => { const t = document.querySelector('[data-testid="chart-heatmap"]').data[0];
+                   return { rows: t.text.length, cols: t.text[0].length, x: t.x.length, y: t.y.length,
+                            tpl: t.hovertemplate }; }"""
+    )
+    assert text["rows"] == text["y"] and text["cols"] == text["x"] and "step %{text}" in text["tpl"], text
     assert log.errors == []
 
 
@@ -381,4 +425,35 @@ def test_the_page_writes_nothing_on_a_frame_where_nothing_changed(fast, new_page
     finally:
         fast.client.post("/api/training/resume").raise_for_status()
     assert writes == 0
+    assert log.errors == []
+
+
+def test_a_small_runs_chart_off_screen_is_drawn_seldom_and_at_once_when_scrolled_to(fast, new_page):
+    """Only what is on screen is redrawn at the stream's pace: a chart off screen at most every
+    2 s (kept about current, cheaply), and as soon as it scrolls into view."""
+    page, log = open_page(new_page, fast)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    slots = """() => Object.fromEntries(window.__dashboard.scheduler.slots.map((s) =>
+                 [s.name, { visible: s.visible, draws: (window.__dashboard.scheduler.stats[s.name] || {draws: 0}).draws }]))"""
+    hidden = wait_until(
+        lambda: [n for n, s in page.evaluate(slots).items() if not s["visible"]] or None,
+        what="a chart off screen",
+    )
+    name = hidden[-1]
+    before = page.evaluate(slots)
+    t0 = page.evaluate("() => performance.now()")
+    wait_until(
+        lambda: page.evaluate(slots)["loss"]["draws"] >= before["loss"]["draws"] + 12, what="12 loss draws"
+    )
+    after = page.evaluate(slots)
+    seconds = (page.evaluate("() => performance.now()") - t0) / 1000
+    assert after[name]["draws"] - before[name]["draws"] <= seconds / 2 + 1, (name, seconds, before, after)
+    # scrolled into view: drawn at once, whatever its spacing off screen said
+    page.evaluate(
+        """(name) => { const s = window.__dashboard.scheduler.slots.find((x) => x.name === name);
+                       s.nextAt = performance.now() + 60_000; s.chart.el.scrollIntoView(); }""",
+        name,
+    )
+    drawn = page.evaluate(slots)[name]["draws"]
+    wait_until(lambda: page.evaluate(slots)[name]["draws"] > drawn, 10, f"{name} drawn once in view")
     assert log.errors == []
