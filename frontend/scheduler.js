@@ -6,7 +6,9 @@
 // stream; on a slow one (a busy laptop, a CPU-only CI box) charts refresh less
 // often instead of starving clicks, typing and the websocket. For a large run
 // (state.large) a chart off screen is not drawn: its changes are dropped and it
-// is redrawn whole when it scrolls into view (an IntersectionObserver says when);
+// is redrawn whole when it scrolls into view (an IntersectionObserver says when); a
+// smaller run's charts off screen are drawn at most every HIDDEN_INTERVAL_MS, and
+// as soon as they scroll into view;
 // and the charts on screen are drawn at most every LARGE_INTERVAL_MS, with a gap
 // of LARGE_GAP_FACTOR x a draw's time after it (drawing at most ~1/3.5 of the
 // main thread: the messages of a large run cost more to take in). A chart under a pressed
@@ -20,6 +22,7 @@ const COST_FACTOR = 4; // one chart spends at most ~1/4 of the time drawing
 const GAP_FACTOR = 1.5; // all charts together at most 1 / (1 + 1.5) = 40%
 const LARGE_INTERVAL_MS = 500;
 const LARGE_GAP_FACTOR = 2.5; // at most 1 / (1 + 2.5), about 29%
+const HIDDEN_INTERVAL_MS = 2000; // a smaller run's chart off screen: kept about current, cheaply
 
 function emptyPending() {
   return { rows: [], loss: { x: [], y: [] }, markers: false, hist: false, reset: false, dirty: false };
@@ -75,6 +78,10 @@ export class Scheduler {
           const s = this.slots.find((x) => x.chart.el === e.target);
           if (!s) continue;
           s.visible = e.isIntersecting;
+          if (s.visible && s.pending.dirty && s.nextAt > performance.now()) {
+            s.nextAt = 0; // (spaced out while off screen: drawn now)
+            this.request();
+          }
           if (s.visible && s.stale) {
             s.stale = false;
             s.pending = emptyPending();
@@ -194,7 +201,8 @@ export class Scheduler {
     const cost = performance.now() - t0;
     slot.lastCost = cost;
     const large = Boolean(state && state.large);
-    slot.nextAt = now + Math.max(large ? LARGE_INTERVAL_MS : MIN_INTERVAL_MS, COST_FACTOR * cost);
+    const least = large ? LARGE_INTERVAL_MS : slot.visible ? MIN_INTERVAL_MS : HIDDEN_INTERVAL_MS;
+    slot.nextAt = now + Math.max(least, COST_FACTOR * cost);
     this.globalNextAt = performance.now() + (large ? LARGE_GAP_FACTOR : GAP_FACTOR) * cost;
     const st = (this.stats[slot.name] ||= { draws: 0, ms: 0 });
     st.draws += 1;
