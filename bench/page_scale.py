@@ -15,6 +15,14 @@ headless Chromium, Debian's, launched as the tests launch it: tests/support.py `
                norm-like vectors), ``inspector.attach(model, opt, every=1)``, ``insp.serve()``,
                trained at most 10 steps a second; at 1440x900
     exploding  `gradient-inspector demo --scenario exploding --steps-per-second 10 --no-wait`, at 1024x768
+    paced      the page at the rate asked for, at 993 tensors, where this machine cannot train `deep`
+               that fast (it trains and samples about 5 steps a second on 2 CPU cores): a
+               user-mode script (this file with --serve-paced) attaches to the `deep` scenario
+               as the demo does (every step sampled, flight recorder on), serves, trains
+               ``--warm-steps`` real steps, then publishes those steps' snapshots and losses
+               again, in a cycle, as new steps (the next step numbers, fresh times) at ``--rate``
+               a second through the inspector's own feed: what the server and the page receive
+               is what a faster machine would send, values repeating; at 1440x900
 
 Each server keeps a temporary history file, and trains ``--warm-steps`` steps (default 60,
 polled on /api/session) before the page opens, so the page's hello carries some history.
@@ -43,7 +51,8 @@ animation frame, in seconds from navigation, at which the heatmap's figure has r
   size in the window; all bytes per second.
 - heap: ``JSHeapUsedSize`` (``Performance.getMetrics``, no forced collection) at the start and
   the end of the window.
-- console errors, and the server's step at both ends (the snapshots per second actually sent).
+- console errors, and the server's trained step at both ends (the steps per second trained: none
+  in the paced case once its warm-up is over); the snapshot messages the page received a second.
 
 Prints one table (a column per case). Exit status 0; this is a measurement, not a check.
 """
@@ -51,6 +60,7 @@ Prints one table (a column per case). Exit status 0; this is a measurement, not 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -169,6 +179,44 @@ def serve_wide(tensors: int, port: int, rate: float, db: str) -> None:
                 next_at = time.monotonic()
 
 
+# ----------------------------------------------------------------------------- the paced 993-tensor server
+def serve_paced(port: int, rate: float, db: str, warm: int) -> None:
+    """The paced case: attach to the `deep` scenario, serve, train ``warm`` steps, then publish
+    those steps' snapshots and losses again as new steps, ``rate`` a second, until killed."""
+    import dataclasses
+
+    import torch
+
+    import inspector
+    from inspector.scenarios import make
+
+    torch.set_num_threads(1)
+    sc = make("deep", seed=0)
+    insp = inspector.attach(sc.model, sc.optimizer, every=1, flight=256)
+    print("dashboard:", insp.serve(port=port, db=db), flush=True)
+    losses = []
+    for _ in range(warm):
+        losses.append(float(sc.step()))
+        insp.record(loss=losses[-1])
+    feed = insp._feed  # (the inspector's own feed: the server's subscription reads it)
+    taken = list(feed.snapshots)  # (every step's: published at its boundary)
+    step = taken[-1].step
+    period = 1.0 / rate if rate > 0 else 0.0
+    next_at = time.monotonic()
+    for k in itertools.count():
+        snap = taken[k % len(taken)]
+        step += 1
+        feed.publish("snapshot", dataclasses.replace(snap, step=step, time=time.time()))
+        feed.publish("scalars", {"step": step, "loss": losses[(snap.step - 1) % len(losses)], "scalars": {}})
+        if period:
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                next_at = time.monotonic()
+
+
 # ----------------------------------------------------------------------------- measuring one page
 def tree_env(tree: Path | None) -> dict[str, str]:
     from tests.support import repo_env
@@ -190,8 +238,8 @@ def start_case(name: str, args: argparse.Namespace, tmp: Path) -> Any:
     argv = [
         sys.executable,
         str(Path(__file__).resolve()),
-        "--serve-wide",
-        str(args.tensors),
+        *(("--serve-paced", "--warm-steps", str(args.warm_steps)) if name == "paced" else ()),
+        *(("--serve-wide", str(args.tensors)) if name == "wide" else ()),
         "--port",
         str(port),
         "--rate",
@@ -273,6 +321,7 @@ def measure(browser: Any, name: str, server: Any, args: argparse.Namespace) -> d
         "heatmap_rows": rows,
         "hello_bytes": max(hello, default=0),
         "snapshots": len(snaps),
+        "snapshots_per_s": len(snaps) / wall,
         "snapshot_median": statistics.median(snaps) if snaps else 0,
         "snapshot_max": max(snaps, default=0),
         "bytes_per_s": sum(in_window) / wall,
@@ -298,12 +347,13 @@ ROWS: list[tuple[str, str, Any]] = [
     ("heatmap rows", "heatmap_rows", str),
     ("hello, bytes", "hello_bytes", lambda v: f"{v:,}"),
     ("snapshot msgs in window", "snapshots", str),
+    ("snapshot msgs/s", "snapshots_per_s", lambda v: f"{v:.1f}"),
     ("snapshot msg median, bytes", "snapshot_median", lambda v: f"{v:,.0f}"),
     ("snapshot msg max, bytes", "snapshot_max", lambda v: f"{v:,}"),
     ("ws bytes/s", "bytes_per_s", lambda v: f"{v:,.0f}"),
     ("JS heap start, MiB", "heap_start", lambda v: f"{v / 2**20:.1f}"),
     ("JS heap end, MiB", "heap_end", lambda v: f"{v / 2**20:.1f}"),
-    ("server steps/s", "steps_per_s", lambda v: f"{v:.1f}"),
+    ("server steps/s (trained)", "steps_per_s", lambda v: f"{v:.1f}"),
     ("console errors", "console_errors", str),
 ]
 
@@ -328,7 +378,7 @@ def table(results: list[dict[str, Any]], seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--cases", default="deep,wide,exploding", help="comma-separated subset of deep,wide,exploding"
+        "--cases", default="deep,wide,exploding", help="comma-separated subset of deep,wide,exploding,paced"
     )
     p.add_argument("--seconds", type=float, default=20.0, help="the measured window after load (default 20)")
     p.add_argument("--rate", type=float, default=10.0, help="training steps a second (default 10)")
@@ -339,11 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", type=Path, default=None, help="run the servers from this checkout's code")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the results here")
     p.add_argument("--serve-wide", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve-paced", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_wide is not None:
         serve_wide(args.serve_wide, args.port, args.rate, args.db)
+        return 0
+    if args.serve_paced:
+        serve_paced(args.port, args.rate, args.db, args.warm_steps)
         return 0
 
     sys.path.insert(0, str(REPO))
@@ -352,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import launch_chromium
 
     cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - {"deep", "wide", "exploding"}
+    unknown = set(cases) - {"deep", "wide", "exploding", "paced"}
     if unknown:
         p.error(f"unknown cases: {', '.join(sorted(unknown))}")
     results = []
