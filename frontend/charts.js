@@ -159,8 +159,13 @@ const GROUP_KEY = {
   update_ratio: "ratio_median",
 };
 
+// A large run's message leaves out a final aggregate equal to its raw one (server/hub.py)
+const RAW_OF = { norm: "norm_raw", absmax: "absmax_raw" };
+
 function groupValue(row, key, g) {
-  const list = row && row.groups ? row.groups[GROUP_KEY[key] || key] : null;
+  const groups = row && row.groups;
+  const name = GROUP_KEY[key] || key;
+  const list = groups ? (groups[name] ?? groups[RAW_OF[name]]) : null;
   return list && g !== null && g !== undefined ? list[g] : null;
 }
 

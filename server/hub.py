@@ -33,7 +33,7 @@ from typing import Any
 
 from starlette.status import WS_1001_GOING_AWAY, WS_1013_TRY_AGAIN_LATER
 
-from .history.optim import cut_optim
+from .history.optim import cut_optim, drop_null_lists
 from .history.packing import PER_PARAM, packable, short_values
 from .protocol import dumps
 from .settings import DETAIL_ALL
@@ -41,6 +41,9 @@ from .settings import DETAIL_ALL
 TOO_FAR_BEHIND = WS_1013_TRY_AGAIN_LATER  # the close code of a client kicked for its backlog or a stall
 
 SendText = Callable[[str], Awaitable[None]]  # a socket's send_text
+
+
+FINAL_OF_RAW = {"norm": "norm_raw", "absmax": "absmax_raw"}  # group aggregates: final -> raw
 
 
 def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, Any]:
@@ -55,7 +58,10 @@ def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, 
     replaced by one `detail`: `{"index": [...], key: [values aligned to index], ...}` for the
     parameters `index` (ascending; an out-of-range one is left out). A snapshot that has its
     `detail` already (history read without it) is left as it is. `optim`'s per-parameter lists are
-    cut to the same `index` (`optim["index"]`, server/history/optim.py). The group aggregates and the
+    cut to the same `index` (`optim["index"]`, server/history/optim.py); `optim`'s and
+    `noise_scale`'s per-group lists that hold no value (every group's None: an SGD run's Adam
+    moments, a noise scale not measured) are left out, and so is a final group aggregate (`norm`,
+    `absmax`) equal to its raw one (no hook changed those gradients). The group aggregates and the
     detail's values are written with the fewest digits that keep their float32 value
     (`short_values`: exact for the core's float32 statistics, half as long)."""
     first = snap.get("grad_norm_raw")
@@ -64,7 +70,11 @@ def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, 
         return {k: v for k, v in snap.items() if k not in ("events", "groups")}
     groups = snap.get("groups")
     if isinstance(groups, dict) and all(packable(v) for v in groups.values()):
-        snap = {**snap, "groups": {k: short_values(v) for k, v in groups.items()}}
+        short = {k: short_values(v) for k, v in groups.items()}
+        for final, raw in FINAL_OF_RAW.items():  # (untouched by any hook: the same list twice)
+            if final in short and short[final] == short.get(raw):
+                del short[final]
+        snap = {**snap, "groups": short}
     if not isinstance(first, list) or "detail" in snap:
         return {k: v for k, v in snap.items() if k != "events"} if "events" in snap else snap
     n = len(first)
@@ -80,6 +90,9 @@ def wire_snapshot(snap: dict[str, Any], index: Sequence[int] = ()) -> dict[str, 
     out["detail"] = detail
     if "optim" in out:  # its per-parameter lists cut the same way (server/history/optim.py)
         out["optim"] = cut_optim(out["optim"], keep)
+    noise = out.get("noise_scale")
+    if isinstance(noise, dict) and isinstance(noise.get("groups"), dict):
+        out["noise_scale"] = {**noise, "groups": drop_null_lists(noise["groups"])}
     return out
 
 

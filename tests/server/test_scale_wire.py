@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 import server.hub
 import server.sources
 from server.app import create_app
-from server.history.packing import PER_PARAM
+from server.history.packing import PER_PARAM, short_values
 from server.history.storage import HistoryStore
 from server.hub import wire_snapshot
 from server.settings import DETAIL_ALL, Settings
@@ -249,3 +249,18 @@ def test_a_rewind_forgets_the_abandoned_steps_worst_now():
         assert max(src._worst_at) == 11
     finally:
         insp.close()
+
+
+def test_a_final_group_aggregate_equal_to_its_raw_one_is_sent_once():
+    """No hook changed a group's gradients: its final norm and abs-max are its raw ones, and the
+    message leaves them out (the page reads the raw ones); where a hook changed one, both go."""
+    n = DETAIL_ALL + 6
+    raw = [0.10000000149011612, "nan", None]
+    snap = {**synthetic(n, 1), "groups": {"norm_raw": raw, "norm": list(raw), "absmax_raw": [1.0, 2.0, None]}}
+    snap["groups"]["absmax"] = list(snap["groups"]["absmax_raw"])
+    wire = wire_snapshot(snap, [1])
+    assert "norm" not in wire["groups"] and "absmax" not in wire["groups"]
+    assert wire["groups"]["norm_raw"] == short_values(raw) == [0.1, "nan", None]
+    snap["groups"]["norm"] = [*raw[:-1], 0.5]  # one group clipped
+    wire = wire_snapshot(snap, [1])
+    assert wire["groups"]["norm"][-1] == 0.5 and "absmax" not in wire["groups"]
