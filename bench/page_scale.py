@@ -124,6 +124,26 @@ WINDOW = """(t0) => {
 }"""
 
 
+# ----------------------------------------------------------------------------- the servers
+class Pacer:
+    """Keeps a loop at ``rate`` iterations a second, as the demo's --steps-per-second does (0: as
+    fast as it goes)."""
+
+    def __init__(self, rate: float) -> None:
+        self.period = 1.0 / rate if rate > 0 else 0.0
+        self.next_at = time.monotonic()
+
+    def wait(self) -> None:
+        if not self.period:
+            return
+        self.next_at += self.period
+        delay = self.next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            self.next_at = time.monotonic()
+
+
 # ----------------------------------------------------------------------------- the 10,000-tensor server
 def serve_wide(tensors: int, port: int, rate: float, db: str) -> None:
     """The user-mode case: attach to a model of ``tensors`` tiny tensors, serve, train until killed."""
@@ -161,8 +181,7 @@ def serve_wide(tensors: int, port: int, rate: float, db: str) -> None:
     teacher = torch.randn(n, generator=gen) / n**0.5
     insp = inspector.attach(model, opt, every=1)
     print("dashboard:", insp.serve(port=port, db=db), flush=True)
-    period = 1.0 / rate if rate > 0 else 0.0
-    next_at = time.monotonic()
+    pace = Pacer(rate)
     while True:
         x = torch.randn(16, n, generator=gen)
         loss = ((model(x) - x @ teacher) ** 2).mean()
@@ -170,13 +189,7 @@ def serve_wide(tensors: int, port: int, rate: float, db: str) -> None:
         loss.backward()
         opt.step()
         insp.record(loss=loss)
-        if period:  # pacing to the rate, as the demo's --steps-per-second does
-            next_at += period
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.monotonic()
+        pace.wait()
 
 
 # ----------------------------------------------------------------------------- the paced 993-tensor server
@@ -201,20 +214,13 @@ def serve_paced(port: int, rate: float, db: str, warm: int) -> None:
     feed = insp._feed  # (the inspector's own feed: the server's subscription reads it)
     taken = list(feed.snapshots)  # (every step's: published at its boundary)
     step = taken[-1].step
-    period = 1.0 / rate if rate > 0 else 0.0
-    next_at = time.monotonic()
+    pace = Pacer(rate)
     for k in itertools.count():
         snap = taken[k % len(taken)]
         step += 1
         feed.publish("snapshot", dataclasses.replace(snap, step=step, time=time.time()))
         feed.publish("scalars", {"step": step, "loss": losses[(snap.step - 1) % len(losses)], "scalars": {}})
-        if period:
-            next_at += period
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.monotonic()
+        pace.wait()
 
 
 # ----------------------------------------------------------------------------- measuring one page
