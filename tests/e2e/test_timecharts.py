@@ -87,6 +87,21 @@ def test_zooming_out_after_2000_steps_shows_step_1_and_zooming_in_full_resolutio
                    return { linear: gd._fullData[0]._islinear, rendering: getComputedStyle(img).imageRendering }; }"""
     )
     assert drawn == {"linear": True, "rendering": "pixelated"}, drawn
+    # the hover names the step a cell shows: the run's step nearest to the grid point
+    page.get_by_test_id("chart-heatmap").scroll_into_view_if_needed()
+    at = page.evaluate(
+        """() => { const gd = document.querySelector('[data-testid="chart-heatmap"]'), t = gd.data[0];
+                   const j = Math.floor(t.x.length * 0.3), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+                   const r = gd.getBoundingClientRect();
+                   return { x: r.left + xa._offset + xa.l2p(t.x[j]), y: r.top + ya._offset + ya.l2p(ya.d2l(t.y[0])),
+                            steps: [...new Set(t.text[0])] }; }"""
+    )
+    page.mouse.move(at["x"], at["y"])
+    hover = """() => { const h = document.querySelector('[data-testid="chart-heatmap"]')._hoverdata;
+                       return h && h[0] ? { x: h[0].x, text: h[0].text } : null; }"""
+    h = wait_until(lambda: page.evaluate(hover), what="the heatmap's hover")
+    assert h["text"] in at["steps"], h
+    assert abs(h["text"] - h["x"]) == min(abs(s - h["x"]) for s in at["steps"]), h
     d = loss(page)
     assert d["range"][0] <= 1, "the axis shows step 1"
     assert len(d["traces"]["loss"]["x"]) < 2 * 2000, "the whole run comes downsampled"
