@@ -4,8 +4,8 @@ Its six per-parameter lists are cut the way the ten `PER_PARAM` lists are: a lar
 (more than `DETAIL_ALL` tensors) carries them for the followed tensors only, aligned to
 `optim["index"]` (the same index as its `detail`), and a snapshot read without detail
 (`GET /api/snapshots?detail=false`) for none. The group and model values, `kind` and
-`cos_prev_gap` are always sent whole, except a per-group list that holds no value (left out). Floats are written with the fewest digits that keep their
-float32 value.
+`cos_prev_gap` are always sent whole, except a per-group list that holds no value (left out).
+Floats are written with the fewest digits that keep their float32 value.
 
 In the history the six lists are packed with the ten (`packing.split`, as columns `optim.<key>` of
 the `detail` BLOB) and thinned with them past the full-resolution window (then read back as None
