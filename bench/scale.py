@@ -219,7 +219,7 @@ def measure(w: Workload, quick: bool, long: int = 0) -> dict[str, Any]:
             loss = r.step()
             if r.insp is not None:
                 r.insp.record(loss=loss)
-    counted = {r.name: r.insp._clock.sampled_count for r in runs if r.insp is not None}
+    counted = {r.name: r.insp.cost["sampled_steps"] for r in runs if r.insp is not None}
     for i in range(blocks):
         order = runs[i % len(runs) :] + runs[: i % len(runs)]
         for r in order:
@@ -240,7 +240,7 @@ def measure(w: Workload, quick: bool, long: int = 0) -> dict[str, Any]:
             "ours_us": (statistics.median(r.times) - statistics.median(plain.times)) * 1e6,
             "cost": dict(r.insp.cost),
             "mean_ratio": sum(r.times) / sum(plain.times),
-            "sampled_steps": r.insp._clock.sampled_count - counted[r.name],
+            "sampled_steps": r.insp.cost["sampled_steps"] - counted[r.name],
             "measured_steps": blocks * steps,
         }
         r.insp.close()

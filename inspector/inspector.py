@@ -403,8 +403,15 @@ class Inspector:
     @property
     def cost(self) -> dict[str, Any]:
         """The inspector's own measured cost: ``{"overhead": fraction of the wall-clock step,
-        "sampled_every": k, "step_s", "sampled_s", "unsampled_s"}`` (recent averages, seconds)."""
-        return {"overhead": self._cadence.overhead, "sampled_every": self._cadence.k, **self._cadence.costs}
+        "sampled_every": k, "step_s", "sampled_s", "unsampled_s"}`` (recent averages, seconds) and
+        ``"sampled_steps"``: how many steps were chosen for the full statistics so far, the next
+        one included when it is."""
+        return {
+            "overhead": self._cadence.overhead,
+            "sampled_every": self._cadence.k,
+            **self._cadence.costs,
+            "sampled_steps": self._clock.sampled_count,
+        }
 
     @property
     def memory(self) -> dict[str, int]:

@@ -256,6 +256,7 @@ def test_every_n_and_budgeted_cadence(mlp):
             train_step(mlp, opt, *batch(seed=s))
         assert [s["step"] for s in insp.snapshots()] == [1, 4, 7]
         assert insp.latest()["sampled_every"] == 3
+        assert insp.cost["sampled_steps"] == 3  # steps 1, 4 and 7 (step 8 not yet chosen)
     model = seed_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with inspector.attach(model, opt, budget=0.01) as insp:  # a tiny model: the stats cost more than 1%
