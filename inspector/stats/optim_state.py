@@ -23,8 +23,10 @@ budget, else every ``s``-th block). The gradient is sampled at the same position
 are taken on that sample (exact when kept whole), and the update norm is the probe's estimate.
 For ``cos_grad_prev`` the gradient's sample is copied into a buffer of the same size at the sampled
 step, before the update: at most as many bytes again as the update ratio's sample (the README's
-Memory section). Many small CPU tensors kept whole (:class:`~inspector.stats.tensor_stats.FlatPlan`)
-take flat passes instead.
+Memory section). Many small CPU tensors (:class:`~inspector.stats.tensor_stats.FlatPlan`) take flat
+passes instead: the gradients' samples and dot products where the update ratio keeps them whole,
+and the Adam state wherever their float64 copies take at most ``FLAT_BYTES`` (larger tensors of
+one shape in stacks along with them).
 
 Every value is a device tensor stacked into the snapshot's one transfer (:class:`Pack`); nothing
 is read on the host before it, and nothing runs on an unsampled step. The group values are made on
@@ -63,6 +65,7 @@ ADAM_KEYS = ("exp_avg_norm", "exp_avg_sq_sqrt_norm", "below_eps_frac")
 GEO_KEYS = ("step_ratio", "cos_update_grad", "cos_grad_prev")
 _LOW = (torch.float16, torch.bfloat16)
 CHUNK = 1 << 22  # elements compared at a time for the share below eps**2 (4 MiB of scratch)
+FLAT_BYTES = 1 << 21  # the most the Adam state's flat copies of the small tensors may take (float64)
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -221,7 +224,6 @@ class OptimProbe:
         self._prev_flat: Tensor | None = None
         self._prev_at: list[int | None] = [None] * self.n  # the step each buffer's gradient is of
         self._prev_sq: list[float | None] = [None] * self.n  # its sample's squared norm, from its transfer
-        self._flat_plan: FlatPlan | None = None  # the update ratio's, as before_update last had it
         self._clear()
 
     def _clear(self) -> None:
@@ -290,7 +292,6 @@ class OptimProbe:
         and keep this step's sample in its place. ``params``: the parameters, detached; ``plan``: the
         flat plan where the update ratio keeps the parameters whole in one flat copy (else None);
         ``kept``: the strides the update ratio's probe sampled the parameters with this step."""
-        self._flat_plan = plan
         if self._taken:  # a closure evaluated again: the first evaluation's gradients are compared
             return
         self._taken = True
@@ -354,10 +355,12 @@ class OptimProbe:
         pack: Pack,
         differences: tuple[list[Tensor], list[int], list[float]] | None,
         flat_difference: Tensor | None,
+        plan: FlatPlan | None = None,
     ) -> None:
         """Before the snapshot's transfer: the update's dot products with the gradients (from the
         update ratio's ``before - after``: its per-tensor buffers, or the flat copy's) and the Adam
-        state, as segments of ``pack``."""
+        state, as segments of ``pack``; ``plan``: the parameters' flat plan, for the Adam state's
+        flat passes (None: one op a tensor)."""
         with torch.no_grad():
             if self._taken:
                 if self._plan is not None and self._gflat is not None:
@@ -372,7 +375,7 @@ class OptimProbe:
                         self._add(pack, "optim:dot", self._update_dots(differences))
                     self._add(pack, "optim:gnorm", self._gnorm)
                     self._add(pack, "optim:pdot", self._pdot)
-            self._add_adam(pack)
+            self._add_adam(pack, plan)
 
     def _update_dots(self, differences: tuple[list[Tensor], list[int], list[float]]) -> list[Tensor]:
         """The list path: each sampled gradient's dot product with the update's sample (the update
@@ -431,21 +434,20 @@ class OptimProbe:
             return None
         return idx, numel, m, v, _thresholds(steps, consts)
 
-    def _add_adam(self, pack: Pack) -> None:
+    def _add_adam(self, pack: Pack, plan: FlatPlan | None) -> None:
         found = self._adam_state()
         if found is None:
             return
         idx, numel, m, v, thresholds = found
         self._adam = (idx, numel)
-        plan = self._flat_plan
         if (
             isinstance(thresholds, Tensor)
             and plan is not None
-            and not plan.large
             and len(idx) == self.n
+            and plan.small_numel * 8 <= FLAT_BYTES  # (the small ones' float64 copies)
             and plan.fits(m)
             and plan.fits(v)
-        ):  # many small CPU tensors: three flat passes (FlatPlan.adam_state)
+        ):  # many small CPU tensors, or stacks of larger ones: flat passes (FlatPlan.adam_state)
             norms, sums, below = plan.adam_state(m, v, thresholds)
             self._add(pack, "optim:m", norms)
             self._add(pack, "optim:v", sums)

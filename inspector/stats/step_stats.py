@@ -705,7 +705,8 @@ class StepStats:
         if self.optim is not None and self.layout is None:
             try:  # the update's geometry and the Adam state (inspector.stats.optim_state)
                 flat_diff = self._kept if self._kept is not None and unorms is not None else None
-                self.optim.add(pack, self.update.differences() if flat_diff is None else None, flat_diff)
+                diffs = self.update.differences() if flat_diff is None else None
+                self.optim.add(pack, diffs, flat_diff, self._flat)
             except Exception as e:  # never take training down for telemetry: this instrument is off
                 self._optim_failed(e)
         data = pack.transfer()  # the one host transfer of this snapshot

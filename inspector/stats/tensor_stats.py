@@ -80,6 +80,7 @@ SEGMENT_COUNT = 32
 # of dispatch a tensor (993 gradients of 2,304-4,608 float32 elements: their norms in 1.2 ms, not 4.3)
 STACK_MAX = 1 << 16
 STACK_BYTES = 1 << 20
+LOOSE_PART = 1 << 20  # elements of a large tensor outside a stack taken at a time (8 MiB in float64)
 
 
 def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
@@ -733,16 +734,51 @@ class FlatPlan:
     def adam_state(
         self, m: list[Tensor], v: list[Tensor], thresholds: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """For a plan with no large tensor and an Adam state aligned with the parameters (``m`` and
-        ``v`` fit the plan): per tensor ``||m||``, ``sum(v)`` and how many elements of ``v`` are
-        below the tensor's threshold (``thresholds``: float64, one per tensor, in parameter order),
-        each as one 1-D float32 tensor over all ``n``, from two flat copies in float64."""
+        """For an Adam state aligned with the parameters (``m`` and ``v`` fit the plan): per tensor
+        ``||m||``, ``sum(v)`` and how many elements of ``v`` are below the tensor's threshold
+        (``thresholds``: float64, one per tensor, in parameter order), each as one 1-D float32
+        tensor over all ``n``. The small ones from two flat copies in float64; the stacked large
+        ones along their stacks' rows (``v`` in float64 too); the rest one op a tensor."""
         fv = self.flat(v).double()
-        sums = self.sums_of_flat(fv)
-        thr = thresholds if self._order is None else thresholds.index_select(0, self._order)
+        sums = self._seg(fv, "sum")
+        thr = thresholds.index_select(0, self.small_idx) if self.large else thresholds
+        if self._order is not None:
+            thr = thr.index_select(0, self._order)
         per_element = torch.repeat_interleave(thr, self.lengths, output_size=fv.numel())
-        below = self.sums_of_flat(fv.lt_(per_element))  # (fv is a copy: compared in place)
-        return self.norms_of_flat(self.flat(m), []), sums, below
+        below = self._seg(fv.lt_(per_element), "sum")  # (fv is a copy: compared in place)
+        mnorm = self._seg(self.flat(m).double().square_(), "sum").sqrt_()
+        if not self.large:
+            return tuple(self._merge(x, [], torch.float32) for x in (mnorm, sums, below))  # type: ignore[return-value]
+        lm, lv = [m[k] for k in self.large], [v[k] for k in self.large]
+        lsums, lbelow = self._large_sums_below(lv, thresholds.index_select(0, self.large_idx))
+        return (
+            self._merge(mnorm, self._large_norms(lm), torch.float32),
+            self._merge(sums, lsums, torch.float32),
+            self._merge(below, lbelow, torch.float32),
+        )
+
+    def _large_sums_below(self, large: list[Tensor], thresholds: Tensor) -> tuple[Tensor, Tensor]:
+        """Per large tensor (aligned with ``large`` and ``thresholds``): its sum and how many of its
+        elements are below its threshold, both float64; the stacks' rows compared in float64 (as
+        the flat buffer's), the rest one op a tensor."""
+        n = len(large)
+        sums, below = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+        for js, at in zip(self._stacks, self._stack_idx, strict=True):
+            got: list[list[Tensor]] = [[], []]
+            a = 0
+            for rows in self._rows(js, large):
+                f = rows.double()
+                t = thresholds.index_select(0, at[a : a + f.shape[0]]).unsqueeze(1)
+                a += f.shape[0]
+                got[0].append(f.sum(1))
+                got[1].append(torch.count_nonzero(f < t, dim=1))
+            sums.index_copy_(0, at, torch.cat(got[0]))
+            below.index_copy_(0, at, torch.cat(got[1]).double())
+        for j in self._loose:  # (in parts of LOOSE_PART elements: bounded scratch at any size)
+            parts = large[j].reshape(-1).split(LOOSE_PART)
+            sums[j] = torch.stack([x.double().sum() for x in parts]).sum()
+            below[j] = torch.stack([torch.count_nonzero(x.double() < thresholds[j]) for x in parts]).sum()
+        return sums, below
 
     def sums_of_flat(self, flat: Tensor) -> Tensor:
         """Per-tensor sums (float32, all ``n``; summed in float64) of a buffer laid out as :meth:`flat`'s,

@@ -300,6 +300,39 @@ def test_many_small_tensors_take_the_flat_path(monkeypatch):
             close(got["groups"][key], want["groups"][key], 1e-5, 1e-6, f"step {k + 1} group {key}")
 
 
+def test_stacks_of_larger_tensors_take_the_flat_passes_too(monkeypatch):
+    """A deep model's repeated blocks (tensors of 2,304 elements, one shape: stacked), a larger
+    tensor of its own shape and 30-odd small ones: the Adam state in flat passes, the same values
+    as plain torch's, with an ``eps`` large enough that a share of each ``v`` is below it."""
+    from inspector.stats.tensor_stats import FlatPlan
+
+    flat_adam = []
+    real = FlatPlan.adam_state
+
+    def spy(self, *args):  # noqa: ANN001
+        flat_adam.append(bool(self.large) and not self.cheap_norms)
+        return real(self, *args)
+
+    monkeypatch.setattr(FlatPlan, "adam_state", spy)
+    torch.manual_seed(2)
+    net = nn.Sequential(
+        nn.Linear(10, 48),
+        *[nn.Sequential(nn.Linear(48, 48), nn.Tanh()) for _ in range(30)],
+        nn.Linear(48, 64),  # (3,072 elements, a shape of its own: outside every stack)
+        nn.Linear(64, 1),
+    )
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-4, weight_decay=0.1)  # noqa: E731
+    trace, members, snaps = run(adamw, steps=3, net=net)
+    assert flat_adam == [True] * 3, "each sampled step's Adam state took the flat passes, stacks and all"
+    shares = [x for snap in snaps for x in snap["optim"]["below_eps_frac"]]
+    assert any(0 < x < 1 for x in shares), "some tensors with part of v below eps**2: counts tested"
+    for k, snap in enumerate(snaps):
+        got, want = snap["optim"], reference(trace, k, members)
+        for key in (*GEO, *ADAM):
+            close(got[key], want[key], 1e-5, 1e-6, f"step {k + 1} {key}")
+            close(got["groups"][key], want["groups"][key], 1e-5, 1e-6, f"step {k + 1} group {key}")
+
+
 def test_a_mark_step_loop_has_consecutive_gradients_only():
     """Without an optimizer the update comes after the boundary (``mark_step()`` before it): no
     update to measure, as for the update ratio; the gradients are compared."""
@@ -326,7 +359,7 @@ def test_a_mark_step_loop_has_consecutive_gradients_only():
 
 
 def test_a_failure_turns_the_instrument_off_and_is_reported(monkeypatch):
-    def broken(self, pack):  # noqa: ANN001
+    def broken(self, *args):  # noqa: ANN001, ANN002
         raise RuntimeError("boom")
 
     monkeypatch.setattr(optim_state.OptimProbe, "_add_adam", broken)
