@@ -9,7 +9,8 @@ Floats are written with the fewest digits that keep their float32 value.
 
 In the history the six lists are packed with the ten (`packing.split`, as columns `optim.<key>` of
 the `detail` BLOB) and thinned with them past the full-resolution window (then read back as None
-for every parameter); the rest of `optim` stays in the snapshot's JSON."""
+for every parameter); its per-group lists go with the group aggregates (`groups` BLOB, kept for
+every step), and the rest of `optim` stays in the snapshot's JSON."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@
 A stored snapshot (storage.py) keeps its JSON in `snapshots.data` without the ten per-parameter
 lists (`PER_PARAM`) and without `groups`; those lists go to two BLOB columns, `detail` (the ten
 per-tensor lists; dropped for most steps past the full-resolution window) and `groups` (the group
-aggregates; kept for every step), each written by `pack` and read back by `unpack`.
+aggregates, and the per-group lists of `optim` and `noise_scale` as columns `optim.groups.<key>`
+and `noise_scale.groups.<key>`; kept for every step), each written by `pack` and read back by
+`unpack`.
 
 Format (little-endian): `b"GIP2"`, the number of values per column (uint32), the number of
 columns (uint16); per column its name (uint8 length, UTF-8), a mode (uint8) and flags (uint8) and
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .optim import put_optim, take_optim
+from .optim import drop_null_lists, put_optim, take_optim
 
 __all__ = ["PER_PARAM", "PackError", "join", "pack", "packable", "short_values", "split", "unpack"]
 
@@ -62,6 +64,9 @@ WIDE = 2  # ... or, with this flag too, int64
 NONE_BITS = 0x7FC04E4E  # a quiet NaN with a payload of its own: None
 NONE_U32 = 0xFFFFFFFF  # None in a uint32 column
 NONE_I64 = -(2**63)  # None in an int64 column
+# snapshot parts whose per-group lists are packed with the group aggregates
+NESTED = ("optim", "noise_scale")
+NESTED_AT = ".groups."  # their columns' names: optim.groups.step_ratio, noise_scale.groups.g_sq, ...
 _HEAD = struct.Struct("<4sIH")
 _COL = struct.Struct("<BBH")
 
@@ -283,7 +288,8 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
     per-parameter lists and group aggregates, and those packed (None when there is none to pack).
     A list that is not `packable`, or not as long as the others, stays in `rest` (so do all of
     them when one holds an int beyond int64's range). `optim`'s six per-parameter lists are packed
-    with them, as columns `optim.<key>` (server/history/optim.py)."""
+    with them, as columns `optim.<key>` (server/history/optim.py); the per-group lists of `optim`
+    and `noise_scale` with the group aggregates, as columns `<part>.groups.<key>`."""
     orig_optim = snap.get("optim")
     per = {k: snap[k] for k in PER_PARAM if k in snap and packable(snap[k])}
     n = max((len(v) for v in per.values()), default=0)
@@ -293,10 +299,12 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
         per.update(optim_cols)
     groups = snap.get("groups")
     grouped: dict[str, list[Any]] = {}
+    nested: dict[str, list[Any]] = {}
     if isinstance(groups, dict) and groups:
         lengths = {len(v) for v in groups.values() if isinstance(v, list)}
         if len(lengths) == 1 and all(packable(v) for v in groups.values()):
-            grouped = groups
+            snap, nested = _take_nested(snap, lengths.pop())
+            grouped = {**groups, **nested}
     detail = groups_blob = None
     try:
         detail = pack(per) if per else None
@@ -306,9 +314,15 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
         groups_blob = pack(grouped) if grouped else None
     except (ValueError, OverflowError):
         grouped = {}
+        snap = dict(snap)
+        _put_nested(snap, dict(nested))  # (the parts' per-group lists stay in the JSON too)
     rest = {k: v for k, v in snap.items() if k not in per and not (grouped and k == "groups")}
     if "optim" in snap and not per and isinstance(snap["optim"], dict) and isinstance(orig_optim, dict):
-        rest["optim"] = orig_optim  # (nothing packed after all: its lists stay in the JSON)
+        # (no per-parameter list packed after all: its own stay in the JSON, its per-group ones
+        # where they went)
+        rest["optim"] = {**orig_optim, **{k: v for k, v in snap["optim"].items() if k == "groups"}}
+        if "groups" not in snap["optim"]:
+            rest["optim"].pop("groups", None)
     return rest, detail, groups_blob
 
 
@@ -320,7 +334,8 @@ def join(
 ) -> dict[str, Any]:
     """A stored snapshot read back whole: `rest` with the per-parameter lists (`detail`, or, for a
     step whose detail was thinned, `thinned` being the run's number of parameters, None for each)
-    in their wire place (after `lr`) and `groups`; `optim`'s packed lists back in `optim`. A row
+    in their wire place (after `lr`) and `groups`; `optim`'s packed lists back in `optim`, and the
+    per-group lists of `optim` and `noise_scale` back in theirs. A row
     that kept its lists in its JSON (a database from before the packed columns) is returned as it
     is."""
     if detail is None and thinned is not None:
@@ -340,5 +355,41 @@ def join(
     if detail is not None and not placed:
         out.update(detail)
     if groups is not None:
+        groups = dict(groups)
+        _put_nested(out, groups)
         out["groups"] = groups
     return out
+
+
+def _take_nested(snap: dict[str, Any], g: int) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """`snap` without the per-group lists of its `NESTED` parts (each part's `groups`, where
+    every list in it is `packable` and `g` long), and those lists as columns named
+    `<part>.groups.<key>`."""
+    cols: dict[str, list[Any]] = {}
+    out = snap
+    for part in NESTED:
+        d = snap.get(part)
+        lists = d.get("groups") if isinstance(d, dict) else None
+        if not isinstance(lists, dict) or not lists:
+            continue
+        if not all(isinstance(v, list) and len(v) == g and packable(v) for v in lists.values()):
+            continue
+        cols.update({f"{part}{NESTED_AT}{k}": v for k, v in lists.items()})
+        out = {**out, part: {k: v for k, v in d.items() if k != "groups"}}
+    return out, cols
+
+
+def _put_nested(out: dict[str, Any], groups: dict[str, list[Any]]) -> None:
+    """The `NESTED` parts' per-group lists (columns `<part>.groups.<key>`, popped from `groups`)
+    back in `out[part]["groups"]` (in place)."""
+    for part in NESTED:
+        at = part + NESTED_AT
+        names = [k for k in groups if k.startswith(at)]
+        if not names:
+            continue
+        lists = {k[len(at) :]: groups.pop(k) for k in names}
+        d = out.get(part)
+        if isinstance(d, dict):
+            if "index" in d:  # (a snapshot cut for the wire: lists with no value left out, as cut_optim)
+                lists = drop_null_lists(lists)
+            out[part] = {**d, "groups": lists}

@@ -158,6 +158,44 @@ def test_stored_packed_and_read_back_whole(tmp_path):
     store.close()
 
 
+def test_the_optimizer_and_noise_scale_group_lists_are_packed_with_the_groups(tmp_path):
+    """`optim.groups` and `noise_scale.groups` (one value per group each) go to the `groups` BLOB,
+    not the JSON, and read back in place (float32); the detail-less form leaves out a list with no
+    value, as the wire does."""
+    snap = {
+        **snapshot(1),
+        "optim": {
+            "kind": "adam",
+            "cos_prev_gap": 1,
+            "model": {"step_ratio": 0.25},
+            "groups": {"step_ratio": [0.1, 0.2], "exp_avg_norm": [None, None]},
+            **{k: [0.5] * (N - 1) + [None] for k in ("step_ratio", "exp_avg_norm")},
+        },
+        "noise_scale": {"b_simple": 12.5, "mode": "accumulation", "groups": {"g_sq": [1e-3, None]}},
+    }
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.start_writer()
+    run = store.new_run(params=PARAMS, modules=[""])
+    store.add_snapshot(run, snap)
+    store.flush()
+    ((data, groups),) = store._all("SELECT data, groups FROM snapshots")
+    stored = json.loads(data)
+    assert "groups" not in stored["optim"] and "groups" not in stored["noise_scale"]
+    assert stored["optim"]["kind"] == "adam" and stored["noise_scale"]["b_simple"] == 12.5
+    assert sorted(unpack(groups)) == sorted(
+        [*snap["groups"], "optim.groups.step_ratio", "optim.groups.exp_avg_norm", "noise_scale.groups.g_sq"]
+    )
+    got = store.snapshots(run)[0]
+    assert got["optim"]["groups"] == {"step_ratio": [f32(0.1), f32(0.2)], "exp_avg_norm": [None, None]}
+    assert got["optim"]["kind"] == "adam" and got["optim"]["step_ratio"] == [0.5] * (N - 1) + [None]
+    assert got["noise_scale"] == {**snap["noise_scale"], "groups": {"g_sq": [f32(1e-3), None]}}
+    assert got["groups"] == as_f32(snap)["groups"], "the group aggregates alone under groups"
+    (bare,) = store.snapshots_at(run, [1], detail=False)
+    assert bare["optim"]["groups"] == {"step_ratio": [f32(0.1), f32(0.2)]}
+    assert bare["noise_scale"]["groups"] == {"g_sq": [f32(1e-3), None]}
+    store.close()
+
+
 def test_detail_thinned_past_the_window_groups_kept(tmp_path):
     window, steps = 16, 80
     store = HistoryStore(tmp_path / "h.sqlite", detail_window=window, flush_interval=0.01)

@@ -41,9 +41,14 @@ def f32(x: float) -> float:
 
 
 def as_stored(optim: dict) -> dict:
-    """What the history gives back: the per-parameter lists packed in float32, the rest as sent."""
+    """What the history gives back: the per-parameter and per-group lists packed in float32 (the
+    per-group ones with the group aggregates), the rest as sent."""
+
+    def packed(v: list) -> list:
+        return [f32(x) if type(x) is float else x for x in v]
+
     return {
-        k: [f32(x) if type(x) is float else x for x in v] if k in OPTIM_PER_PARAM else v
+        k: packed(v) if k in OPTIM_PER_PARAM else {g: packed(x) for g, x in v.items()} if k == "groups" else v
         for k, v in optim.items()
     }
 

@@ -204,7 +204,9 @@ def test_hooks_only_on_sampled_steps_and_none_after_close():
 
 
 def test_the_history_keeps_it(tmp_path):
-    """Stored by the history (the snapshot's JSON part) and returned by a replay's GET /api/snapshots."""
+    """Stored by the history (its per-group lists packed in float32 with the group aggregates, the
+    rest in the snapshot's JSON) and returned by a replay's GET /api/snapshots."""
+    import numpy as np
     from fastapi.testclient import TestClient
 
     from server.app import create_app
@@ -228,7 +230,19 @@ def test_the_history_keeps_it(tmp_path):
         r = c.get("/api/snapshots")
         assert r.status_code == 200, r.text
         got = {s["step"]: s["noise_scale"] for s in r.json()["snapshots"]}
-    assert got == {s["step"]: s["noise_scale"] for s in snaps}
+
+    def f32(x):  # noqa: ANN001, ANN202  (a value as float32, printed short, as the history reads it back)
+        return (
+            float(repr(np.float32(x)).removeprefix("np.float32(").removesuffix(")"))
+            if type(x) is float
+            else x
+        )
+
+    def stored(ns):  # noqa: ANN001, ANN202
+        return {**ns, "groups": {k: [f32(x) for x in v] for k, v in ns["groups"].items()}}
+
+    assert all(len(s["noise_scale"]["groups"]) for s in snaps), "(per-group lists to pack)"
+    assert got == {s["step"]: stored(s["noise_scale"]) for s in snaps}
     assert got[4]["samples"] == 4 and got[4]["b_simple"] is not None
 
 
