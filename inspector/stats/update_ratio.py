@@ -21,17 +21,23 @@ sampled step), while blocks are read only where they are kept.
 The buffers are allocated once, at the first sampled step, in each parameter's dtype and on its
 device (this rank's shard under FSDP2), and filled on sampled steps only; taking the ratio costs
 one block-strided copy before the update, an in-place subtraction and one batched norm after it.
+On the CPU, where each op costs a few microseconds a tensor whatever its size, the parameters of
+one shape, dtype and stride (a deep model's repeated blocks) share one buffer, a row each (each
+parameter's buffer is its row): they are copied whole into a reused scratch of ``STACK_BYTES``,
+a part at a time with one ``torch.stack``, sampled there (one view a part, not one a tensor),
+kept or subtracted, and the differences reduced along the rows.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .tensor_stats import foreach_norm
+from .tensor_stats import STACK_BYTES, STACK_MAX, foreach_norm
 
 __all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "sample_view", "strides"]
 
@@ -126,6 +132,9 @@ def sample_view(t: Tensor, s: int) -> Tensor:
     return _sample(t, s)
 
 
+_STACKED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 class UpdateProbe:
     """Keeps (a sample of) the parameters before the update; see the module docstring."""
 
@@ -134,6 +143,10 @@ class UpdateProbe:
         self._strides: list[int] = []
         self._scale: list[float] = []
         self._shapes: list[Any] = []  # (shape, dtype, device) per parameter the buffers were made for
+        # CPU samples of one shape and dtype: (their indices, the buffer whose rows they are)
+        self._stacks: list[tuple[list[int], Tensor]] = []
+        self._loose: list[int] = []  # the others' indices (a buffer each)
+        self._scratch: dict[torch.dtype, Tensor] = {}  # the stacks' "after", per dtype (reused)
         self.kept = False  # filled for the step under way
 
     @property
@@ -141,8 +154,57 @@ class UpdateProbe:
         """The device memory this probe holds (allocated once, kept for the run)."""
         return sum(b.numel() * b.element_size() for b in self._bufs or [])
 
-    def _views(self, ps: list[Tensor]) -> list[Tensor]:
-        return [_sample(p, s) for p, s in zip(ps, self._strides, strict=True)]
+    def _views(self, ps: list[Tensor], which: list[int] | None = None) -> list[Tensor]:
+        """The samples (views) of ``ps``, or of ``ps[i]`` for ``i`` in ``which``."""
+        if which is None:
+            return [_sample(p, s) for p, s in zip(ps, self._strides, strict=True)]
+        return [_sample(ps[i], self._strides[i]) for i in which]
+
+    def _allocate(self, ps: list[Tensor], views: list[Tensor]) -> None:
+        """The buffers: for CPU parameters of one shape, dtype and stride (of at most ``STACK_MAX``
+        elements), the rows of a shared one; for each other parameter, one of its own."""
+        kinds: dict[Any, list[int]] = {}
+        for i, p in enumerate(ps):
+            if p.is_cpu and p.dtype in _STACKED and p.layout == torch.strided and 0 < p.numel() <= STACK_MAX:
+                kinds.setdefault((tuple(p.shape), p.dtype, self._strides[i]), []).append(i)
+        bufs: list[Tensor | None] = [None] * len(views)
+        self._stacks = []
+        for idx in kinds.values():
+            if len(idx) < 2:
+                continue
+            whole = torch.empty((len(idx), *views[idx[0]].shape), dtype=views[idx[0]].dtype)
+            for row, i in enumerate(idx):
+                bufs[i] = whole[row]
+            self._stacks.append((idx, whole))
+        self._loose = [i for i, b in enumerate(bufs) if b is None]
+        for i in self._loose:
+            bufs[i] = torch.empty_like(views[i], memory_format=torch.contiguous_format)
+        self._bufs = bufs  # type: ignore[assignment]
+
+    def _samples(self, ps: list[Tensor], idx: list[int]) -> Iterator[tuple[int, Tensor]]:
+        """For a stack (``idx``: parameters of one shape, dtype and stride), its samples a part
+        at a time: ``(first row, [rows, *sample shape])``. The part's parameters are copied whole
+        into a reused scratch by one ``torch.stack`` and sampled there (one op a part, where a
+        view of each parameter costs a few microseconds), at most ``STACK_BYTES`` at a time."""
+        first = ps[idx[0]]
+        numel, s = first.numel(), self._strides[idx[0]]
+        per = max(1, STACK_BYTES // (numel * first.element_size()))
+        scratch = self._scratch.get(first.dtype)
+        if scratch is None:  # (kept: a fresh buffer each step would cost its pages' faults)
+            scratch = self._scratch[first.dtype] = torch.empty(
+                STACK_BYTES // first.element_size(), dtype=first.dtype
+            )
+        for a in range(0, len(idx), per):
+            part = idx[a : a + per]
+            k = len(part)
+            x = scratch[: k * numel].view(k, *first.shape)
+            torch.stack([ps[i] for i in part], out=x)
+            x = x.view(k, numel)
+            if s != 1:
+                b = _block(first.shape)
+                rows = numel // b
+                x = x[:, : rows * b].view(k, rows, b)[:, ::s]
+            yield a, x
 
     def keep(self, ps: list[Tensor]) -> None:
         """Before the update: copy the parameters' sample (``ps`` detached; local shards under FSDP2)."""
@@ -154,14 +216,18 @@ class UpdateProbe:
                 self._shapes = shapes
                 self._strides = strides([p.shape for p in ps], [p.element_size() for p in ps])
                 views = self._views(ps)
-                self._bufs = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in views]
+                self._allocate(ps, views)
                 self._scale = [
                     math.sqrt(p.numel() / v.numel()) if v.numel() else 1.0
                     for p, v in zip(ps, views, strict=True)
                 ]
-            else:
-                views = self._views(ps)
-            torch._foreach_copy_(self._bufs, views)
+            bufs = self._bufs
+            assert bufs is not None
+            for idx, whole in self._stacks:
+                for a, x in self._samples(ps, idx):
+                    whole[a : a + x.shape[0]] = x  # (host to host: the stacks are on the CPU)
+            if self._loose:
+                torch._foreach_copy_([bufs[i] for i in self._loose], self._views(ps, self._loose))
         self.kept = True
 
     def update_norms(self, ps: list[Tensor]) -> list[Tensor] | None:
@@ -169,10 +235,24 @@ class UpdateProbe:
         nothing was kept this step. Leaves the buffers holding the differences."""
         if not self.kept or self._bufs is None:
             return None
+        bufs = self._bufs
+        norms: list[Tensor | None] = [None] * len(bufs)
         with torch.no_grad():
-            torch._foreach_sub_(self._bufs, self._views(ps))  # before - after, in place
-            norms = foreach_norm(self._bufs)
-        return [n * s if s != 1.0 else n for n, s in zip(norms, self._scale, strict=True)]
+            for idx, whole in self._stacks:  # before - after, in place, a part at a time
+                for a, x in self._samples(ps, idx):
+                    whole[a : a + x.shape[0]].sub_(x)
+                wide = whole.dtype == torch.float64
+                rows = torch.linalg.vector_norm(
+                    whole.view(len(idx), -1), dim=1, dtype=None if wide else torch.float32
+                ).float()
+                for i, n in zip(idx, rows.unbind(), strict=True):
+                    norms[i] = n
+            if self._loose:
+                loose = [bufs[i] for i in self._loose]
+                torch._foreach_sub_(loose, self._views(ps, self._loose))
+                for i, n in zip(self._loose, foreach_norm(loose), strict=True):
+                    norms[i] = n
+        return [n * s if s != 1.0 else n for n, s in zip(norms, self._scale, strict=True)]  # type: ignore[misc]
 
     def differences(self) -> tuple[list[Tensor], list[int], list[float]] | None:
         """After :meth:`update_norms`: the buffers (``before - after``, each parameter's sample),
@@ -187,4 +267,5 @@ class UpdateProbe:
 
     def close(self) -> None:
         self._bufs = None
+        self._stacks, self._loose, self._scratch = [], [], {}
         self.kept = False

@@ -67,6 +67,41 @@ def test_an_update_that_lives_in_some_columns_is_estimated_within_a_few_percent(
     assert got == pytest.approx(exact, rel=0.05)
 
 
+@pytest.mark.parametrize("big", [False, True])
+def test_samples_of_one_shape_share_a_buffer_and_read_as_each_one_alone(big):
+    """On the CPU the samples of one shape and dtype are rows of one buffer (copied by one stack,
+    subtracted a stack at a time, reduced along the rows): the same update norms and differences
+    as each tensor's own, in float32, float64 and bfloat16, kept whole (a small model) or
+    block-sampled (``big``: past the budget, every s-th block of 16)."""
+    from inspector.stats.update_ratio import UpdateProbe, sample_view
+
+    torch.manual_seed(0)
+    many = 96 if big else 12  # (96 of 128 KiB: past the 10 % budget's floor)
+    ps = (
+        [torch.randn(128, 256) if big else torch.randn(48, 48) for _ in range(many)]
+        + [torch.randn(96, 48, dtype=torch.bfloat16) for _ in range(3)]
+        + [torch.randn(40, 40, dtype=torch.float64) for _ in range(2)]
+        + [torch.randn(33, 7)]  # (a shape of its own: a buffer of its own)
+    )
+    probe = UpdateProbe()
+    probe.keep(ps)
+    before = [p.clone() for p in ps]
+    for p in ps:
+        p.add_(torch.randn_like(p), alpha=1e-2)
+    got = probe.update_norms(ps)
+    bufs, st, scale = probe.differences()
+    assert (max(st) > 1) is big
+    assert sorted(len(idx) for idx, _ in probe._stacks) == [2, 3, many], "three stacks, one loose"
+    for i, (p, b) in enumerate(zip(ps, before, strict=True)):
+        diff = sample_view(b, st[i]) - sample_view(p, st[i])
+        assert torch.equal(bufs[i], diff), i
+        want = (
+            float(torch.linalg.vector_norm(diff.float() if diff.dtype == torch.bfloat16 else diff)) * scale[i]
+        )
+        assert float(got[i]) == pytest.approx(want, rel=1e-5), i
+        assert got[i].dtype == torch.float32 and got[i].dim() == 0
+
+
 def test_strides_terminate_when_the_small_parameters_alone_fill_the_budget():
     shapes = [torch.Size([4096])] * 100 + [torch.Size([3686425])]  # 1,638,400 B of small ones
     s = strides(shapes, [4] * 101)
