@@ -57,7 +57,7 @@ from .groups import Groups
 from .sharded import local
 from .telemetry import Pack
 from .tensor_stats import FlatPlan, device_constant, foreach_norm
-from .update_ratio import BLOCK, sample_view, strides
+from .update_ratio import BLOCK, sample_view, stack_groups, stacked_samples, strides
 
 __all__ = ["ADAM_KEYS", "GEO_KEYS", "OptimProbe"]
 
@@ -224,6 +224,10 @@ class OptimProbe:
         self._prev_flat: Tensor | None = None
         self._prev_at: list[int | None] = [None] * self.n  # the step each buffer's gradient is of
         self._prev_sq: list[float | None] = [None] * self.n  # its sample's squared norm, from its transfer
+        # the list path's stacks: (their indices, the buffer whose rows are their previous samples)
+        self._stacks: list[tuple[list[int], Tensor]] = []
+        self._stacks_of: list[int] | None = None  # the strides they were made for
+        self._scratch: dict[torch.dtype, Tensor] = {}  # (stacked_samples')
         self._clear()
 
     def _clear(self) -> None:
@@ -320,20 +324,71 @@ class OptimProbe:
             self._pdot = plan.sums_of_flat(prev * gflat)
         self._prev_flat = gflat
         self._prev = [None] * self.n
+        self._stacks, self._stacks_of = [], None
         return True
+
+    def _groups_for(self, params: list[Tensor], st: list[int]) -> list[tuple[list[int], Tensor]]:
+        """The stacks (:func:`stack_groups`) of these parameters at these strides, each with the
+        buffer whose rows are its members' previous samples (``self._prev[i]``); made again when
+        the strides were."""
+        if self._stacks_of is not st:
+            self._stacks = []
+            for idx in stack_groups(params, st):
+                shape = sample_view(params[idx[0]], st[idx[0]]).shape
+                whole = torch.empty((len(idx), *shape), dtype=params[idx[0]].dtype)
+                for row, i in enumerate(idx):
+                    self._prev[i] = whole[row]
+                self._stacks.append((idx, whole))
+            self._stacks_of = st
+        return self._stacks
+
+    def _stacked_before(
+        self, fgrads: dict[int, Tensor], params: list[Tensor], st: list[int]
+    ) -> tuple[list[int], list[Tensor], list[Tensor]]:
+        """The stacks whose every member has a dense CPU gradient of its parameter's shape and
+        dtype: their samples' norms and dot products with the previous samples (``(indices,
+        norms, dots)``, one 0-dim tensor each), taken a part at a time, each part's samples then
+        copied over the previous ones (:func:`stacked_samples`)."""
+        idx_all: list[int] = []
+        norms: list[Tensor] = []
+        pdots: list[Tensor] = []
+        for idx, whole in self._groups_for(params, st):
+            gs = [fgrads.get(i) for i in idx]
+            if not all(
+                g is not None
+                and g.layout == torch.strided
+                and g.is_cpu
+                and g.dtype == whole.dtype
+                and g.shape == params[i].shape
+                for g, i in zip(gs, idx, strict=True)
+            ):
+                continue
+            for a, x in stacked_samples([g.detach() for g in gs], st[idx[0]], self._scratch):  # type: ignore[union-attr]
+                k = x.shape[0]
+                rows = x.reshape(k, -1)  # (a copy where sampled: one part's)
+                prev = whole[a : a + k].view(k, -1)
+                if rows.dtype in _LOW:  # (reduced in float32, as foreach_norm and _dot do)
+                    rows, prev = rows.float(), prev.float()
+                norms.extend(torch.linalg.vector_norm(rows, dim=1).float().unbind())
+                pdots.extend(torch.linalg.vecdot(prev, rows).unbind())
+                whole[a : a + k] = x  # (host to host: this step's samples are the next one's previous)
+            idx_all.extend(idx)
+        return idx_all, norms, pdots
 
     def _list_before(self, fgrads: dict[int, Tensor], params: list[Tensor], kept: list[int] | None) -> None:
         self._prev_flat = None
         st = self._strides_for(params, kept)
+        sidx, snorms, sdots = self._stacked_before(fgrads, params, st)
+        stacked = set(sidx)
         idx, views = [], []
         for i in sorted(fgrads):
             g, p = fgrads[i], params[i]
-            if g.layout != torch.strided or g.shape != p.shape or g.device != p.device:
+            if i in stacked or g.layout != torch.strided or g.shape != p.shape or g.device != p.device:
                 continue
             idx.append(i)
             views.append(self._view(g.detach(), i, st[i]))
-        self._idx = idx
-        self._gnorm = foreach_norm(views)
+        self._idx = sidx + idx
+        self._gnorm = snorms + foreach_norm(views)
         pidx, pa, pb = [], [], []
         for i, v in zip(idx, views, strict=True):
             b = self._prev[i]
@@ -341,7 +396,9 @@ class OptimProbe:
                 pidx.append(i)
                 pa.append(b)
                 pb.append(v)
-        self._pidx, self._pdot = pidx, dots(pa, pb)
+        # (a stacked sample's previous one is a row of its stack's buffer: there from the start,
+        # compared only where _prev_at says which step it is of)
+        self._pidx, self._pdot = sidx + pidx, sdots + dots(pa, pb)
         for i, v in zip(idx, views, strict=True):
             b = self._prev[i]
             if b is None or b.shape != v.shape or b.dtype != v.dtype or b.device != v.device:
@@ -649,6 +706,7 @@ class OptimProbe:
     def close(self) -> None:
         self._clear()
         self._prev = [None] * self.n
+        self._stacks, self._stacks_of, self._scratch = [], None, {}
         self._prev_flat = None
         self._prev_at = [None] * self.n
         self._prev_sq = [None] * self.n

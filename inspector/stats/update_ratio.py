@@ -39,7 +39,18 @@ from torch import Tensor
 
 from .tensor_stats import STACK_BYTES, STACK_MAX, foreach_norm
 
-__all__ = ["BLOCK", "BUDGET", "FLOOR", "SMALL", "UpdateProbe", "sample_numel", "sample_view", "strides"]
+__all__ = [
+    "BLOCK",
+    "BUDGET",
+    "FLOOR",
+    "SMALL",
+    "UpdateProbe",
+    "sample_numel",
+    "sample_view",
+    "stack_groups",
+    "stacked_samples",
+    "strides",
+]
 
 BUDGET = 0.10  # the largest share of the parameters' bytes kept
 FLOOR = 1 << 20  # bytes always allowed (a model under 10 MiB may keep more than 10 %)
@@ -135,6 +146,45 @@ def sample_view(t: Tensor, s: int) -> Tensor:
 _STACKED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def stack_groups(ps: list[Tensor], strides_: list[int]) -> list[list[int]]:
+    """The CPU tensors of ``ps`` (parameters, or tensors of their shapes) that share a shape, a
+    float dtype and a stride, at most ``STACK_MAX`` elements each, two or more: their indices,
+    group by group (what :func:`stacked_samples` takes)."""
+    kinds: dict[Any, list[int]] = {}
+    for i, p in enumerate(ps):
+        if p.is_cpu and p.dtype in _STACKED and p.layout == torch.strided and 0 < p.numel() <= STACK_MAX:
+            kinds.setdefault((tuple(p.shape), p.dtype, strides_[i]), []).append(i)
+    return [idx for idx in kinds.values() if len(idx) > 1]
+
+
+def stacked_samples(
+    ts: list[Tensor], s: int, scratch: dict[torch.dtype, Tensor]
+) -> Iterator[tuple[int, Tensor]]:
+    """The samples at stride ``s`` of ``ts`` (CPU tensors of one shape and dtype) a part at a
+    time: ``(first row, [rows, *sample shape])``, a view into a scratch buffer of
+    ``STACK_BYTES`` (``scratch``: one per dtype, made at the first call and reused: a fresh
+    buffer each time would cost its pages' faults). The part's tensors are copied whole into it
+    by one ``torch.stack`` and sampled there: one op a part, where a view of each tensor costs a
+    few microseconds."""
+    first = ts[0]
+    numel = first.numel()
+    per = max(1, STACK_BYTES // (numel * first.element_size()))
+    buf = scratch.get(first.dtype)
+    if buf is None:
+        buf = scratch[first.dtype] = torch.empty(STACK_BYTES // first.element_size(), dtype=first.dtype)
+    for a in range(0, len(ts), per):
+        part = ts[a : a + per]
+        k = len(part)
+        x = buf[: k * numel].view(k, *first.shape)
+        torch.stack(part, out=x)
+        x = x.view(k, numel)
+        if s != 1:
+            b = _block(first.shape)
+            rows = numel // b
+            x = x[:, : rows * b].view(k, rows, b)[:, ::s]
+        yield a, x
+
+
 class UpdateProbe:
     """Keeps (a sample of) the parameters before the update; see the module docstring."""
 
@@ -161,17 +211,11 @@ class UpdateProbe:
         return [_sample(ps[i], self._strides[i]) for i in which]
 
     def _allocate(self, ps: list[Tensor], views: list[Tensor]) -> None:
-        """The buffers: for CPU parameters of one shape, dtype and stride (of at most ``STACK_MAX``
-        elements), the rows of a shared one; for each other parameter, one of its own."""
-        kinds: dict[Any, list[int]] = {}
-        for i, p in enumerate(ps):
-            if p.is_cpu and p.dtype in _STACKED and p.layout == torch.strided and 0 < p.numel() <= STACK_MAX:
-                kinds.setdefault((tuple(p.shape), p.dtype, self._strides[i]), []).append(i)
+        """The buffers: for CPU parameters of one shape, dtype and stride (:func:`stack_groups`),
+        the rows of a shared one; for each other parameter, one of its own."""
         bufs: list[Tensor | None] = [None] * len(views)
         self._stacks = []
-        for idx in kinds.values():
-            if len(idx) < 2:
-                continue
+        for idx in stack_groups(ps, self._strides):
             whole = torch.empty((len(idx), *views[idx[0]].shape), dtype=views[idx[0]].dtype)
             for row, i in enumerate(idx):
                 bufs[i] = whole[row]
@@ -182,29 +226,7 @@ class UpdateProbe:
         self._bufs = bufs  # type: ignore[assignment]
 
     def _samples(self, ps: list[Tensor], idx: list[int]) -> Iterator[tuple[int, Tensor]]:
-        """For a stack (``idx``: parameters of one shape, dtype and stride), its samples a part
-        at a time: ``(first row, [rows, *sample shape])``. The part's parameters are copied whole
-        into a reused scratch by one ``torch.stack`` and sampled there (one op a part, where a
-        view of each parameter costs a few microseconds), at most ``STACK_BYTES`` at a time."""
-        first = ps[idx[0]]
-        numel, s = first.numel(), self._strides[idx[0]]
-        per = max(1, STACK_BYTES // (numel * first.element_size()))
-        scratch = self._scratch.get(first.dtype)
-        if scratch is None:  # (kept: a fresh buffer each step would cost its pages' faults)
-            scratch = self._scratch[first.dtype] = torch.empty(
-                STACK_BYTES // first.element_size(), dtype=first.dtype
-            )
-        for a in range(0, len(idx), per):
-            part = idx[a : a + per]
-            k = len(part)
-            x = scratch[: k * numel].view(k, *first.shape)
-            torch.stack([ps[i] for i in part], out=x)
-            x = x.view(k, numel)
-            if s != 1:
-                b = _block(first.shape)
-                rows = numel // b
-                x = x[:, : rows * b].view(k, rows, b)[:, ::s]
-            yield a, x
+        return stacked_samples([ps[i] for i in idx], self._strides[idx[0]], self._scratch)
 
     def keep(self, ps: list[Tensor]) -> None:
         """Before the update: copy the parameters' sample (``ps`` detached; local shards under FSDP2)."""

@@ -333,6 +333,46 @@ def test_stacks_of_larger_tensors_take_the_flat_passes_too(monkeypatch):
             close(got["groups"][key], want["groups"][key], 1e-5, 1e-6, f"step {k + 1} group {key}")
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_stacked_samples_read_as_each_tensors_own(monkeypatch, sampled):
+    """The list path's stacks (parameters of one shape: their gradients' samples taken a part at
+    a time, their previous samples rows of one buffer) give what each tensor's own sample gives,
+    kept whole or block-sampled past the update ratio's budget (``sampled``)."""
+    from inspector.stats import update_ratio
+
+    side, many = (256, 48) if sampled else (48, 12)
+
+    def net() -> nn.Module:
+        torch.manual_seed(3)
+        return nn.Sequential(
+            nn.Linear(10, side),
+            *[nn.Sequential(nn.Linear(side, side), nn.Tanh()) for _ in range(many)],
+            nn.Linear(side, 1),
+        )
+
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
+    taken = []
+    real = optim_state.stacked_samples
+
+    def spy(ts, s, scratch):  # noqa: ANN001, ANN202
+        taken.append((len(ts), s))
+        return real(ts, s, scratch)
+
+    monkeypatch.setattr(optim_state, "stacked_samples", spy)
+    _, _, stacked = run(sgd, steps=3, net=net())
+    # each step: the weights (many) and the biases (many + 1) stacked; past the budget the
+    # weights are block-sampled, the small biases kept whole
+    assert taken == [(many + 1, 1), (many, 11 if sampled else 1)] * 3, taken
+    monkeypatch.setattr(optim_state, "stack_groups", lambda ps, st: [])
+    monkeypatch.setattr(update_ratio, "stack_groups", lambda ps, st: [])
+    _, _, alone = run(sgd, steps=3, net=net())
+    for a, b in zip(stacked, alone, strict=True):
+        for key in GEO:
+            close(a["optim"][key], b["optim"][key], 1e-5, 1e-7, f"step {a['step']} {key}")
+        close(a["update_ratio"], b["update_ratio"], 1e-5, 1e-9, f"step {a['step']} update_ratio")
+    assert all(x is not None for x in stacked[-1]["optim"]["cos_grad_prev"])
+
+
 def test_a_mark_step_loop_has_consecutive_gradients_only():
     """Without an optimizer the update comes after the boundary (``mark_step()`` before it): no
     update to measure, as for the update ratio; the gradients are compared."""
