@@ -26,7 +26,10 @@ step, before the update: at most as many bytes again as the update ratio's sampl
 Memory section). Many small CPU tensors (:class:`~inspector.stats.tensor_stats.FlatPlan`) take flat
 passes instead: the gradients' samples and dot products where the update ratio keeps them whole,
 and the Adam state wherever their float64 copies take at most ``FLAT_BYTES`` (larger tensors of
-one shape in stacks along with them).
+one shape in stacks along with them). Elsewhere on the CPU, the gradients' samples of parameters
+of one shape, dtype and stride are taken a stack at a time
+(:func:`~inspector.stats.update_ratio.stacked_samples`), their previous samples the rows of one
+buffer: norms and dot products along the rows, not a few ops a tensor.
 
 Every value is a device tensor stacked into the snapshot's one transfer (:class:`Pack`); nothing
 is read on the host before it, and nothing runs on an unsampled step. The group values are made on
