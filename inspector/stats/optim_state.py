@@ -333,7 +333,8 @@ class OptimProbe:
     def _groups_for(self, params: list[Tensor], st: list[int]) -> list[tuple[list[int], Tensor]]:
         """The stacks (:func:`stack_groups`) of these parameters at these strides, each with the
         buffer whose rows are its members' previous samples (``self._prev[i]``); made again when
-        the strides were."""
+        the strides were (a parameter replaced, a model cast), and then their members have no
+        previous sample to compare with."""
         if self._stacks_of is not st:
             self._stacks = []
             for idx in stack_groups(params, st):
@@ -341,6 +342,7 @@ class OptimProbe:
                 whole = torch.empty((len(idx), *shape), dtype=params[idx[0]].dtype)
                 for row, i in enumerate(idx):
                     self._prev[i] = whole[row]
+                    self._prev_at[i] = None
                 self._stacks.append((idx, whole))
             self._stacks_of = st
         return self._stacks

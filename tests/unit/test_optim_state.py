@@ -373,6 +373,29 @@ def test_stacked_samples_read_as_each_tensors_own(monkeypatch, sampled):
     assert all(x is not None for x in stacked[-1]["optim"]["cos_grad_prev"])
 
 
+def test_a_model_cast_mid_run_compares_no_gradient_with_a_sample_of_before():
+    """The stacks are made again when the parameters change dtype (``model.double()``): the first
+    sampled step after it has no previous sample to compare with (None, not a cosine with an
+    empty buffer), the next one compares again."""
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Linear(10, 48), *[nn.Sequential(nn.Linear(48, 48), nn.Tanh()) for _ in range(12)])
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    got = []
+    with inspector.attach(net, opt, every=1) as insp:
+        for s in range(1, 5):
+            if s == 3:
+                net.double()
+            x = batch(seed=s)[0].to(next(net.parameters()).dtype)
+            opt.zero_grad()
+            net(x).square().mean().backward()
+            opt.step()
+            got.append(insp.latest()["optim"]["cos_grad_prev"])
+    stacked = range(2, 2 + 2 * 12, 2)  # the 12 weights of 48 x 48
+    assert all(got[1][i] is not None for i in stacked)
+    assert all(got[2][i] is None for i in stacked), got[2]
+    assert all(got[3][i] is not None and -1 <= got[3][i] <= 1 for i in stacked)
+
+
 def test_a_mark_step_loop_has_consecutive_gradients_only():
     """Without an optimizer the update comes after the boundary (``mark_step()`` before it): no
     update to measure, as for the update ratio; the gradients are compared."""
