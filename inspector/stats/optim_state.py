@@ -59,7 +59,7 @@ from torch import Tensor
 from .groups import Groups
 from .sharded import local
 from .telemetry import Pack
-from .tensor_stats import FlatPlan, device_constant, foreach_norm
+from .tensor_stats import FlatPlan, device_constant, foreach_norm, row_norms
 from .update_ratio import BLOCK, sample_view, stack_groups, stacked_samples, strides
 
 __all__ = ["ADAM_KEYS", "GEO_KEYS", "OptimProbe"]
@@ -372,9 +372,9 @@ class OptimProbe:
                 k = x.shape[0]
                 rows = x.reshape(k, -1)  # (a copy where sampled: one part's)
                 prev = whole[a : a + k].view(k, -1)
-                if rows.dtype in _LOW:  # (reduced in float32, as foreach_norm and _dot do)
+                norms.extend(row_norms(rows).unbind())
+                if rows.dtype in _LOW:  # (multiplied in float32, as _dot does)
                     rows, prev = rows.float(), prev.float()
-                norms.extend(torch.linalg.vector_norm(rows, dim=1).float().unbind())
                 pdots.extend(torch.linalg.vecdot(prev, rows).unbind())
                 whole[a : a + k] = x  # (host to host: this step's samples are the next one's previous)
             idx_all.extend(idx)

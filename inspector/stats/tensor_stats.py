@@ -83,6 +83,31 @@ STACK_BYTES = 1 << 20
 LOOSE_PART = 1 << 20  # elements of a large tensor outside a stack taken at a time (8 MiB in float64)
 
 
+def stack_parts(ts: list[Tensor], scratch: dict[torch.dtype, Tensor]) -> Iterator[tuple[int, Tensor]]:
+    """``ts`` (CPU tensors of one shape and dtype, of at most ``STACK_BYTES`` each) copied a part at
+    a time by one ``torch.stack`` into a scratch buffer of ``STACK_BYTES``: ``(first row, [rows,
+    numel])``, a view of it. ``scratch`` holds one buffer per dtype, made at the first call and
+    reused (a fresh buffer each time would cost its pages' faults)."""
+    first = ts[0]
+    numel = first.numel()
+    per = max(1, STACK_BYTES // max(1, numel * first.element_size()))
+    buf = scratch.get(first.dtype)
+    if buf is None:
+        buf = scratch[first.dtype] = torch.empty(STACK_BYTES // first.element_size(), dtype=first.dtype)
+    for a in range(0, len(ts), per):
+        part = ts[a : a + per]
+        x = buf[: len(part) * numel].view(len(part), *first.shape)
+        torch.stack(part, out=x)
+        yield a, x.view(len(part), numel)
+
+
+def row_norms(rows: Tensor) -> Tensor:
+    """The 2-norm of each row of a 2-D tensor, as one 1-D float32 tensor, reduced as
+    :func:`foreach_norm` reduces: in float32 (low precision too), float64 in its own."""
+    wide = rows.dtype == torch.float64
+    return torch.linalg.vector_norm(rows, dim=1, dtype=None if wide else torch.float32).float()
+
+
 def foreach_norm(tensors: list[Tensor], ord: float = 2.0) -> list[Tensor]:
     """Per-tensor norms as float32 0-dim tensors, batched with ``torch._foreach_norm``.
 
@@ -665,20 +690,9 @@ class FlatPlan:
 
     def _rows(self, js: list[int], large: list[Tensor]) -> Iterator[Tensor]:
         """The stack of ``large[j]`` for ``j`` in ``js`` (all of one shape), as 2-D ``[rows,
-        numel]`` copies of at most ``STACK_BYTES`` each, in order."""
-        first = large[js[0]]
-        numel = first.numel()
-        per = max(1, STACK_BYTES // max(1, numel * first.element_size()))
-        scratch = self._scratch.get(first.dtype)
-        if scratch is None:  # (reused: a fresh large buffer each time costs its pages' faults)
-            scratch = self._scratch[first.dtype] = torch.empty(
-                STACK_BYTES // first.element_size(), dtype=first.dtype
-            )
-        for a in range(0, len(js), per):
-            part = js[a : a + per]
-            rows = scratch[: len(part) * numel].view(len(part), *first.shape)
-            torch.stack([large[j] for j in part], out=rows)
-            yield rows.view(len(part), -1)
+        numel]`` copies of at most ``STACK_BYTES`` each, in order (:func:`stack_parts`)."""
+        for _, rows in stack_parts([large[j] for j in js], self._scratch):
+            yield rows
 
     def _large_norms(self, large: list[Tensor]) -> Tensor:
         """2-norms (1-D float32, aligned with ``large``) of the large tensors: by stacks, the
@@ -687,11 +701,7 @@ class FlatPlan:
             return _stack(foreach_norm(large))
         out = torch.empty(len(large), dtype=torch.float32)
         for js, at in zip(self._stacks, self._stack_idx, strict=True):
-            parts = []
-            for rows in self._rows(js, large):
-                wide = rows.dtype == torch.float64
-                parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=None if wide else torch.float32))
-            out.index_copy_(0, at, torch.cat(parts).float())
+            out.index_copy_(0, at, torch.cat([row_norms(rows) for rows in self._rows(js, large)]))
         if self._loose:
             out.index_copy_(0, self._loose_idx, _stack(foreach_norm([large[j] for j in self._loose])))
         return out

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .tensor_stats import STACK_BYTES, STACK_MAX, foreach_norm
+from .tensor_stats import STACK_MAX, foreach_norm, row_norms, stack_parts
 
 __all__ = [
     "BLOCK",
@@ -161,27 +161,14 @@ def stacked_samples(
     ts: list[Tensor], s: int, scratch: dict[torch.dtype, Tensor]
 ) -> Iterator[tuple[int, Tensor]]:
     """The samples at stride ``s`` of ``ts`` (CPU tensors of one shape and dtype) a part at a
-    time: ``(first row, [rows, *sample shape])``, a view into a scratch buffer of
-    ``STACK_BYTES`` (``scratch``: one per dtype, made at the first call and reused: a fresh
-    buffer each time would cost its pages' faults). The part's tensors are copied whole into it
-    by one ``torch.stack`` and sampled there: one op a part, where a view of each tensor costs a
-    few microseconds."""
-    first = ts[0]
-    numel = first.numel()
-    per = max(1, STACK_BYTES // (numel * first.element_size()))
-    buf = scratch.get(first.dtype)
-    if buf is None:
-        buf = scratch[first.dtype] = torch.empty(STACK_BYTES // first.element_size(), dtype=first.dtype)
-    for a in range(0, len(ts), per):
-        part = ts[a : a + per]
-        k = len(part)
-        x = buf[: k * numel].view(k, *first.shape)
-        torch.stack(part, out=x)
-        x = x.view(k, numel)
+    time: ``(first row, [rows, *sample shape])``, a view into the scratch buffer the part was
+    copied whole into (:func:`~inspector.stats.tensor_stats.stack_parts`) and sampled in: one op a
+    part, where a view of each tensor costs a few microseconds."""
+    b = _block(ts[0].shape)
+    for a, x in stack_parts(ts, scratch):
         if s != 1:
-            b = _block(first.shape)
-            rows = numel // b
-            x = x[:, : rows * b].view(k, rows, b)[:, ::s]
+            rows = x.shape[1] // b
+            x = x[:, : rows * b].view(x.shape[0], rows, b)[:, ::s]
         yield a, x
 
 
@@ -263,11 +250,7 @@ class UpdateProbe:
             for idx, whole in self._stacks:  # before - after, in place, a part at a time
                 for a, x in self._samples(ps, idx):
                     whole[a : a + x.shape[0]].sub_(x)
-                wide = whole.dtype == torch.float64
-                rows = torch.linalg.vector_norm(
-                    whole.view(len(idx), -1), dim=1, dtype=None if wide else torch.float32
-                ).float()
-                for i, n in zip(idx, rows.unbind(), strict=True):
+                for i, n in zip(idx, row_norms(whole.view(len(idx), -1)).unbind(), strict=True):
                     norms[i] = n
             if self._loose:
                 loose = [bufs[i] for i in self._loose]
