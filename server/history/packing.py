@@ -320,8 +320,8 @@ def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | N
     if "optim" in snap and not per and isinstance(snap["optim"], dict) and isinstance(orig_optim, dict):
         # (no per-parameter list packed after all: its own stay in the JSON, its per-group ones
         # where they went)
-        rest["optim"] = {**orig_optim, **{k: v for k, v in snap["optim"].items() if k == "groups"}}
-        if "groups" not in snap["optim"]:
+        rest["optim"] = dict(orig_optim)
+        if "groups" not in snap["optim"]:  # (packed with the group aggregates)
             rest["optim"].pop("groups", None)
     return rest, detail, groups_blob
 
