@@ -8,8 +8,10 @@ read-only server, with an error result and nothing changed.
 
 Every tool calls the command layer (commands.py) that the HTTP routes call: the same validation
 (the routes' body models), the same source call, the same errors (an `ApiError` becomes an error
-result holding its status and detail). Every write tool that gets past the read-only refusal is
-recorded in the run's event log as a `command` event with `who: "agent"` (`commands.record`).
+result holding its status and detail; any other exception the HTTP API's 500, `500: internal
+error: TYPE: MESSAGE`, never the SDK's bare "Error executing tool"). Every write tool call that
+gets past the read-only refusal is recorded in the run's event log as one `command` event with
+`who: "agent"` (`commands.record`), whatever its outcome.
 
 Without the `mcp` package (`pip install gradient-inspector[agent]`) the product works as before
 and `/mcp` answers 501 saying what to install.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -34,6 +37,8 @@ from .sources import ApiError, Source, read_only_error
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+log = logging.getLogger("gradient_inspector.server")
 
 INSTALL_HINT = "pip install gradient-inspector[agent]"
 MAX_HISTORY = 500  # the most snapshots one `history` call returns
@@ -108,6 +113,25 @@ def _error(e: ApiError) -> Exception:
     return ToolError(f"{e.status}: {text}")
 
 
+def _failure(what: str, e: Exception) -> ApiError:
+    """A tool's failure as the HTTP API would answer it: an `ApiError` as it is, anything else
+    (a bug, a failing disk) the 500 naming the exception (`commands.internal_error`), logged
+    with its traceback as the app logs a route's."""
+    if isinstance(e, ApiError):
+        return e
+    log.error("gradient-inspector agent: unexpected error in %s tool", what, exc_info=e)
+    return commands.internal_error(e)
+
+
+def _record(source: Source, what: str, args: dict[str, Any], **outcome: Any) -> None:
+    """`commands.record` of one agent write; a failure to record is logged, and the tool's own
+    outcome (the change made, or its error) is what the agent is told."""
+    try:
+        commands.record(source, "agent", what, args, **outcome)
+    except Exception:  # noqa: BLE001
+        log.exception("gradient-inspector agent: the %s command could not be recorded", what)
+
+
 def build(source: Source, *, read_only: bool) -> Any:
     """The `MCPServer` with every tool, on `source`."""
     from mcp.server.mcpserver import MCPServer
@@ -122,20 +146,21 @@ def build(source: Source, *, read_only: bool) -> Any:
     def read(fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except ApiError as e:
-            raise _error(e) from None
+        except Exception as e:  # noqa: BLE001 - every failure is an error result with its reason
+            raise _error(_failure("a read", e)) from None
 
     def write(what: str, args: dict[str, Any], fn: Callable[[], Any], hook_id: str | None = None) -> Any:
         if read_only:
             raise _error(read_only_error())
         try:
             result = fn()
-        except ApiError as e:
-            commands.record(source, "agent", what, args, error=e, hook_id=hook_id)
-            raise _error(e) from None
+        except Exception as e:  # noqa: BLE001 - every failure is recorded, and answered with its reason
+            error = _failure(what, e)
+            _record(source, what, args, error=error, hook_id=hook_id)
+            raise _error(error) from None
         if what == "add_hook" and isinstance(result, dict) and isinstance(result.get("id"), str):
             hook_id = result["id"]
-        commands.record(source, "agent", what, args, hook_id=hook_id)
+        _record(source, what, args, hook_id=hook_id)
         return result
 
     # -- reads ---------------------------------------------------------------------------------------

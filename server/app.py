@@ -23,6 +23,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import agent
+from .commands import internal_error
 from .hub import ClientHub
 from .protocol import StrictJSONResponse, pydantic_detail
 from .routes import api, ws
@@ -156,7 +157,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         log.exception(
             "gradient-inspector server: unexpected error on %s %s", request.method, request.url.path
         )
-        return StrictJSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        error = internal_error(exc)
+        return StrictJSONResponse({"detail": bounded_detail(error.detail)}, status_code=error.status)
 
 
 def _add_pages(app: FastAPI) -> None:

@@ -10,8 +10,10 @@ calls these functions, so they cannot drift apart: the same validation, the same
 same errors.
 
 `validated(model, data)` builds a body from plain values (the agent's tool arguments) with the
-same model a route uses, a failure being the route's 422 detail. `record(...)` puts one command of
-an agent in the run's event log (`command` events, PROTOCOL.md "Events").
+same model a route uses, a failure being the route's 422 detail. `internal_error(e)` is the 500
+that any other exception becomes (the app's answer to a route's, the agent's error result).
+`record(...)` puts one command of an agent in the run's event log (`command` events, PROTOCOL.md
+"Events").
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def validated(model: type[Model], data: dict[str, Any]) -> Model:
         return model.model_validate(data)
     except ValidationError as e:
         raise ApiError(422, pydantic_detail(e.errors())) from None  # type: ignore[arg-type]
+
+
+def internal_error(e: BaseException) -> ApiError:
+    """What a failure other than an `ApiError` (a bug, a failing disk) is answered as: a 500
+    naming the exception, never a bare 500."""
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}")
 
 
 # -- reads -----------------------------------------------------------------------------------------------
@@ -232,8 +240,8 @@ def record(
 ) -> None:
     """One command of `who` (`"agent"`) in the run's event log, as a `command` event: `what` (the
     tool), `args` (bounded), `result` (`"ok"` or `"error"`, with the error's `status` and
-    `detail`), and `hook_id` when it names a hook. Nothing is recorded where nothing can be (a
-    replay)."""
+    `detail`: a failure other than an `ApiError` as `internal_error` words it), and `hook_id`
+    when it names a hook. Nothing is recorded where nothing can be (a replay)."""
     fields: dict[str, Any] = {
         "who": who,
         "what": what,

@@ -200,6 +200,43 @@ def test_a_bad_hook_comes_back_with_the_validation_message_and_nothing_changes(l
     ]
 
 
+def test_a_write_that_fails_past_the_command_layer_is_recorded_once_with_its_reason(live, monkeypatch):
+    """A failure other than an `ApiError` (here the core's add_hook raising) is the HTTP API's 500:
+    the agent reads the reason, and the event log holds one `command` event for it, as for a
+    success and for a refusal."""
+    srv = live()
+    srv.wait_step(1)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the registry is unreadable")
+
+    monkeypatch.setattr(srv.insp, "add_hook", broken)
+    monkeypatch.setattr(srv.insp, "hooks", broken)
+    out = agent(
+        srv.base,
+        [
+            ("add_hook", {"kind": "clip_norm", "params": {"max_norm": 1.0}}),
+            ("training", {"action": "pause"}),
+            ("update_hook", {"hook_id": "h999", "enabled": False}),
+            ("list_hooks", {}),
+        ],
+    )
+    failed, paused, unknown, listed = out["results"]
+    reason = "500: internal error: RuntimeError: the registry is unreadable"
+    assert failed.is_error and reason in text(failed), text(failed)
+    assert data(paused)["state"] == "paused"
+    assert unknown.is_error and "404" in text(unknown)
+    assert listed.is_error and reason in text(listed), text(listed)  # a read says why too
+    c = srv.http()
+    evs = [e for e in c.get("/api/events").json()["events"] if e["kind"] == "command"]
+    assert [(e["what"], e["result"], e.get("status")) for e in evs] == [
+        ("add_hook", "error", 500),
+        ("training", "ok", None),
+        ("update_hook", "error", 404),
+    ]
+    assert evs[0]["detail"] == "internal error: RuntimeError: the registry is unreadable"
+
+
 def test_read_only_refuses_every_write_tool_and_still_reads(live):
     srv = live(read_only=True)
     srv.wait_step(1)
