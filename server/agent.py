@@ -13,6 +13,10 @@ error: TYPE: MESSAGE`, never the SDK's bare "Error executing tool"). Every write
 gets past the read-only refusal is recorded in the run's event log as one `command` event with
 `who: "agent"` (`commands.record`), whatever its outcome.
 
+The SDK's server configures the process's logging when it is built (`logging.basicConfig`);
+`build` keeps the logging as it found it (`_logging_as_found`): the server may run inside the
+user's training process.
+
 Without the `mcp` package (`pip install gradient-inspector[agent]`) the product works as before
 and `/mcp` answers 501 saying what to install.
 """
@@ -22,8 +26,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
@@ -113,6 +117,38 @@ def _error(e: ApiError) -> Exception:
     return ToolError(f"{e.status}: {text}")
 
 
+@contextmanager
+def _logging_as_found() -> Iterator[None]:
+    """The process's logging, as it was on entry, kept through the block: the root logger's
+    handlers and level, and the level of every logger there was. The SDK's `MCPServer()` configures logging for
+    a process of its own (`logging.basicConfig(level=INFO)` with a Rich handler, when the root has
+    no handler): here it runs in the user's process, which owns its logging. The root is given a
+    handler for the block, so that `basicConfig` does nothing; whatever was added anyway is
+    taken off after it, and the levels put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {
+        name: logger.level
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger)
+    }
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                if handler is not placeholder:
+                    handler.close()
+        root.setLevel(level)
+        for name, was in levels.items():
+            logger = logging.getLogger(name)
+            if logger.level != was:
+                logger.setLevel(was)
+
+
 def _failure(what: str, e: Exception) -> ApiError:
     """A tool's failure as the HTTP API would answer it: an `ApiError` as it is, anything else
     (a bug, a failing disk) the 500 naming the exception (`commands.internal_error`), logged
@@ -139,7 +175,8 @@ def build(source: Source, *, read_only: bool) -> Any:
 
     from .app import version
 
-    server = MCPServer("gradient-inspector", version=version(), instructions=INSTRUCTIONS)
+    with _logging_as_found():  # its constructor calls logging.basicConfig(INFO, a Rich handler)
+        server = MCPServer("gradient-inspector", version=version(), instructions=INSTRUCTIONS)
     reads = ToolAnnotations(read_only_hint=True, destructive_hint=False)
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=True)
 

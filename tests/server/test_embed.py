@@ -133,6 +133,54 @@ def test_serve_loads_our_server_package_beside_a_users_server_py(tmp_path):
 
 
 @pytest.mark.slow
+def test_serve_leaves_the_processs_logging_as_it_found_it(tmp_path):
+    """A fresh process, as a user's script: the root logger's handlers and level and every
+    logger's level are the same after `serve()` (and a request served) as before it, and a
+    library's INFO line is not printed after it, as it was not before."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json, logging, urllib.request
+        import torch, inspector
+
+        def state():
+            root = logging.getLogger()
+            levels = {
+                name: logger.level
+                for name, logger in logging.Logger.manager.loggerDict.items()
+                if isinstance(logger, logging.Logger)
+            }
+            return {"handlers": [id(h) for h in root.handlers], "level": root.level, "levels": levels}
+
+        logging.getLogger("somelib").setLevel(logging.INFO)  # a library's own logger, not silenced
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        insp = inspector.attach(model, opt)
+        before = state()
+        url = insp.serve(port=0, db=False)
+        with urllib.request.urlopen(url.rstrip("/") + "/api/session", timeout=10) as r:
+            assert json.load(r)["mode"] == "user"
+        after = state()
+        logging.getLogger("somelib").info("somelib: an INFO line nobody asked to see")
+        insp.close()
+        print(json.dumps({"before": before, "after": after}))
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after = seen["before"], seen["after"]
+    assert after["handlers"] == before["handlers"] and after["level"] == before["level"], seen
+    changed = {
+        n: (lv, after["levels"].get(n)) for n, lv in before["levels"].items() if after["levels"].get(n) != lv
+    }
+    assert not changed, changed
+    assert "nobody asked to see" not in out.stderr + out.stdout, out.stderr
+
+
+@pytest.mark.slow
 def test_the_example_script_runs(tmp_path):
     out = subprocess.run(
         [
