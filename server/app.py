@@ -121,6 +121,8 @@ def create_app(source: Source, settings: Settings | None = None) -> FastAPI:
         rate=settings.commands_per_second,
         burst=2 * settings.commands_per_second,
         frame_ancestors=tuple(settings.frame_ancestors),
+        streams_per_client=settings.agent_streams_per_client,
+        streams=settings.agent_streams,
     )
     app.add_middleware(SecurityMiddleware, guard=guard)  # type: ignore[arg-type]
     _add_error_handlers(app)

@@ -6,10 +6,11 @@ Order of checks, for HTTP and for the websocket handshake:
    `localhost`, `[::1]` or an address of 127.0.0.0/8 written plainly
    (`127.0.0.2`; not `127.1`, `2130706433` or `127.000.0.1`), with a port of
    digits or none. Otherwise 403.
-2. Origin (mutating methods and `/ws`): a present `Origin` must name the
-   request's own scheme and `Host` (the default port normalised), else 403. This
-   holds through an SSH tunnel on any local port, and stops another site's page
-   from changing hooks or pausing training, even with a body-less POST.
+2. Origin (mutating methods, `/ws` and every method of `/mcp`): a present `Origin`
+   must name the request's own scheme and `Host` (the default port normalised), else
+   403. This holds through an SSH tunnel on any local port, and stops another site's
+   page from changing hooks or pausing training, even with a body-less POST, or from
+   holding the agent interface's event streams open.
 3. Token (when one is in force): `Authorization: Bearer T`, `?token=T`, or on
    the websocket handshake the subprotocol `gi-token.HEX` (the token's UTF-8
    bytes in hex, offered next to `gradient-inspector`: a browser cannot set
@@ -26,6 +27,11 @@ Order of checks, for HTTP and for the websocket handshake:
 6. Bodies of mutating requests: 413 past `max_body` bytes; a non-empty body
    must be JSON (`application/json` or `+json`, else 415) and parse (else 422,
    `loc: ["body"]`).
+7. The agent interface's event streams (`GET /mcp`, open until the client closes them; a
+   stateless server sends nothing on them): at most `streams_per_client` open at once per
+   client address (429 past it) and `streams` on the server (503), each slot freed when its
+   stream ends. Every page and SSH tunnel of the machine shares 127.0.0.1, whose open HTTP
+   connections are capped (serving.py): the streams can never take them all.
 
 No CORS headers are ever sent. Every HTTP response carries `nosniff` and `no-referrer`, and
 says who may show it in a frame: nobody by default (`X-Frame-Options: DENY` and
@@ -91,6 +97,8 @@ class Guard:
         burst: ...and in a burst.
         frame_ancestors: origins whose pages may show this server in a frame (none by default:
             see the module docstring); `allow_frames` adds more while it serves.
+        streams_per_client: open `GET /mcp` event streams per client address...
+        streams: ...and on the server.
     """
 
     token: str | None = None
@@ -100,6 +108,8 @@ class Guard:
     rate: float = 50.0
     burst: float = 100.0
     frame_ancestors: tuple[str, ...] = ()
+    streams_per_client: int = 4
+    streams: int = 16
     headers: list[tuple[bytes, bytes]] = field(
         default_factory=list, init=False, repr=False
     )  # every response's
@@ -236,6 +246,7 @@ class SecurityMiddleware:
         self.app = app
         self.guard = guard
         self._buckets: dict[str, TokenBucket] = {}  # client address -> its budget of mutating requests
+        self._streams: dict[str, int] = {}  # client address -> its open `GET /mcp` streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -245,7 +256,9 @@ class SecurityMiddleware:
         host = headers.get("host")
         method = scope.get("method", "GET") if kind == "http" else "GET"
         mutating = kind == "http" and method not in _SAFE_METHODS
-        deny = self._check(scope, headers, host, mutating or kind == "websocket")
+        agent = scope["path"] == AGENT_PATH
+        stream = kind == "http" and method == "GET" and agent  # an agent's event stream
+        deny = self._check(scope, headers, host, mutating or kind == "websocket" or agent)
         public = kind == "http" and not mutating and is_public(scope["path"])
         if deny is None and self.guard.token and not public:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -255,16 +268,23 @@ class SecurityMiddleware:
                     "missing or wrong token: open the URL printed at start-up, or send "
                     "'Authorization: Bearer TOKEN'",
                 )
-        if deny is None and mutating and self.guard.read_only and scope["path"] != AGENT_PATH:
+        if deny is None and mutating and self.guard.read_only and not agent:
             deny = (403, "read-only: this server does not accept commands")
         if deny is None and mutating and not self._take(scope):
             deny = (429, "too many commands: slow down")
+        if deny is None and stream:
+            deny = self._open_stream(scope)
         if deny is not None:
             if kind == "websocket":
                 return await self._refuse_socket(scope, receive, send, *deny)
             return await self._respond(send, *deny)
         if kind == "websocket":
             return await self.app(scope, receive, send)
+        if stream:
+            try:
+                return await self.app(scope, receive, _with_headers(send, self.guard.headers))
+            finally:
+                self._close_stream(scope)
         if mutating:
             body = await self._read_body(receive, headers, send)
             if body is None:
@@ -315,6 +335,32 @@ class SecurityMiddleware:
                 self._buckets.clear()
             bucket = self._buckets[client] = TokenBucket(self.guard.rate, self.guard.burst)
         return bucket.take()
+
+    def _open_stream(self, scope: Scope) -> tuple[int, str] | None:
+        """Take a slot for one `GET /mcp` stream, or say why there is none."""
+        client = (scope.get("client") or ("?", 0))[0]
+        if self._streams.get(client, 0) >= self.guard.streams_per_client:
+            return (
+                429,
+                f"too many open agent event streams (GET /mcp) from this address: at most "
+                f"{self.guard.streams_per_client} at once; close one first",
+            )
+        if sum(self._streams.values()) >= self.guard.streams:
+            return (
+                503,
+                f"too many open agent event streams (GET /mcp) on this server: at most "
+                f"{self.guard.streams} at once; close one first",
+            )
+        self._streams[client] = self._streams.get(client, 0) + 1
+        return None
+
+    def _close_stream(self, scope: Scope) -> None:
+        client = (scope.get("client") or ("?", 0))[0]
+        left = self._streams.get(client, 1) - 1
+        if left > 0:
+            self._streams[client] = left
+        else:
+            self._streams.pop(client, None)
 
     # -- bodies --------------------------------------------------------------------------------------
 

@@ -58,6 +58,9 @@ class Settings:
         request_timeout: seconds a request may take to arrive whole (headers and body), from its
             first byte or the connection's opening; the connection is closed past it.
         connections_per_client: open HTTP connections per client address; more are closed at once.
+        agent_streams_per_client: open event streams of the agent interface (`GET /mcp`) per
+            client address (429 past it)...
+        agent_streams: ...and on the server (503): they stay open until the client closes them.
         trusted_proxy: the address of a reverse proxy whose `X-Forwarded-For` and
             `X-Forwarded-Proto` are believed (comma-separated list, or "*"); None, the default:
             those headers are ignored from everyone, so a client cannot pick the address that the
@@ -81,6 +84,8 @@ class Settings:
     hello_events: int = 400
     request_timeout: float = 5.0
     connections_per_client: int = 64
+    agent_streams_per_client: int = 4
+    agent_streams: int = 16
     trusted_proxy: str | None = None
     frame_ancestors: tuple[str, ...] = ()
     detail_window: int = DETAIL_WINDOW
@@ -94,6 +99,12 @@ class Settings:
             self.token = new_token()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be 0..65535, got {self.port}")
+        if not 0 <= self.agent_streams_per_client < self.connections_per_client:
+            raise ValueError(
+                "agent streams per client: 0 up to fewer than the connections per client "
+                f"({self.connections_per_client}), or they could hold them all; got "
+                f"{self.agent_streams_per_client}"
+            )
         if self.detail_window < 1:
             raise ValueError(f"detail window: at least 1, got {self.detail_window}")
 

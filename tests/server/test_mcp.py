@@ -8,9 +8,11 @@ HTTP API sees: the same hooks, the same refusals, and the agent's commands in th
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from tests.support import wait_until
@@ -288,6 +290,63 @@ def test_a_foreign_host_or_origin_is_refused(live):
     assert c.post("/mcp", json=body, headers={**accept, "host": "evil.example"}).status_code == 403
     foreign = {**accept, "origin": "http://evil.example"}
     assert c.post("/mcp", json=body, headers=foreign).status_code == 403
+
+
+def test_event_streams_are_origin_checked_and_bounded_and_health_still_answers(live):
+    """`GET /mcp` opens an event stream that stays open until the client closes it: a foreign
+    Origin is refused as on /ws; past the cap (4 per address by default, well under the 64
+    connections an address may hold) one more is refused with the reason while /api/health
+    still answers; a closed stream frees its slot."""
+    srv = live()
+    c = srv.http()
+    sse = {"accept": "text/event-stream"}
+    streams = httpx.Client(base_url=srv.base, trust_env=False, timeout=10.0)
+    srv._clients.append(streams)
+
+    def refusal(client: httpx.Client, headers: dict[str, str]) -> tuple[int, Any]:
+        """A stream's status and, if refused, its detail (an open stream is closed at once)."""
+        with client.stream("GET", "/mcp", headers=headers) as r:
+            if r.status_code == 200:
+                return 200, None
+            r.read()
+            return r.status_code, r.json()["detail"]
+
+    status, detail = refusal(streams, {**sse, "origin": "http://evil.example"})
+    assert status == 403, status
+    # the rule and the answer of /ws and of the commands
+    command = c.post("/api/training/pause", headers={"origin": "http://evil.example"})
+    assert command.status_code == 403 and detail == command.json()["detail"]
+    assert "Origin does not match Host" in detail
+
+    own = {**sse, "origin": srv.base}
+    with ExitStack() as held:
+        for _ in range(4):
+            r = held.enter_context(streams.stream("GET", "/mcp", headers=own))
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        status, detail = refusal(streams, sse)
+        assert status == 429, status
+        assert "at most 4" in detail and "GET /mcp" in detail
+        assert c.get("/api/health").status_code == 200
+        assert c.get("/api/session").status_code == 200
+    # the four closed: their slots are free again (the server sees each disconnect)
+    with ExitStack() as held:
+
+        def opened() -> bool:
+            r = held.enter_context(streams.stream("GET", "/mcp", headers=sse))
+            return r.status_code == 200
+
+        for _ in range(4):
+            wait_until(opened, timeout=10, what="a stream's slot freed")
+
+    # and a cap on the whole server: 503
+    srv2 = live(agent_streams=2)
+    c2 = srv2.http()
+    with ExitStack() as held:
+        for _ in range(2):
+            assert held.enter_context(c2.stream("GET", "/mcp", headers=sse)).status_code == 200
+        status, detail = refusal(c2, sse)
+        assert status == 503 and "at most 2" in detail, (status, detail)
+        assert c2.get("/api/health").status_code == 200
 
 
 def test_training_and_checkpoint_tools_act(live):

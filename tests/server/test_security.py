@@ -189,3 +189,12 @@ def test_token_never_reaches_the_access_log(cli_server, tmp_path):
     assert "GET /api/session?token=<redacted>" in log
     assert "/ws?token=<redacted>" in log
     assert log.count(token) == 1, "only in the start-up URL"
+
+
+def test_the_agents_streams_per_address_stay_under_its_connections():
+    """Streams that could take every connection an address may hold would lock it out again."""
+    from server.settings import Settings
+
+    assert Settings(agent_streams_per_client=63).agent_streams_per_client == 63
+    with pytest.raises(ValueError, match="agent streams per client"):
+        Settings(agent_streams_per_client=64)
