@@ -120,11 +120,11 @@ def _error(e: ApiError) -> Exception:
 @contextmanager
 def _logging_as_found() -> Iterator[None]:
     """The process's logging, as it was on entry, kept through the block: the root logger's
-    handlers and level, and the level of every logger there was. The SDK's `MCPServer()` configures logging for
-    a process of its own (`logging.basicConfig(level=INFO)` with a Rich handler, when the root has
-    no handler): here it runs in the user's process, which owns its logging. The root is given a
-    handler for the block, so that `basicConfig` does nothing; whatever was added anyway is
-    taken off after it, and the levels put back."""
+    handlers and level, and the level of every logger there was. The SDK's `MCPServer()`
+    configures logging for a process of its own (`logging.basicConfig(level=INFO)` with a Rich
+    handler, when the root has no handler): here it runs in the user's process, which owns its
+    logging. The root is given a handler for the block, so that `basicConfig` does nothing;
+    whatever was added anyway is taken off after it, and the levels put back."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     levels = {
