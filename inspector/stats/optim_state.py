@@ -12,7 +12,9 @@ Per parameter tensor, per group (:class:`~inspector.stats.groups.Groups`) and fo
 - for every optimizer: ``step_ratio``, the effective step ``||delta theta|| / ||g||``;
   ``cos_update_grad``, the cosine of the update and the descent direction, ``cos(delta theta,
   -g)`` (a plain SGD step gives +1); and ``cos_grad_prev``, the cosine of this step's gradient and
-  the previous **sampled** step's (``cos_prev_gap`` steps apart). ``g`` is the final gradient the
+  the previous **sampled** step's (``cos_prev_gap`` steps apart), for a tensor that had a gradient
+  on both (one whose gradient was missing on the previous sampled step has none; a group's and
+  the model's come from the tensors that have both). ``g`` is the final gradient the
   step saw (after every ``pre_step`` hook). A ``mark_step()`` loop updates after its boundary:
   it has ``cos_grad_prev`` only, as it has no update ratio.
 
@@ -50,7 +52,6 @@ rank's shard.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 
 import torch
@@ -225,8 +226,11 @@ class OptimProbe:
         # the previous sampled gradient's sample: per tensor (list path) or one flat buffer (FlatPlan)
         self._prev: list[Tensor | None] = [None] * self.n
         self._prev_flat: Tensor | None = None
-        self._prev_at: list[int | None] = [None] * self.n  # the step each buffer's gradient is of
+        # the sampled step each buffer's gradient is of (its serial number: sampled steps read so far)
+        self._prev_at: list[int | None] = [None] * self.n
         self._prev_sq: list[float | None] = [None] * self.n  # its sample's squared norm, from its transfer
+        self._serial = 0  # the sampled steps whose gradients were sampled, read or not
+        self._last_step: int | None = None  # the previous sampled step (None: none, or not read)
         # the list path's stacks: (their indices, the buffer whose rows are their previous samples)
         self._stacks: list[tuple[list[int], Tensor]] = []
         self._stacks_of: list[int] | None = None  # the strides they were made for
@@ -235,6 +239,7 @@ class OptimProbe:
 
     def _clear(self) -> None:
         self._taken = False  # before_update ran this step
+        self._read = False  # read() took this step's values
         self._idx: list[int] = []  # tensors whose gradient was sampled this step
         self._gflat: Tensor | None = None  # the gradients, flat (FlatPlan path; all n)
         self._plan: FlatPlan | None = None
@@ -593,6 +598,7 @@ class OptimProbe:
         each), ``"kind"`` and ``"cos_prev_gap"``; None where nothing was measured. Records this step's gradient sample as the one the next sampled step compares
         with."""
         if not self._names:
+            self._advance(step)
             return None
         n = self.n
         out: dict[str, list[Any]] = {k: [None] * n for k in (*ADAM_KEYS, *GEO_KEYS)}
@@ -631,27 +637,24 @@ class OptimProbe:
         for i in range(n):
             if dot[i] is not None and dsq[i] is not None and gsq[i] is not None:
                 out["cos_update_grad"][i] = _cos(dot[i], dsq[i], gsq[i])  # type: ignore[arg-type]
-        # consecutive sampled gradients
+        # consecutive sampled gradients: a tensor's gradient now and on the previous sampled step,
+        # where it had one on both (one whose gradient was missing then has none)
         pvals = data.get("optim:pdot", [])
         pdot: list[float | None] = [None] * n
-        gaps: dict[int, int] = {}
+        last = self._last_step
+        gap = step - last if last is not None and last < step else None
         for k, i in enumerate(self._pidx):
-            at = self._prev_at[i]
-            if at is None or at >= step:
+            if gap is None or self._prev_at[i] != self._serial:
                 continue
             pdot[i] = pvals[i] if whole else pvals[k]
-            gaps[i] = step - at
-        gap = Counter(gaps.values()).most_common(1)[0][0] if gaps else None
-        for i, gp in gaps.items():
-            if gp != gap:
-                pdot[i] = None
-            elif gsq[i] is not None and self._prev_sq[i] is not None:
+            if gsq[i] is not None and self._prev_sq[i] is not None:
                 out["cos_grad_prev"][i] = _cos(pdot[i], gsq[i], self._prev_sq[i])  # type: ignore[arg-type]
         prev_sq = list(self._prev_sq)
-        for i in self._idx:  # this step's samples are now the previous ones
-            self._prev_at[i] = step
+        idx = self._idx
+        self._advance(step)
+        for i in idx:  # this step's samples are now the previous ones
+            self._prev_at[i] = self._serial
             self._prev_sq[i] = gsq[i]
-        self._idx = []  # (consumed: end_step keeps the buffers)
         # Adam's moments
         adam_sums: dict[int, tuple[float, float, float, int]] = {}
         if self._adam is not None:
@@ -700,12 +703,21 @@ class OptimProbe:
         kind = "adam" if self._adam is not None else "other"
         return {**out, "groups": groups, "model": aggregate(range(n)), "kind": kind, "cos_prev_gap": gap}
 
+    def _advance(self, step: int) -> None:
+        """This sampled step is now the previous one (``_serial`` its number)."""
+        self._idx = []  # (consumed: end_step keeps the buffers)
+        if self._taken:
+            self._read = True
+            self._serial += 1
+            self._last_step = step
+
     def end_step(self) -> None:
-        """At every boundary: forget the step's values. A gradient sample taken for a step whose
-        snapshot was not read (an error, a skipped iteration) is no previous sample to compare with."""
-        if self._taken and self._idx:
-            for i in self._idx:
-                self._prev_at[i] = None
+        """At every boundary: forget the step's values. A sampled step whose snapshot was not read
+        (an error, a skipped iteration) leaves no previous sample to compare with: its gradients'
+        samples replaced the ones before, and nothing says which step they are of."""
+        if self._taken and not self._read:
+            self._serial += 1
+            self._last_step = None
         self._clear()
 
     def close(self) -> None:
@@ -715,3 +727,4 @@ class OptimProbe:
         self._prev_flat = None
         self._prev_at = [None] * self.n
         self._prev_sq = [None] * self.n
+        self._last_step = None

@@ -481,3 +481,114 @@ def test_a_half_precision_second_moment_is_compared_in_float32():
         16,
         16,
     ]
+
+
+# gradual unfreezing: which units (the input layer, each block, the head) train at each sampled step
+UNFREEZING = [
+    "all",
+    "head",
+    "head",
+    "all",  # back after two sampled steps away: the previous sampled step had none of them
+    "head,b-1",
+    "head,b-1,b-2",
+    "all",
+]
+
+
+def _unfreezing_net(width: int, blocks: int) -> nn.Sequential:
+    torch.manual_seed(5)
+    return nn.Sequential(
+        nn.Linear(10, width),
+        *[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(blocks)],
+        nn.Linear(width, 1),
+    )
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("path", ["flat", "stacked", "per-tensor"])
+def test_gradual_unfreezing_compares_each_tensor_with_the_previous_sampled_step(monkeypatch, path, every):
+    """Layers frozen, then unfrozen over sampled steps: a tensor's ``cos_grad_prev`` compares its
+    gradient with its gradient on the previous sampled step where it had one there, else None;
+    the groups' and the model's come from the tensors that have both. Against float64 cosines of
+    the gradients this test kept, on each of the probe's paths: the flat one (many small CPU
+    tensors kept whole), the stacks (CPU tensors of one shape) and one tensor at a time."""
+    from inspector.stats import update_ratio
+
+    width, blocks = (8, 16) if path == "flat" else (16, 6)
+    net = _unfreezing_net(width, blocks)
+    units = {"in": [net[0]], "head": [net[-1]], **{f"b-{k}": [net[-1 - k][0]] for k in range(1, blocks + 1)}}
+    taken: dict[str, list[bool]] = {"flat": [], "stacked": []}
+    real_flat, real_stacked = optim_state.OptimProbe._flat_before, optim_state.stacked_samples  # noqa: SLF001
+
+    def flat_spy(self, *args):  # noqa: ANN001, ANN002, ANN202
+        taken["flat"].append(got := real_flat(self, *args))
+        return got
+
+    def stacked_spy(*args):  # noqa: ANN002, ANN202
+        taken["stacked"].append(True)
+        return real_stacked(*args)
+
+    monkeypatch.setattr(optim_state.OptimProbe, "_flat_before", flat_spy)
+    monkeypatch.setattr(optim_state, "stacked_samples", stacked_spy)
+    if path == "per-tensor":
+        monkeypatch.setattr(optim_state, "stack_groups", lambda ps, st: [])
+        monkeypatch.setattr(update_ratio, "stack_groups", lambda ps, st: [])
+    params = list(net.parameters())
+    opt = torch.optim.SGD(params, lr=0.01)
+    kept: dict[int, dict[int, torch.Tensor]] = {}  # step -> tensor -> its final gradient
+    insp = inspector.attach(net, opt, every=every)
+    step = [0]
+    opt.register_step_pre_hook(
+        lambda *_: kept.__setitem__(
+            step[0],
+            {
+                i: p.grad.detach().double().flatten().clone()
+                for i, p in enumerate(params)
+                if p.grad is not None
+            },
+        )
+    )
+    snaps = []
+    try:
+        for s in range(1, every * (len(UNFREEZING) - 1) + 2):
+            plan = UNFREEZING[(s - 1) // every]
+            on = set(units) if plan == "all" else set(plan.split(","))
+            for name, mods in units.items():
+                for m in mods:
+                    m.requires_grad_(name in on)
+            step[0] = s
+            opt.zero_grad(set_to_none=True)
+            x, y = batch(seed=s)
+            loss_of(net, x, y).backward()
+            opt.step()
+            if (latest := insp.latest()) is not None and latest["step"] == s:
+                snaps.append(latest)
+        members = insp.groups["members"]
+        errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+    finally:
+        insp.close()
+    assert not errors, errors
+    assert [s["step"] for s in snaps] == list(range(1, every * (len(UNFREEZING) - 1) + 2, every))
+    if path == "flat":
+        assert taken["flat"] and all(taken["flat"]), "the flat path"
+    else:
+        assert not taken["flat"] and bool(taken["stacked"]) == (path == "stacked"), taken
+    n = len(params)
+    for k, snap in enumerate(snaps):
+        o, now = snap["optim"], kept[snap["step"]]
+        before = kept[snaps[k - 1]["step"]] if k else {}
+        both = [i for i in range(n) if i in now and i in before]
+        want = [_cos(now[i], before[i]) if i in both else None for i in range(n)]
+        close(o["cos_grad_prev"], want, 1e-5, 1e-6, f"step {snap['step']} cos_grad_prev")
+
+        groups = [
+            _cos(torch.cat([now[i] for i in q]), torch.cat([before[i] for i in q])) if q else None
+            for q in ([i for i in m if i in both] for m in members)
+        ]
+        close(o["groups"]["cos_grad_prev"], groups, 1e-5, 1e-6, f"step {snap['step']} groups")
+        model_want = (
+            _cos(torch.cat([now[i] for i in both]), torch.cat([before[i] for i in both])) if both else None
+        )
+        close([o["model"]["cos_grad_prev"]], [model_want], 1e-5, 1e-6, f"step {snap['step']} model")
+        assert o["cos_prev_gap"] == (every if k else None)
+    assert snaps[3]["optim"]["cos_grad_prev"][-1] is not None, "the head, on both steps, has its cosine"
