@@ -14,9 +14,10 @@ Per parameter tensor, per group (:class:`~inspector.stats.groups.Groups`) and fo
   -g)`` (a plain SGD step gives +1); and ``cos_grad_prev``, the cosine of this step's gradient and
   the previous **sampled** step's (``cos_prev_gap`` steps apart), for a tensor that had a gradient
   on both (one whose gradient was missing on the previous sampled step has none; a group's and
-  the model's come from the tensors that have both). ``g`` is the final gradient the
-  step saw (after every ``pre_step`` hook). A ``mark_step()`` loop updates after its boundary:
-  it has ``cos_grad_prev`` only, as it has no update ratio.
+  the model's come from the tensors that have both). ``g`` is the final gradient the step saw
+  (after every ``pre_step`` hook); where a closure is evaluated several times a step (LBFGS), the
+  first evaluation's, for the effective step and both cosines alike. A ``mark_step()`` loop
+  updates after its boundary: it has ``cos_grad_prev`` only, as it has no update ratio.
 
 Where it is measured. ``delta theta`` is what :class:`~inspector.stats.update_ratio.UpdateProbe`
 already keeps for the update ratio (no second copy of the parameters): its buffers hold
@@ -251,6 +252,10 @@ class OptimProbe:
         self._names: list[str] = []  # the pack's segments added this step
         self._adam: tuple[list[int], list[int]] | None = None  # (tensors, their numel) with Adam state
         self._didx: list[int] = []  # tensors with a dot product of update and gradient
+        # the first evaluation's final gradient norms (tensor indices, a vector): a closure
+        # evaluated again (LBFGS) replaces the snapshot's, and the step is measured against these
+        self._gfirst: tuple[list[int], Tensor] | None = None
+        self._again = False  # the closure was evaluated again this step
 
     @property
     def resident_bytes(self) -> int:
@@ -298,15 +303,24 @@ class OptimProbe:
         params: list[Tensor],
         plan: FlatPlan | None,
         kept: list[int] | None = None,
+        norms: tuple[list[int], Tensor | None] | None = None,
     ) -> None:
         """At the sampled step's final statistics (after the ``pre_step`` hooks, before the update):
         sample the final gradients, take their dot products with the previous sampled step's sample,
         and keep this step's sample in its place. ``params``: the parameters, detached; ``plan``: the
         flat plan where the update ratio keeps the parameters whole in one flat copy (else None);
-        ``kept``: the strides the update ratio's probe sampled the parameters with this step."""
-        if self._taken:  # a closure evaluated again: the first evaluation's gradients are compared
+        ``kept``: the strides the update ratio's probe sampled the parameters with this step;
+        ``norms``: the final gradients' norms (their tensor indices, one vector).
+
+        A closure evaluated again (LBFGS) changes nothing here: the step is measured against the
+        first evaluation's gradient, the one at the point it starts from (its norms are sent with
+        the snapshot then, as the snapshot's own are the last evaluation's)."""
+        if self._taken:
+            self._again = True
             return
         self._taken = True
+        if norms is not None and norms[1] is not None:
+            self._gfirst = (norms[0], norms[1])
         with torch.no_grad():
             if plan is not None and self._flat_before(fgrads, params, plan):
                 return
@@ -430,6 +444,8 @@ class OptimProbe:
         flat passes (None: one op a tensor)."""
         with torch.no_grad():
             if self._taken:
+                if self._again and self._gfirst is not None:
+                    self._add(pack, "optim:gfirst", self._gfirst[1])
                 if self._plan is not None and self._gflat is not None:
                     if flat_difference is not None and flat_difference.shape == self._gflat.shape:
                         self._didx = list(self._idx)
@@ -627,6 +643,13 @@ class OptimProbe:
         else:
             for i, x in zip(self._didx, dvals, strict=False):
                 dot[i] = x
+        # the gradient's norm the step is measured against: the first closure evaluation's
+        if "optim:gfirst" in data and self._gfirst is not None:
+            final_norm = [None] * n
+            for i, x in zip(self._gfirst[0], data["optim:gfirst"], strict=False):
+                final_norm[i] = x
+        elif self._again and "optim:g_sq" in data:  # (FSDP2: the combined sample's)
+            final_norm = [math.sqrt(max(x, 0.0)) if x is not None else None for x in gsq]
         dsq: list[float | None] = [None] * n
         if update_norm is not None:
             for i in range(n):

@@ -420,7 +420,10 @@ class StepStats:
             try:  # the gradients' sample for the optimizer's geometry (inspector.stats.optim_state)
                 plan = self._flat if self._kept is not None else None
                 kept = self.update.differences()  # (before the update: the strides it sampled with)
-                self.optim.before_update(self._fgrads, self._params_local(), plan, kept[1] if kept else None)
+                norms = (self._meta["fin_idx"], self._vecs.get("final_norm"))
+                self.optim.before_update(
+                    self._fgrads, self._params_local(), plan, kept[1] if kept else None, norms
+                )
             except Exception as e:  # never take training down for telemetry: this instrument is off
                 self._optim_failed(e)
 

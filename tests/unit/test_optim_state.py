@@ -592,3 +592,63 @@ def test_gradual_unfreezing_compares_each_tensor_with_the_previous_sampled_step(
         close([o["model"]["cos_grad_prev"]], [model_want], 1e-5, 1e-6, f"step {snap['step']} model")
         assert o["cos_prev_gap"] == (every if k else None)
     assert snaps[3]["optim"]["cos_grad_prev"][-1] is not None, "the head, on both steps, has its cosine"
+
+
+@pytest.mark.parametrize("path", ["whole", "flat"])
+def test_lbfgs_measures_the_step_against_the_first_evaluations_gradient(path):
+    """LBFGS evaluates its closure several times a step; ``g`` is the first evaluation's gradient
+    (at the point the step starts from) for ``step_ratio`` and the cosines alike, against float64
+    references of ``||delta theta|| / ||g_0||``, ``cos(delta theta, -g_0)`` and ``cos(g_0, g_0 prev)``."""
+    net = (
+        model() if path == "whole" else nn.Sequential(*[nn.Linear(6, 6) for _ in range(17)], nn.Linear(6, 1))
+    )
+    torch.manual_seed(0)
+    params = list(net.parameters())
+    opt = torch.optim.LBFGS(params, lr=0.5, max_iter=4, history_size=4)
+    insp = inspector.attach(net, opt, every=1)
+    firsts, befores, afters, evaluations, snaps = [], [], [], [], []
+    try:
+        for s in range(1, 4):
+            x, y = batch(seed=s)
+            x = x[:, : params[0].shape[1]]
+            grads: list[list[torch.Tensor]] = []
+
+            def closure(x=x, y=y, grads=grads) -> torch.Tensor:  # noqa: ANN001
+                opt.zero_grad(set_to_none=True)
+                loss = loss_of(net, x, y)
+                loss.backward()
+                grads.append([p.grad.detach().double().flatten().clone() for p in params])
+                return loss
+
+            befores.append([p.detach().double().flatten().clone() for p in params])
+            opt.step(closure)
+            afters.append([p.detach().double().flatten().clone() for p in params])
+            firsts.append(grads[0])
+            evaluations.append(len(grads))
+            snaps.append(insp.latest())
+        members = insp.groups["members"]
+        if path == "flat":
+            assert insp._stats.optim._prev_flat is not None, "the flat path"  # noqa: SLF001
+        errors = [e for e in insp.events() if e["kind"] == "telemetry_error"]
+    finally:
+        insp.close()
+    assert not errors, errors
+    assert [s["step"] for s in snaps] == [1, 2, 3] and min(evaluations) > 1
+    n = len(params)
+    for k, snap in enumerate(snaps):
+        o, g = snap["optim"], firsts[k]
+        d = [afters[k][i] - befores[k][i] for i in range(n)]
+        want = {
+            "step_ratio": [float(d[i].norm() / g[i].norm()) for i in range(n)],
+            "cos_update_grad": [_cos(d[i], -g[i]) for i in range(n)],
+            "cos_grad_prev": [_cos(g[i], firsts[k - 1][i]) if k else None for i in range(n)],
+        }
+        for key, values in want.items():
+            close(o[key], values, 1e-5, 1e-6, f"step {k + 1} {key}")
+        for name, ms in (("groups", members), ("model", [list(range(n))])):
+            cat = [(torch.cat([d[i] for i in m]), torch.cat([g[i] for i in m])) for m in ms]
+            got = o["groups"] if name == "groups" else {key: [v] for key, v in o["model"].items()}
+            close(
+                got["step_ratio"], [float(a.norm() / b.norm()) for a, b in cat], 1e-5, 1e-6, f"{name} ratio"
+            )
+            close(got["cos_update_grad"], [_cos(a, -b) for a, b in cat], 1e-5, 1e-6, f"{name} cos")
