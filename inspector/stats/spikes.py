@@ -4,7 +4,8 @@ against their own recent statistics, every step, with no host read during a step
 Each signal ``y`` (the log of a norm; the loss itself, which may be negative) is compared with an
 exponential moving mean ``m`` and variance ``v`` of its own past values, before the step's value
 joins them: ``z = (y - m) / s`` with ``s = max(sqrt(v), floor)`` (``FLOOR_LOG`` for a log-norm,
-``FLOOR_REL * |m|`` for the loss: a constant signal does not make every wobble a spike). Then the
+``max(FLOOR_REL * |m|, FLOOR_ABS)`` for the loss: a constant signal does not make every wobble a
+spike, and a loss that sits at 0, a hinge's or a margin's, does not make 1e-9 one). Then the
 statistics take the step's value with weight ``a = max(alpha, 1 / n)`` (``n``: the values seen so
 far, this one included, so that the first steps are a plain running mean and variance and the EMA
 takes over after ``1 / alpha`` steps): ``m += a * d``, ``v = (1 - a) * (v + a * d * d)`` with
@@ -33,10 +34,24 @@ from typing import Any
 
 from ..wire.errors import HookError
 
-__all__ = ["FLOOR_LOG", "FLOOR_REL", "SpikeReport", "SpikeSettings", "SpikeState", "check_spike_settings"]
+__all__ = [
+    "FLOOR_ABS",
+    "FLOOR_LOG",
+    "FLOOR_REL",
+    "SpikeReport",
+    "SpikeSettings",
+    "SpikeState",
+    "check_spike_settings",
+]
 
 FLOOR_LOG = 0.01  # the least spread of a log-norm (1%): a constant norm is not all spikes
 FLOOR_REL = 0.01  # the least spread of the loss, relative to its mean
+# The least spread of the loss in absolute terms, where its mean gives none (a loss at 0): about
+# 8 float32 rounding steps (2**-23 each) of a loss of order one, the scale a normalised loss
+# starts at (cross-entropy's nats, a hinge's margin, a standardised regression's squared error).
+# A loss at 0 then spikes once it moves past z * 1e-6; the norms, compared as logs, have no floor
+# in absolute terms and watch a loss that lives below 1e-4, where this floor is the larger one.
+FLOOR_ABS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -116,7 +131,7 @@ class SpikeState:
                 continue
             y = xj if lin else log(xj)
             sd = sqrt(v[j])
-            floor = max(FLOOR_REL * abs(mj), 1e-12) if lin else FLOOR_LOG
+            floor = max(FLOOR_REL * abs(mj), FLOOR_ABS) if lin else FLOOR_LOG
             if sd < floor:
                 sd = floor
             d = y - mj

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import inspector
-from inspector.stats.spikes import FLOOR_LOG, FLOOR_REL, SpikeSettings, SpikeState
+from inspector.stats.spikes import FLOOR_ABS, FLOOR_LOG, FLOOR_REL, SpikeSettings, SpikeState
 
 
 def reference(xs: list[list[float]], n_lin: int, s: SpikeSettings) -> list[list[float]]:
@@ -28,7 +28,7 @@ def reference(xs: list[list[float]], n_lin: int, s: SpikeSettings) -> list[list[
                 zs.append(0.0)
                 continue
             y = x[j] if lin else math.log(x[j])
-            floor = max(FLOOR_REL * abs(m[j]), 1e-12) if lin else FLOOR_LOG
+            floor = max(FLOOR_REL * abs(m[j]), FLOOR_ABS) if lin else FLOOR_LOG
             sd = max(math.sqrt(v[j]), floor)
             armed = n[j] >= s.warmup
             d = y - m[j]
@@ -153,3 +153,42 @@ def test_the_gradient_norm_spikes_before_the_loss_on_the_deep_scenario():
     assert min(grad) >= 55
     assert not loss or min(grad) < min(loss), (grad, loss)
     insp.close()
+
+
+def test_a_loss_at_zero_moving_by_1e_9_is_no_spike_and_a_real_jump_from_zero_is():
+    """A hinge's or a margin's loss sits at 0: 60 steps of 0.0, then 1e-9 is no spike (a floor in
+    absolute terms, FLOOR_ABS), while 0.0 then 5.0 is one; each against the float64 reference."""
+    s = SpikeSettings()
+    for jump, spike in ((1e-9, False), (5.0, True)):
+        xs = [[0.0]] * 60 + [[jump]]
+        state = SpikeState(1, 1)
+        got = [state.update(x, s)[0][0] for x in xs]
+        want = [row[0] for row in reference(xs, 1, s)]
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+        assert (got[-1] > s.z) is spike, (jump, got[-1])
+    assert got[-1] == pytest.approx(5.0 / FLOOR_ABS)
+
+
+@pytest.mark.parametrize("jump", [1e-9, 5.0])
+def test_a_hinge_loss_at_zero_dumps_the_flight_recorder_only_on_a_real_jump(jump):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    insp = inspector.attach(m, opt, every=10, flight=256)
+    dumps = []
+    insp.subscribe(lambda kind, payload: dumps.append(payload) if kind == "flight" else None, lossless=True)
+    for s in range(1, 66):
+        x = torch.randn(32, 6)
+        opt.zero_grad()
+        (m(x) - x[:, :1]).pow(2).mean().backward()
+        insp.record(loss=jump if s == 61 else 0.0)  # (the watched loss: 0 but for step 61)
+        opt.step()
+    insp.finish()
+    insp.flush()
+    got = spikes(insp)
+    insp.close()
+    if jump < 1:
+        assert got == [] and dumps == [], (got, [d["reason"] for d in dumps])
+    else:
+        assert [(e["signal"], e["step"]) for e in got] == [("loss", 61)]
+        assert [(d["reason"], d["step"]) for d in dumps] == [("spike", 61)]
