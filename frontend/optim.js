@@ -162,7 +162,7 @@ export class OptimNowChart {
         : `${o.cos_prev_gap} step${o.cos_prev_gap === 1 ? "" : "s"} earlier`;
     this.note.textContent =
       `step ${row.step}, per ${by}; ${adam ? "Adam family" : "no Adam state"}; ` +
-      `g prev: the previous sampled step's gradient (${gapText})`;
+      `g prev: the previous sampled step's gradient (${gapText}; none for a tensor that had no gradient then)`;
   }
 }
 
