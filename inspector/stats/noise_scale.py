@@ -22,7 +22,8 @@ Where the two batch sizes come from:
   a gradient is accumulated), ``|G_small|^2 = K * sum_k |delta_k|^2`` on each rank, averaged over
   the ranks in the boundary's one collective (one more column per parameter in the rows it
   exchanges anyway, :mod:`inspector.distributed`); ``|G_big|^2`` is that of the averaged,
-  accumulated gradient (the snapshot's raw norms). ``B_small`` is the micro-batch, ``B_big`` the
+  accumulated gradient as the last backward left it (after DDP's all-reduce, before the user's
+  own code between ``backward()`` and ``step()``: a ``clip_grad_norm_`` of the loop's own). ``B_small`` is the micro-batch, ``B_big`` the
   world size times ``K`` times it (``K = 1``: no accumulation needed). The per-rank norms of the
   snapshot's ``ranks`` are not used: under ``no_sync()`` accumulation they are not the local
   accumulated gradient's alone.
@@ -42,8 +43,8 @@ Where the two batch sizes come from:
   tensor its all-gather fills) and then reduce-scatters it into the shard's ``.grad``, so the
   tensor hooks go on those unsharded parameters (:func:`inspector.stats.sharded.backward_sources`),
   which FSDP2 keeps from a module's first all-gather on: a sampled step before every module has
-  been gathered once is not measured. ``|G_big|^2`` is the reduced gradient's, from the shards'
-  sums of squares the snapshot combines anyway; ``B_big`` is the world size times ``K`` times the
+  been gathered once is not measured. ``|G_big|^2`` is the reduced gradient's as the last backward
+  left it, from the shards' sums of squares the snapshot's one collective combines; ``B_big`` is the world size times ``K`` times the
   micro-batch, with or without ``set_requires_gradient_sync(False)`` between micro-batches.
 - **One process, one backward per step**: there is no second batch size; the estimate is null and
   ``reason`` says what it needs.
@@ -368,15 +369,15 @@ class NoiseScale:
 
         ``raw_norms``: each parameter's gradient norm at the step (unscaled, before the ``pre_step``
         hooks); ``backward``: the same as the last backward left it (before the user's own code
-        between ``backward()`` and ``step()``, a ``clip_grad_norm_`` of its own), which is the big
-        batch where it was taken (one process); ``edited``: parameters whose gradients a
+        between ``backward()`` and ``step()``, a ``clip_grad_norm_`` of its own; under DDP and FSDP2
+        after their reduction), which is the big batch where it was taken; ``edited``: parameters whose gradients a
         ``post_accumulate`` hook changes between backward passes, left out of both batches (the
         accumulated gradient is then no sum of the increments)."""
         if self.mode is None and self.reason is None:
             return None
         if self.failed is None:
             try:
-                big = backward if backward is not None and self.mode == "accumulation" else raw_norms
+                big = backward if backward is not None else raw_norms
                 if edited:
                     big = [None if i in edited else v for i, v in enumerate(big)]
                 self._edited = len(edited)

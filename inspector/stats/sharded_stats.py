@@ -63,7 +63,10 @@ class ShardedStats:
         abs-max and a histogram's range maxed, and the shards' means and spreads combined as Chan
         et al. do (``stats.combine_moments``, from every rank's row of the same collective); a
         parameter that is not sharded keeps its own values (the max of equal ones; its equal
-        moments combine to themselves)."""
+        moments combine to themselves). The norms as the last backward left the gradients
+        (``raw.backward``: the reduced shards, before the user's own code between ``backward()``
+        and ``step()``) are combined as the raw ones are, with the count of ranks that took them
+        (``backward_took``: the host keeps them where every rank did)."""
         lay = self.layout
         n = len(self.params)
         dev = pnorms[0].device if pnorms else torch.device("cpu")
@@ -98,6 +101,14 @@ class ShardedStats:
         for i, c in zip(dense_idx, counts, strict=True):
             full_counts[i] = float(c)
         cols.append(("count", device_constant(tuple(full_counts), torch.float32, dev), sharded))
+        # the gradients as the last backward left them (the reduced shards, before the user's own
+        # code between backward() and step()): their sums of squares, and how many ranks took them
+        # (a column every rank sends, taken or not: the same rows on every rank)
+        bw = raw.backward if raw is not None else None
+        bw_idx = (raw.backward_index or []) if bw is not None else []
+        bw_norms = list(bw[0]) if bw is not None and bw_idx else []
+        column("bw_sq", bw_idx, [x.pow(2) for x in bw_norms], summed=True)
+        cols.append(("bw_took", torch.full((1,), float(bool(bw_idx)), device=dev), (True,)))
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
         for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
@@ -131,6 +142,9 @@ class ShardedStats:
             means = mean.real if mean.is_complex() else mean
             pack.add("mean", means)
             pack.add("sdev", sdevs)
+        if bw_idx:  # (some ranks' shards alone are no norm: the host keeps it where every rank took it)
+            pack.add("backward_norm", pick(got["bw_sq"], bw_idx).sqrt())
+            pack.add("backward_took", got["bw_took"])
         pack.add("param_norm", got["p_sq"].sqrt())
         if unorms:
             pack.add("update_norm", got["u_sq"].sqrt())

@@ -103,9 +103,18 @@ class RawRead:
     backward_index: list[int] | None = None  # the parameters those norms are of, in order
 
 
-def _backward_total(data: dict[str, list[float]]) -> float | None:
-    """The global norm as the last backward left the gradients, unscaled, from the transfer."""
+def _backward_taken(data: dict[str, list[float]], world: int) -> list[float] | None:
+    """The norms as the last backward left the gradients, from the transfer (None: not taken; under
+    FSDP2, not taken on every one of the ``world`` ranks whose shards they combine)."""
     norms = data.get("backward_norm")
+    if not norms or ("backward_took" in data and data["backward_took"][0] != world):
+        return None
+    return norms
+
+
+def _backward_total(data: dict[str, list[float]], world: int = 1) -> float | None:
+    """The global norm as the last backward left the gradients, unscaled, from the transfer."""
+    norms = _backward_taken(data, world)
     if not norms:
         return None
     total = math.sqrt(sum(v * v for v in norms))
@@ -113,10 +122,12 @@ def _backward_total(data: dict[str, list[float]]) -> float | None:
     return total / scale if scale else total
 
 
-def _backward_norms(raw: RawRead | None, data: dict[str, list[float]], n: int) -> list[float | None] | None:
+def _backward_norms(
+    raw: RawRead | None, data: dict[str, list[float]], n: int, world: int = 1
+) -> list[float | None] | None:
     """Each parameter's norm as the last backward left it, unscaled (None: not taken, or no
     gradient): before the user's own code between ``backward()`` and ``step()`` changed it."""
-    norms = data.get("backward_norm")
+    norms = _backward_taken(data, world)
     if raw is None or raw.backward_index is None or not norms or len(norms) != len(raw.backward_index):
         return None
     scale = (data.get("backward_scale") or [1.0])[0] or 1.0
@@ -394,7 +405,8 @@ class StepStats:
                 pack.add("shard_norm", [raw.norm_tensors[k] for k in shard_idx])
         pack.add("local_norm", raw.local_norms)
         if raw.backward is not None:
-            pack.add("backward_norm", raw.backward[0])
+            if self.layout is None:  # (under FSDP2 the shards' norms are combined in the snapshot)
+                pack.add("backward_norm", raw.backward[0])
             if raw.backward[1] is not None:
                 pack.add("backward_scale", raw.backward[1].reshape(1).float())
         hist_in = []
@@ -738,12 +750,13 @@ class StepStats:
         raw_norm_vals = list(data.get("raw_norm", []))
         raw_absmax_vals = data.get("raw_absmax", [])
         counts = self._raw_rare(raw_idx, raw_norm_vals, raw_absmax_vals, data) if raw_idx else {}
+        world = self.layout.world if self.layout is not None else 1  # (FSDP2: the ranks combined)
         grad_norm_raw = scatter(raw_idx, raw_norm_vals)
         noise_scale = (
             self.noise.observe(
                 data,
                 grad_norm_raw,
-                backward=_backward_norms(raw, data, n),
+                backward=_backward_norms(raw, data, n, world),
                 edited=hooks.post_edited(),
             )
             if self.noise is not None
@@ -850,7 +863,7 @@ class StepStats:
             ranks=spread,
             sampled_every=sampled_every,
             overhead=overhead,
-            total_norm_backward=_backward_total(data),
+            total_norm_backward=_backward_total(data, world),
             groups=groups,
             noise_scale=noise_scale,
             optim=self._optim_read(data, step, grad_norm),

@@ -50,6 +50,7 @@ from ..stats.deferred import Check, Deferred, build_check
 from ..stats.flight import FlightRecorder
 from ..stats.histsel import HistSelection, learning_rates
 from ..stats.nonfinite import NO_FINDINGS, NonfiniteReport
+from ..stats.sharded import local
 from ..stats.step_stats import RawRead, StepStats
 from ..stats.telemetry import Cadence
 from ..whatif.checkpoints import Checkpoints
@@ -310,8 +311,8 @@ class StepLifecycle:
                 warnings.warn(f"gradient-inspector: {message}", RuntimeWarning, stacklevel=2)
 
     def _backward_norm_wanted(self) -> bool:
-        """The norm at the backward's end: on sampled steps, single process, unsharded."""
-        return self._clock.sampled and self._at.dist is None and self._at.layout is None
+        """The norm at the backward's end: on sampled steps (under DDP and FSDP2 too)."""
+        return self._clock.sampled
 
     def on_forward_out(self, module: nn.Module, args: Any, output: Any) -> None:
         """The root's forward returned: on a sampled step, its output's gradient hook tells when
@@ -342,15 +343,30 @@ class StepLifecycle:
         read): the last backward of a step (micro-batches accumulated) is the one the snapshot shows,
         beside what ``step()`` saw, so a clip of the user's own between the two is seen. Unscaled on
         the host, by an attached scaler's scale taken here or, with no scaler attached, a fused
-        optimizer's ``grad_scale`` taken at the step."""
+        optimizer's ``grad_scale`` taken at the step.
+
+        The read itself is queued behind every callback this backward queued after this one (the
+        engine runs the callbacks queued while it runs them, in order): under DDP and FSDP2 the
+        gradients are reduced by such a callback (DDP's reducer queues one once its last bucket is
+        ready, FSDP2's root at the backward's start), so ``_read_backward`` reads DDP's averaged
+        gradients and FSDP2's reduced shards (their sums of squares are combined in the snapshot's
+        one collective), before anything of the user's between ``backward()`` and ``step()``."""
         self._bw_queued = False
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._read_backward)
+        except Exception as e:
+            self._telemetry_failed("the gradient norm at the end of backward", e)
+
+    def _read_backward(self) -> None:
+        """:meth:`_at_backward_end`'s read: the norms of the gradients as they stand (this rank's
+        shards under FSDP2)."""
         try:
             index = [
                 i
                 for i, t in enumerate(self._at.tensors)
                 if t.grad is not None and t.grad.layout == torch.strided
             ]
-            grads = [self._at.tensors[i].grad for i in index]
+            grads = [local(self._at.tensors[i].grad) for i in index]
             self._bw_index = index
             scale = getattr(self._at.scaler, "_scale", None)  # the scale this backward's loss was scaled by
             self._bw = (

@@ -115,8 +115,9 @@ class Snapshot:
     ranks: dict[str, list[Any]] | None
     sampled_every: int
     overhead: float | None
-    # the global norm of the gradients as the step's last backward left them (unscaled), before
-    # the user's own code between backward() and step() (a clip_grad_norm_ of its own) changed them
+    # the global norm of the gradients as the step's last backward left them (unscaled; under DDP
+    # and FSDP2 reduced), before the user's own code between backward() and step() (a
+    # clip_grad_norm_ of its own) changed them
     total_norm_backward: float | None = None
     # the group aggregates, lists aligned with Inspector.groups["names"] (inspector.stats.groups):
     # norm_raw, norm, absmax_raw, absmax, nan_count, inf_count, norm_min, norm_median, norm_max,
