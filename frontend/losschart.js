@@ -94,16 +94,31 @@ export class LossChart {
     el.before(this.changed);
   }
 
-  /** Say so when the newest snapshot's backward norm and the step's differ (more than 0.1 %). */
+  /**
+   * Say so when the loop changed the gradients between backward() and step() (more than 0.1 %) at
+   * any step shown, not only the newest (a clip to 1.0 acts only where the norm is above it): at
+   * how many of the steps shown, and the latest such step's two norms.
+   */
   showChanged(rows) {
-    const last = rows.length ? rows[rows.length - 1] : null;
-    const bw = last ? num(last.total_norm_backward) : null;
-    const raw = last ? num(last.total_norm_raw) : null;
-    const differ = last !== null && backwardNorm(last) !== null;
+    let last = null;
+    let count = 0;
+    let taken = 0;
+    for (const r of rows) {
+      if (num(r.total_norm_backward) === null) continue;
+      taken += 1;
+      if (backwardNorm(r) !== null) {
+        count += 1;
+        last = r;
+      }
+    }
+    const differ = last !== null;
     if (differ) {
+      const newest = last === rows[rows.length - 1];
       this.changed.textContent =
-        `Your loop changed the gradients between backward() and optimizer.step() at step ${last.step} ` +
-        `(your own clip_grad_norm_?): global norm ${fmt(bw)} as backward left it, ${fmt(raw)} at the step. ` +
+        `Your loop changed the gradients between backward() and optimizer.step() at ${count} of the ` +
+        `${taken} sampled step${taken === 1 ? "" : "s"} shown (your own clip_grad_norm_?); ` +
+        `at step ${last.step}${newest ? ", the newest" : ", the latest of them"}: global norm ` +
+        `${fmt(num(last.total_norm_backward))} as backward left it, ${fmt(num(last.total_norm_raw))} at the step. ` +
         "The charts show what the step saw; the dotted blue line, what backward produced.";
     }
     if (this.changed.hidden !== !differ) this.changed.hidden = !differ;
@@ -449,7 +464,6 @@ export class LossChart {
    */
   update(state, news) {
     if (news.loss.x.length) this.showHint(true, true);
-    if (news.rows.length) this.showChanged(news.rows);
     const gd = this.el;
     if (!gd.data || !gd._fullLayout) {
       this.reset(state);
@@ -466,6 +480,7 @@ export class LossChart {
         return;
       }
       const { rows, lossX } = d;
+      if (news.rows.length) this.showChanged(rows);
       lossY = d.lossY;
       this.lossValues = lossY;
       const x = rows.map((r) => r.step);

@@ -61,3 +61,34 @@ def test_the_page_says_when_the_users_loop_changed_the_gradients(new_page: Any) 
         assert log.errors == [], log.errors
     finally:
         insp.close()
+
+
+def test_the_note_stays_while_a_clipped_step_is_shown(new_page: Any) -> None:
+    """A clip that acts only where the norm is above its bound (the HF Trainer's max_grad_norm=1.0):
+    the newest step unchanged, an earlier one clipped, and the page still says so."""
+    loop = Loop()
+    insp = loop.insp
+    try:
+        url = insp.serve(port=0, db=False)
+        for i in range(4):  # a clip that acts at steps 2 and 3 only
+            x, y = loop.batches[i]
+            loop.opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(loop.model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1e-3 if i in (1, 2) else 1e9)
+            loop.opt.step()
+            insp.record(loss=loss)
+        page, log = new_page()
+        page.goto(url)
+        page.get_by_test_id("step-counter").filter(has_text="4").wait_for()
+        note = page.get_by_test_id("changed-note")
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("at 2 of the 4 sampled steps shown")
+        expect(note).to_contain_text("at step 3, the latest of them")
+        expect(note).to_contain_text("1.00e-3 at the step")
+        loop.run(range(4, 6))  # streamed steps, none clipped: the note stays
+        page.get_by_test_id("step-counter").filter(has_text="6").wait_for()
+        expect(note).to_contain_text("at 2 of the 6 sampled steps shown")
+        assert log.errors == [], log.errors
+    finally:
+        insp.close()
