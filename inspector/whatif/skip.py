@@ -20,6 +20,8 @@ the run is in its data:
     are drawn from the loader and dropped;
   - ``(first, last)``: an explicit window of batch indices (inclusive).
 
+  ``None`` skips nothing. A rewind replaces the window a rewind before it left pending (that
+  window was the abandoned branch's): after ``rewind(cp2)`` without ``skip`` no batch is dropped.
   The window is recorded: a ``batches_skipped`` event (``first``, ``last``, ``count``, ``steps``:
   the first and last step of the abandoned branch that had received some of them, ``ahead``:
   those still to be drawn and dropped, ``seek``, ``checkpoint``, ``reason``).
@@ -247,7 +249,9 @@ class BatchCursor:
         asked: Any,
     ) -> dict[str, Any] | None:
         """After a rewind (lock held): the position goes back with a seekable stream (the data was
-        loaded back) and the window is set; returns the ``batches_skipped`` event's fields, or None."""
+        loaded back) and the window is set, replacing any still pending (``window`` None: none is
+        pending, a rewind without skip skips nothing); returns the ``batches_skipped`` event's
+        fields, or None."""
         before = self.position
         self._mine = None  # (the step numbers of the new branch come again)
         first, last = window if window is not None else (0, -1)
@@ -258,9 +262,10 @@ class BatchCursor:
             self.position = cp_position
             while self._steps and self._steps[-1][0] > cp_step:
                 self._steps.pop()
+        # the window of this rewind, or none: one still pending was the abandoned branch's
+        self._skip = window
         if window is None:
             return None
-        self._skip = window
         received = max(0, min(last, before - 1) - first + 1)
         ahead = last - max(first, self.position) + 1
         count = last - first + 1

@@ -248,3 +248,37 @@ def test_a_seekable_stream_takes_a_window_after_the_checkpoint():
     assert (ev["first"], ev["last"], ev["ahead"]) == (25, 29, 5)
     assert "the next batch is 20" in ev["message"]
     insp.close()
+
+
+def test_a_later_rewind_without_skip_clears_the_window_an_earlier_one_left_take_batch():
+    """``take_batch()`` as the Lightning and Hugging Face callbacks use it: a rewind with no skip
+    abandons the window a rewind before it left pending, so the next steps make their updates."""
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = inspector.attach(model, opt)
+
+    def step() -> bool:
+        drop = insp.take_batch()  # the trainer drew the batch; a dropped one has no effect
+        if not drop:
+            model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        return drop
+
+    for _ in range(3):
+        step()
+    cp = insp.checkpoint()  # step 3, data position 3
+    step(), step()
+    assert insp.rewind(cp, skip=20)["done"]  # batches 3..22: 5..22 still to come, dropped
+    assert step() is True and insp.data_position["pending"] == [3, 22]
+    cp2 = insp.checkpoint()  # step 4 of the new branch
+    step()
+    assert insp.rewind(cp2)["done"]  # no skip: the window above is abandoned with its branch
+    for _ in range(3):
+        before = model.weight.detach().clone()
+        assert step() is False
+        assert not torch.equal(before, model.weight)  # an update
+    assert insp.data_position["pending"] is None
+    assert [e["step"] for e in insp.events() if e["kind"] == "step_skipped"] == [4]
+    insp.close()
