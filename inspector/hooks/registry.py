@@ -56,8 +56,15 @@ class Change:
 
 
 def _content(s: HookSpec) -> tuple[Any, ...]:
-    """What a change to a hook can touch: any difference gives it a new ``applied_step``."""
-    return (s.kind, s.point, s.target, tuple(sorted(s.params.items())), s.enabled, s.position)
+    """A hook's own configuration: any difference gives it a new ``applied_step``. Its position is
+    not in it (another hook added, removed or moved before it shifts it); a move of its own is a
+    change naming it (:func:`_own_changes`)."""
+    return (s.kind, s.point, s.target, tuple(sorted(s.params.items())), s.enabled)
+
+
+def _own_changes(change: Change) -> set[str]:
+    """The hooks that ``change`` changes by name (an add, an update, a move, an enable)."""
+    return {change.hook_id} if change.hook_id is not None and change.action != "remove" else set()
 
 
 class Registry:
@@ -293,11 +300,14 @@ class Registry:
         return change
 
     def _stamp(self, change: Change, step: int) -> tuple[HookSpec, ...]:
+        """``change``'s config, each hook with the first step its own configuration acts on:
+        ``step`` for a hook the change names or whose configuration it changes, else as it was."""
         prev = {s.id: s for s in self.applied}
+        own = _own_changes(change)
         out = []
         for s in change.config:
             old = prev.get(s.id)
-            if old is not None and _content(old) == _content(s):
+            if old is not None and s.id not in own and _content(old) == _content(s):
                 out.append(replace(s, applied_step=old.applied_step))
             else:
                 out.append(replace(s, applied_step=step))
@@ -322,11 +332,14 @@ class Registry:
         return before
 
     def view(self) -> list[HookSpec]:
-        """The requested config with ``applied_step`` of what is in force (None while pending)."""
+        """The requested config with ``applied_step`` of what is in force (None while a change of
+        its own is pending)."""
         applied = {s.id: s for s in self.applied}
+        own = {hid for c in self.pending for hid in _own_changes(c)}
         out = []
         for s in self.requested:
             a = applied.get(s.id)
-            step = a.applied_step if a is not None and _content(a) == _content(s) else None
+            same = a is not None and s.id not in own and _content(a) == _content(s)
+            step = a.applied_step if same else None
             out.append(replace(s, applied_step=step))
         return out

@@ -553,7 +553,8 @@ class HistoryReader:
         `GET /api/hooks` shows it: `config_version` counts the applied changes; when the last
         acknowledged request (`hook_requests`) was not applied yet where the record ends (the
         process was killed, say), `hooks` is that requested configuration, each hook with the
-        `applied_step` of the same hook in force, null while pending (a pending removal is gone)."""
+        `applied_step` of the same hook in force, null while a change of its own is pending (a
+        pending removal is gone; another hook's removal or move only shifts its `position`)."""
         rows = self._all(
             "SELECT config_version, hooks FROM hook_changes WHERE run = ? ORDER BY config_version DESC LIMIT 1",
             (run,),
@@ -570,13 +571,22 @@ class HistoryReader:
             return version, applied
 
         def content(h: dict[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in h.items() if k != "applied_step"}
+            return {k: v for k, v in h.items() if k not in ("applied_step", "position")}
 
+        # the hooks a pending request names (an add, an update, a move): pending themselves
+        own = {
+            r[0]
+            for r in self._all(
+                "SELECT hook_id FROM hook_requests WHERE run = ? AND config_version > ?"
+                " AND action != 'remove' AND hook_id IS NOT NULL",
+                (run, version),
+            )
+        }
         in_force = {h.get("id"): h for h in applied}
         requested = []
         for h in self._hooks_of("hook_requests", run, asked[0]):
             a = in_force.get(h.get("id"))
-            same = a is not None and content(a) == content(h)
+            same = a is not None and h.get("id") not in own and content(a) == content(h)
             requested.append({**h, "applied_step": a.get("applied_step") if same else None})
         return version, requested
 

@@ -113,3 +113,46 @@ def test_the_last_request_is_shown_only_until_it_is_applied(tmp_path):
     assert store.record_request(run, 3, action="update", hook_id="h2", config_version=4, hooks=[changed])
     assert store.hooks(run) == (2, [changed])
     store.close()
+
+
+def test_a_pending_removal_of_another_hook_leaves_a_hooks_applied_step_in_the_record(tmp_path):
+    """The record's view of a pending request: a hook that the removal of another only shifts (its
+    `position`) keeps the applied_step of its own configuration; a pending move of its own is null."""
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.start_writer()
+    run = store.new_run(params=[{"name": "w", "shape": [2], "numel": 2, "module": ""}], modules=[""])
+    a = {"id": "h1", "kind": "clip_value", "point": "pre_step", "target": "*", "params": {"threshold": 1.0}}
+    b = {"id": "h2", "kind": "scale", "point": "pre_step", "target": "*", "params": {"factor": 0.25}}
+    c = {"id": "h3", "kind": "freeze", "point": "pre_step", "target": "*", "params": {}}
+    store.add_hooks(
+        run,
+        3,
+        [
+            {**a, "position": 0, "applied_step": 1},
+            {**b, "position": 1, "applied_step": 4},
+            {**c, "position": 2, "applied_step": 2},
+        ],
+    )
+    assert store.record_request(
+        run,
+        1,
+        action="remove",
+        hook_id="h1",
+        config_version=4,
+        hooks=[{**b, "position": 0, "applied_step": None}, {**c, "position": 1, "applied_step": None}],
+    )
+    assert store.flush()
+    assert [(h["id"], h["applied_step"]) for h in store.hooks(run)[1]] == [("h2", 4), ("h3", 2)]
+    assert store.record_request(
+        run,
+        2,
+        action="update",
+        hook_id="h3",
+        config_version=5,
+        hooks=[{**c, "position": 0, "applied_step": None}, {**b, "position": 1, "applied_step": None}],
+    )
+    assert store.flush()
+    version, hooks = store.hooks(run)
+    assert version == 3
+    assert [(h["id"], h["applied_step"]) for h in hooks] == [("h3", None), ("h2", 4)]
+    store.close()

@@ -393,3 +393,41 @@ def test_training_state_changes_are_pushed_to_every_socket(live):
         assert c.post("/api/training/rate", json={"steps_per_second": 5}).status_code == 200
         pushed = recv_until(ws, lambda m: m["type"] == "training" and "steps_per_second" in m)
         assert pushed["steps_per_second"] == 5
+
+
+def test_removing_a_hook_leaves_the_since_step_of_another_on_the_page(live):
+    """The page's "since step N" is a hook's `applied_step`: the first step its own configuration
+    acted on. Removing another hook before it (its position shifts) leaves it as it was."""
+    srv = live(rate=20.0)
+    c = srv.http()
+    srv.wait_step(1)
+    assert c.post("/api/training/pause").status_code == 202
+    held = wait_until(lambda: srv.insp.state["held"] and srv.insp.step, what="the pause to take hold")
+    clip = c.post("/api/hooks", json={"kind": "clip_value", "target": "*", "params": {"threshold": 1.0}})
+    scale = c.post("/api/hooks", json={"kind": "scale", "target": "*", "params": {"factor": 0.5}})
+    assert clip.status_code == 201 and scale.status_code == 201, (clip.text, scale.text)
+    sid = scale.json()["id"]
+
+    def one_step() -> None:
+        n = srv.insp.step
+        assert c.post("/api/training/step").status_code == 202
+        wait_until(lambda: srv.insp.state["held"] and srv.insp.step == n + 1, what="one step")
+
+    def since() -> dict:
+        return {h["id"]: h["applied_step"] for h in c.get("/api/hooks").json()}
+
+    one_step()
+    assert c.patch(f"/api/hooks/{sid}", json={"params": {"factor": 0.25}}).status_code == 200
+    wait_until(lambda: since()[sid] is not None, what="the update applied")
+    updated = since()[sid]
+    assert updated == held + 2
+    one_step()
+    with srv.ws() as ws:
+        hello = recv_until(ws, lambda m: m["type"] == "hello")
+        version = hello["session"]["config_version"]
+        assert c.delete(f"/api/hooks/{clip.json()['id']}").status_code == 204
+        msg = recv_until(ws, lambda m: m["type"] == "hooks" and m["config_version"] > version)
+    assert [(h["id"], h["applied_step"]) for h in msg["hooks"]] == [(sid, updated)]
+    one_step()
+    assert since() == {sid: updated}
+    assert c.post("/api/training/resume").status_code == 202
