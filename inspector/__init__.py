@@ -13,7 +13,7 @@ from .hooks.handles import HookHandle
 from .hooks.owned import attached
 from .hooks.targets import match as match_targets
 from .inspector import Inspector, Options, attach
-from .whatif.compare import Comparison, compare
+from .whatif.compare import CompareWarning, Comparison, compare
 from .wire.errors import (
     AttachError,
     CheckpointBusy,
@@ -49,4 +49,5 @@ __all__ = [
     "RewindPending",
     "compare",
     "Comparison",
+    "CompareWarning",
 ]

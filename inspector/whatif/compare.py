@@ -26,12 +26,22 @@ start each branch as they were (else branch B would start where A's warm-up left
 and the scaler's scale). Afterwards the model, optimizer, schedulers, scaler and RNG are put back
 as they were. On the same device with deterministic ops the two branches differ only by their
 hooks.
+
+Each branch keeps the learning rate of every parameter group at the start of each step
+(``Branch.lrs``, read from ``optimizer.param_groups``). Where branch B's differs from A's at a step
+before which both had the same losses (so no loss-driven schedule can explain it), something
+``step_fn`` steps kept the state branch A left it in, most likely an LR scheduler not passed as
+``schedulers=``: a :class:`CompareWarning` says so (``warnings.warn``), and the comparison's
+``warnings`` (and the saved runs' events) carry it. A warning, not a refusal: it is known only
+once the branches have trained, and what they trained is still there to look at.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,31 +53,41 @@ from ..dashboard import save_comparison, serve_comparison
 from ..wire.errors import HookError, InspectorError, shown
 from .checkpoints import fresh, host_copy
 
-__all__ = ["compare", "Comparison", "Branch"]
+__all__ = ["compare", "Comparison", "Branch", "CompareWarning"]
+
+
+class CompareWarning(UserWarning):
+    """:func:`compare`'s branches did not start alike: branch B's learning rate differs from A's
+    where their losses do not explain it (an LR scheduler not passed as ``schedulers=``)."""
 
 
 @dataclass
 class Branch:
-    """One branch of a comparison: its hooks (a preset), snapshots (wire dicts, loss merged in)
-    and the loss of every step."""
+    """One branch of a comparison: its hooks (a preset), snapshots (wire dicts, loss merged in),
+    the loss of every step, and ``lrs``: the learning rate of each parameter group at the start
+    of every step (None where a group has no numeric ``lr``)."""
 
     name: str
     hooks: list[dict[str, Any]]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     scalars: list[dict[str, Any]] = field(default_factory=list)
+    lrs: list[list[float | None]] = field(default_factory=list)
 
 
 @dataclass
 class Comparison:
     """What :func:`compare` returns: ``a`` and ``b`` (:class:`Branch`), the parameter names and
-    module names of the model (for :meth:`save` and :meth:`serve`)."""
+    module names of the model (for :meth:`save` and :meth:`serve`), and ``warnings``: why the
+    branches may differ by more than their hooks, ``{"step", "message"}`` each (each also a
+    :class:`CompareWarning`; saved with both runs as a ``compare_warning`` event at its step)."""
 
     a: Branch
     b: Branch
     params: list[dict[str, Any]]
     modules: list[str]
     _server: Any = None
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def save(self, db: str | os.PathLike[str]) -> tuple[int, int]:
         """Write both branches to a history database: run A, and run B as its branch from step 0.
@@ -128,13 +148,15 @@ def compare(
         batches: what ``step_fn`` is given, one item per step (taken into a list first).
         every: the snapshot cadence (1: every step).
         schedulers: an LR scheduler (or a list of them) that ``step_fn`` steps: each branch starts
-            with the schedule as it was, and it is put back afterwards.
+            with the schedule as it was, and it is put back afterwards. One that is not passed
+            goes on in branch B from where A left it: a :class:`CompareWarning` names it.
         scaler: the ``GradScaler`` ``step_fn`` uses: likewise (its scale and growth tracker),
             and given to each branch's Inspector, as ``attach(..., scaler=)`` takes it.
 
     Returns:
-        A :class:`Comparison`: ``.a`` and ``.b`` hold each branch's snapshots and losses;
-        ``.serve()`` shows both in the dashboard.
+        A :class:`Comparison`: ``.a`` and ``.b`` hold each branch's snapshots, losses and learning
+        rates; ``.warnings`` why they may differ by more than their hooks; ``.serve()`` shows both
+        in the dashboard.
 
     On a model that is attached, that Inspector stands aside while the branches train (none of
     its hooks run, its step does not move) and is back afterwards as it was.
@@ -199,7 +221,48 @@ def compare(
     outer = attached(model)
     aside = outer.stood_aside() if outer is not None else contextlib.nullcontext()
     with aside:
-        return _branches(model, optimizer, step_fn, data, presets, every, scaler, reset)
+        cmp = _branches(model, optimizer, step_fn, data, presets, every, scaler, reset)
+    drift = _lr_drift(cmp.a, cmp.b)
+    if drift is not None:
+        cmp.warnings.append({"step": drift[0], "message": drift[1]})
+        warnings.warn(drift[1], CompareWarning, stacklevel=2)
+    return cmp
+
+
+def _lrs(optimizer: Any) -> list[float | None]:
+    """The learning rate of each parameter group now (None: not a number)."""
+    out: list[float | None] = []
+    for g in optimizer.param_groups:
+        try:
+            out.append(float(g["lr"]))
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            out.append(None)
+    return out
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal, NaN equal to NaN."""
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+
+def _lr_drift(a: Branch, b: Branch) -> tuple[int, str] | None:
+    """``(step, why)`` branch B's learning rate is not A's, or None: the first step whose starting
+    learning rate differs while every loss before it is the same in both (a loss-driven schedule,
+    such as ReduceLROnPlateau, gives both the same rates as long as their losses are the same)."""
+    for i, (la, lb) in enumerate(zip(a.lrs, b.lrs, strict=False)):
+        if i > 0 and not _same(a.losses[i - 1], b.losses[i - 1]):
+            return None  # the losses differ from here: the hooks may drive the rate
+        if not all(_same(x, y) for x, y in zip(la, lb, strict=True)):
+            group = next(k for k, (x, y) in enumerate(zip(la, lb, strict=True)) if not _same(x, y))
+            return i + 1, (
+                f"compare(): branch B started step {i + 1} with learning rate {lb[group]!r} "
+                f"(parameter group {group}) where branch A had {la[group]!r}, with the same losses "
+                "until then: something step_fn steps went on from where branch A left it, most "
+                "likely an LR scheduler not passed as schedulers= (pass it, compare(..., "
+                "schedulers=scheduler), so that each branch starts it as it was); the two branches "
+                "differ by more than their hooks"
+            )
+    return None
 
 
 def _branches(
@@ -235,6 +298,7 @@ def _branches(
                 insp.subscribe(collect, lossless=True)
                 info, modules = insp.param_info(), list(insp.modules)
                 for batch in data:
+                    branch.lrs.append(_lrs(optimizer))
                     loss = step_fn(batch)
                     if loss is not None:
                         insp.record(loss=loss)

@@ -2,14 +2,16 @@
 
 `save` writes branch A as a run and branch B as its branch from step 0 (`branch="shadow"`, the
 label naming B's hooks), so the dashboard (and `gradient-inspector replay`, and the HTML report)
-shows B dashed over A, as the demo's shadow comparison. `serve` saves to a file (a temporary one
-by default) and serves it read-only from a background thread.
+shows B dashed over A, as the demo's shadow comparison; the comparison's warnings (why the
+branches may differ by more than their hooks) are a `compare_warning` event in each run. `serve`
+saves to a file (a temporary one by default) and serves it read-only from a background thread.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Any
 
 from ..app import create_app
@@ -42,6 +44,9 @@ def save(cmp: Any, path: str) -> tuple[int, int]:
         )
         store.start_writer()
         for run, branch in ((run_a, cmp.a), (run_b, cmp.b)):
+            # why the branches may differ by more than their hooks: in each run's event log
+            for seq, w in enumerate(getattr(cmp, "warnings", ()), start=1):
+                store.add_event(run, {"seq": seq, "kind": "compare_warning", "time": time.time(), **w})
             store.add_hooks(run, 1, branch.hooks)
             for snap in branch.snapshots:
                 store.add_snapshot(run, snap)

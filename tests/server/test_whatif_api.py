@@ -8,6 +8,7 @@ import math
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 import torch
 from torch import nn
 
@@ -253,5 +254,36 @@ def test_the_html_report_draws_a_runs_branches(tmp_path):
         assert b["id"] == run_b and b["branch"] == "shadow" and b["label"] == "B: clip_norm on '*'"
         assert b["loss"]["values"] == cmp.b.losses and b["steps"] == list(range(1, 7))
         assert max(b["total_norm"]) <= 0.1 * (1 + 1e-5) < max(data["total_norm"])
+    finally:
+        store.close()
+
+
+def test_a_comparisons_warning_is_an_event_of_both_saved_runs(tmp_path):
+    """compare() with a warm-up scheduler step_fn steps but was not given: the saved runs' event
+    logs (what the page lists) say why branch B is off, naming schedulers=."""
+    from server.history.storage import HistoryStore
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: min(1.0, (e + 1) / 4))
+    batches = [(torch.ones(4, 3) * i, torch.zeros(4, 1)) for i in range(6)]
+
+    def step(batch):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss
+
+    with pytest.warns(inspector.CompareWarning, match="schedulers="):
+        cmp = inspector.compare(model, opt, step, batches, hooks_b=[])
+    run_a, run_b = cmp.save(tmp_path / "cmp.sqlite")
+    store = HistoryStore(tmp_path / "cmp.sqlite", read_only=True)
+    try:
+        for run in (run_a, run_b):
+            (ev,) = [e for e in store.events(run) if e["kind"] == "compare_warning"]
+            assert ev["step"] == 2 and "schedulers=" in ev["message"]
     finally:
         store.close()

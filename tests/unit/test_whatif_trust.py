@@ -252,3 +252,68 @@ def test_compare_on_an_attached_model_works_and_puts_the_inspector_back():
     assert insp.step == 4 and insp.snapshots()[-1]["total_norm"] <= 0.05 * (1 + 1e-5)
     assert insp.hook(h.id).spec["enabled"]
     insp.close()
+
+
+def test_compare_with_a_warm_up_scheduler_not_passed_warns_naming_schedulers():
+    """A scheduler step_fn steps but compare() was not given: branch B starts where A's warm-up left
+    it. Said (a CompareWarning naming schedulers=, and the result's warnings); passed, nothing is."""
+    model, opt, sched, scaler, batches, step = compare_setup()
+    start_lr = opt.param_groups[0]["lr"]
+    with pytest.warns(inspector.CompareWarning, match="schedulers=") as caught:
+        cmp = inspector.compare(model, opt, step, batches, hooks_a=[], hooks_b=[], scaler=scaler)
+    assert len(caught) == 1
+    assert cmp.a.lrs[0] == cmp.b.lrs[0] == [start_lr]  # the optimizer's lr comes back
+    # the reference: LambdaLR's 0.1 * min(1, (e + 1) / 5) at epoch e; the second step of A at
+    # epoch 1, of B at epoch 11 (A's ten steps left it at 10)
+    assert cmp.a.lrs[1] == pytest.approx([0.1 * 2 / 5], rel=1e-12)
+    assert cmp.b.lrs[1] == pytest.approx([0.1], rel=1e-12)
+    (w,) = cmp.warnings
+    assert w["step"] == 2 and "schedulers=" in w["message"] and "step 2" in w["message"]
+
+    model, opt, sched, scaler, batches, step = compare_setup()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", inspector.CompareWarning)
+        cmp = inspector.compare(
+            model, opt, step, batches, hooks_a=[], hooks_b=[], schedulers=sched, scaler=scaler
+        )
+    assert cmp.warnings == []
+    assert cmp.a.lrs == cmp.b.lrs and cmp.a.lrs[0] == [opt.param_groups[0]["lr"]]
+    assert cmp.a.lrs[1] != cmp.a.lrs[0]  # the warm-up moves it: the same moves in both
+
+
+def test_compare_does_not_warn_for_a_rate_driven_by_the_loss_or_by_the_batch():
+    """No false alarm: a rate that follows the losses (which the hooks make differ, as a
+    ReduceLROnPlateau's does), and a rate step_fn sets from the batch (the same in both branches)."""
+    import warnings
+
+    model, opt, _, _, batches, _ = compare_setup()
+
+    def by_loss(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        for g in opt.param_groups:
+            g["lr"] = 0.05 * loss.item()  # the next step's rate, from this step's loss
+        return loss
+
+    def by_batch(batch):
+        x, y = batch
+        for g in opt.param_groups:
+            g["lr"] = 0.01 * (1 + float(x[0, 0].abs()))
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    scale = [{"kind": "scale", "target": "*", "params": {"factor": 0.01}}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", inspector.CompareWarning)
+        cmp = inspector.compare(model, opt, by_loss, batches, hooks_a=[], hooks_b=scale)
+        assert cmp.warnings == [] and cmp.a.lrs[2] != cmp.b.lrs[2]  # the losses differ: so do the rates
+        cmp = inspector.compare(model, opt, by_batch, batches, hooks_a=[], hooks_b=scale)
+        assert cmp.warnings == [] and cmp.a.lrs == cmp.b.lrs
