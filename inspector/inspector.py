@@ -213,8 +213,12 @@ class Inspector:
                 lock=lock,
                 size=opts.flight,
             )
-        # batches(): the data position, and the windows a rewind skips (inspector.whatif.skip)
-        self._cursor = cursor = BatchCursor(lock, lambda: clock.step + 1)
+        # batches(): the data position, and the windows a rewind skips (inspector.whatif.skip);
+        # while it drops a window's batches, the lifecycle's between_batches (built below) lets a
+        # pause hold and requests be carried out there
+        self._cursor = cursor = BatchCursor(
+            lock, lambda: clock.step + 1, between=lambda: steps.between_batches()
+        )
         # checkpoint() and rewind(): inspector.whatif.checkpoints
         self._branches = branches = Checkpoints(
             opts.checkpoints,
@@ -232,7 +236,7 @@ class Inspector:
             feed=feed,
             data=cursor,
         )
-        self._lifecycle = StepLifecycle(
+        self._lifecycle = steps = StepLifecycle(
             at,
             lock=lock,
             clock=clock,

@@ -156,6 +156,7 @@ class StepLifecycle:
         # the norms the last backward left, and the scale they are scaled by (sampled steps)
         self._bw: tuple[list[Tensor] | Tensor, Tensor | None] | None = None
         self._bw_index: list[int] = []  # the parameters whose norms _bw holds, in order
+        self._single_from: int | None = None  # between_batches let a single step go from this step
         self._hist_chosen: list[int] | None = None  # the step under way's histograms, once chosen
         self._telemetry_seen: set[str] = set()  # statistics failures reported so far (each once)
         # the rules (inspector.rules), set by the Inspector; evaluated at the boundary from the
@@ -645,6 +646,25 @@ class StepLifecycle:
                     self._telemetry_failed("the flight recorder", e)
         self._records.flush_late(self._clock.step)
 
+    def between_batches(self) -> bool:
+        """The training thread draws and drops a skipped window's batches (``insp.batches``,
+        inspector/whatif/skip.py), lock held. A window is reached between two steps (a rewind
+        leaves the run at a boundary), so there this is a safe point as a boundary is: pending
+        edits and requests are carried out (a rewind included), and a pause holds here. False
+        once the Inspector is closed: the dropping ends."""
+        gate = self._gate
+        if gate.closed:
+            return False
+        if self._distributed or self._clock.under_way or not gate.on_training_thread():
+            return True
+        if self._reg.pending or self._branches.queued:
+            self.apply_edits(torch_ok=True)
+        if gate.should_hold() and self._single_from != self._clock.step:
+            gate.hold(lambda: self.apply_edits(torch_ok=True))
+            if gate.should_hold():  # let go for a single step: it runs before the next hold
+                self._single_from = self._clock.step
+        return not gate.closed
+
     # ================================================================= the boundary
     def boundary(self) -> None:
         """Step N is complete: report earlier steps' deferred checks, publish its snapshot, apply
@@ -660,6 +680,7 @@ class StepLifecycle:
             step, sampled = clock.complete()
             self._hist_chosen = None  # (the next step chooses its own, even under a rewound number)
             self._dropped = False
+            self._single_from = None  # (a single step let go while dropping batches: this one)
             events = self._events.take_step()
             rec = self._records.take_current()
             if sampled:

@@ -22,6 +22,8 @@ the run is in its data:
 
   ``None`` skips nothing. A rewind replaces the window a rewind before it left pending (that
   window was the abandoned branch's): after ``rewind(cp2)`` without ``skip`` no batch is dropped.
+  A window that leaves more than ``MAX_SKIP`` batches (or, where the iterable has a ``len()``,
+  more than that) to draw and drop is refused: the training thread reads them one by one.
   The window is recorded: a ``batches_skipped`` event (``first``, ``last``, ``count``, ``steps``:
   the first and last step of the abandoned branch that had received some of them, ``ahead``:
   those still to be drawn and dropped, ``seek``, ``checkpoint``, ``reason``).
@@ -57,7 +59,10 @@ worker). No sampler-level wrapper is offered: a sampler runs ahead of the loop b
 
 Threads: the wrapper runs on the training thread; a rewind is carried out by the training thread
 at a boundary (``Checkpoints``), which holds the Inspector's lock; the cursor's state is read and
-written under that lock, never while the loader is being read. No tensor is read: the cursor
+written under that lock, never while the loader is being read. Between two dropped batches the
+wrapper calls ``between`` (``StepLifecycle.between_batches``): a window is reached between two
+steps, so a pause holds there and requests are carried out there as at a boundary, and once the
+Inspector is closed the window is abandoned (the rest come as they are). No tensor is read: the cursor
 costs a lock and a few integers per batch.
 """
 
@@ -69,11 +74,14 @@ from typing import Any
 
 from ..wire.errors import HookError, shown
 
-__all__ = ["BatchCursor", "SINCE_CHECKPOINT", "check_skip"]
+__all__ = ["BatchCursor", "SINCE_CHECKPOINT", "check_skip", "MAX_SKIP"]
 
 SINCE_CHECKPOINT = "since_checkpoint"
 MAX_STEPS = 10_000  # steps whose batch range is kept (for the window's steps)
 MAX_WINDOWS = 100  # skipped windows kept (the events carry every one)
+# At most this many batches are drawn and dropped for one window: the training thread reads them
+# one by one, and a window past the data would have it read forever (a count is refused above it)
+MAX_SKIP = 100_000
 
 
 def check_skip(skip: Any) -> tuple[Any, ...] | None:
@@ -90,6 +98,12 @@ def check_skip(skip: Any) -> tuple[Any, ...] | None:
     if isinstance(skip, int) and not isinstance(skip, bool):
         if skip < 1:
             raise HookError(("skip",), f"a count of batches must be >= 1 (got {skip})")
+        if skip > MAX_SKIP:
+            raise HookError(
+                ("skip",),
+                f"a count of batches must be <= {MAX_SKIP} (MAX_SKIP; got {skip}): the batches not "
+                "received yet are drawn and dropped one by one by the training thread",
+            )
         return ("count", skip)
     if isinstance(skip, list | tuple | range):
         if isinstance(skip, range):
@@ -113,14 +127,24 @@ class BatchCursor:
     Args:
         lock: the Inspector's lock (the cursor's state is under it).
         step_under_way: the number of the step the next batch goes to (the clock's step + 1).
+        between: called (lock held) after each batch :meth:`wrap` drops: the training thread
+            between two steps, where a pause holds and requests are carried out; False once the
+            Inspector is closed (the window is then abandoned: the rest come as they are).
     """
 
-    def __init__(self, lock: Any, step_under_way: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        lock: Any,
+        step_under_way: Callable[[], int],
+        between: Callable[[], bool] | None = None,
+    ) -> None:
         self._lock = lock
         self._step = step_under_way
+        self._between = between
         self.position = 0  # the index of the next batch the loop receives
         self.used = False  # batches were counted: the position is known
         self.epochs = 0  # insp.batches(...) calls
+        self.length: int | None = None  # len() of the newest iterable wrap() was given, when it has one
         self._steps: deque[list[int]] = deque(maxlen=MAX_STEPS)  # [step, first, last] of the batches received
         self._skip: tuple[int, int] | None = None  # the window still to drop as the loop reaches it
         self.windows: deque[dict[str, Any]] = deque(maxlen=MAX_WINDOWS)
@@ -132,9 +156,14 @@ class BatchCursor:
         """``insp.batches(iterable)``: the batches of ``iterable``, counted, with a skipped
         window's batches drawn and dropped. Raises TypeError at once for a non-iterable."""
         it = iter(iterable)
+        try:
+            length: int | None = len(iterable)  # type: ignore[arg-type]
+        except Exception:  # no len() (a generator, an IterableDataset's loader)
+            length = None
         with self._lock:
             self.epochs += 1
             self.used = True
+            self.length = length if isinstance(length, int) and length >= 0 else None
         return self._batches(it)
 
     def _batches(self, it: Iterator[Any]) -> Iterator[Any]:
@@ -145,6 +174,8 @@ class BatchCursor:
                 return
             with self._lock:
                 drop = self._count()
+                if drop and self._between is not None and not self._between():
+                    self._skip = None  # closed: nothing of ours filters the data any more
             if not drop:
                 yield batch
 
@@ -235,6 +266,21 @@ class BatchCursor:
                     f"window must reach batch {now - 1} at least (got [{first}, {last}]): skip at least "
                     f"{now - cp_position}",
                 )
+        # the batches still to draw and drop: from the window's start, or from the next batch when
+        # the loader goes on (those received since the checkpoint are not read again)
+        ahead = last - max(first, cp_position if seekable else now) + 1
+        if ahead > MAX_SKIP:
+            raise HookError(
+                ("skip",),
+                f"the window [{first}, {last}] leaves {ahead} batches to draw and drop, more than "
+                f"{MAX_SKIP} (MAX_SKIP): the training thread would read them one by one before its next step",
+            )
+        if self.length is not None and ahead > self.length:
+            raise HookError(
+                ("skip",),
+                f"the window [{first}, {last}] leaves {ahead} batches to draw and drop, more than your "
+                f"loader holds ({self.length} batches, its len()): it would drop the data whole",
+            )
         return (first, last)
 
     def rewound(

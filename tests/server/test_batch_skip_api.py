@@ -81,3 +81,32 @@ def test_rewind_and_skip_on_the_nan_demo_leaves_the_bad_batch_behind(live):
     # every step of the new branch received one batch, after the window
     assert srv.insp.data_position["position"] == srv.insp.step + (from_step - cp_step)
     srv.insp.resume()
+
+
+def test_a_skip_past_what_can_be_drawn_is_a_422_naming_why_and_nothing_changes(live):
+    """`skip: 10**12` (and a window as far) would keep the training thread drawing and dropping
+    batches for good: refused with the reason (MAX_SKIP), the run as it was, training going on."""
+    srv = live(rate=None)
+    c = srv.http()
+    srv.wait_step(3)
+    r = c.post("/api/checkpoints", json={"label": "before"})
+    assert r.status_code == 202, r.text
+    cp = r.json()["id"]
+    wait_until(
+        lambda: any(x["id"] == cp and x["taken"] for x in c.get("/api/checkpoints").json()["checkpoints"])
+    )
+    cp_step = next(x["step"] for x in c.get("/api/checkpoints").json()["checkpoints"] if x["id"] == cp)
+    hooks, version = c.get("/api/hooks").json(), srv.insp.config_version
+    for body, why in [
+        ({"skip": 10**12}, "must be <= 100000 (MAX_SKIP"),
+        ({"skip": [cp_step, 10**12]}, "more than 100000 (MAX_SKIP)"),
+    ]:
+        r = c.post(f"/api/checkpoints/{cp}/rewind", json=body)
+        assert r.status_code == 422, (body, r.text)
+        (detail,) = r.json()["detail"]
+        assert detail["loc"] == ["skip"] and why in detail["msg"], detail
+    assert srv.insp.checkpoints.rewinds == 0 and srv.insp.checkpoints.pending_rewind() is None
+    assert srv.insp.data_position["pending"] is None
+    assert c.get("/api/hooks").json() == hooks and srv.insp.config_version == version
+    step = srv.insp.step
+    srv.wait_step(step + 3)  # training goes on

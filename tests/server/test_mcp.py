@@ -411,3 +411,24 @@ def test_without_the_sdk_mcp_answers_501_with_the_install_hint(monkeypatch):
         r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert r.status_code == 501
         assert "pip install gradient-inspector[agent]" in r.json()["detail"]
+
+
+def test_the_rewind_tool_refuses_a_skip_past_what_can_be_drawn(live):
+    """The agent's `rewind` with `skip` 10**12: a 422 naming the bound (MAX_SKIP), as the HTTP
+    route's, the run as it was."""
+    srv = live(rate=None)
+    srv.wait_step(3)
+    c = srv.http()
+    cp = c.post("/api/checkpoints", json={}).json()["id"]
+    wait_until(
+        lambda: any(x["id"] == cp and x["taken"] for x in c.get("/api/checkpoints").json()["checkpoints"])
+    )
+    hooks, version = c.get("/api/hooks").json(), srv.insp.config_version
+    out = agent(srv.base, [("rewind", {"checkpoint_id": cp, "skip": 10**12})])
+    (refused,) = out["results"]
+    assert refused.is_error and "422" in text(refused) and "MAX_SKIP" in text(refused), text(refused)
+    assert srv.insp.checkpoints.rewinds == 0 and srv.insp.checkpoints.pending_rewind() is None
+    assert srv.insp.data_position["pending"] is None
+    assert c.get("/api/hooks").json() == hooks and srv.insp.config_version == version
+    step = srv.insp.step
+    srv.wait_step(step + 3)

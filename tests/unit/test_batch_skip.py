@@ -4,6 +4,7 @@ the window recorded, and the refusals (inspector/whatif/skip.py)."""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from torch import nn
 
 import inspector
 from inspector.scenarios import make
+from inspector.whatif.skip import MAX_SKIP
+from tests.support import wait_until
 
 
 class IdLoop:
@@ -129,6 +132,9 @@ def test_a_rewind_without_skip_is_as_before_the_loader_goes_on_and_nothing_is_re
         ((4, 9), "must start at the checkpoint's data position 3"),
         (2, "skip at least 3"),
         ((3, 4), "must reach batch 5"),
+        (10**12, "must be <= 100000 (MAX_SKIP"),
+        ((3, 10**12), "more than 100000 (MAX_SKIP)"),
+        ((3, 40), "more than your loader holds (10 batches"),
     ],
 )
 def test_a_skip_that_cannot_be_honoured_is_refused_with_the_reason_and_nothing_changes(skip, why):
@@ -282,3 +288,113 @@ def test_a_later_rewind_without_skip_clears_the_window_an_earlier_one_left_take_
     assert insp.data_position["pending"] is None
     assert [e["step"] for e in insp.events() if e["kind"] == "step_skipped"] == [4]
     insp.close()
+
+
+class Dropping:
+    """A training thread whose loader goes on (no len()) and that rewinds at step 5 to its
+    checkpoint of step 3 with ``skip=MAX_SKIP`` (allowed: batches 3..100002); the loader waits
+    for ``go`` once the window is being dropped, so the test acts while it is."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Linear(2, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.insp = inspector.attach(self.model, self.opt)
+        self.drawn = 0
+        self.go, self.stop = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self.after_close: list[int] = []  # the index of the first batch the loop got once closed
+        self.thread = threading.Thread(target=self._train, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.drawn >= 20, what="the window being dropped")
+
+    def _loader(self):
+        while not self.stop.is_set():
+            self.drawn += 1
+            if self.drawn == 20:
+                self.go.wait(30)
+            yield torch.full((1, 2), float(self.drawn - 1))
+
+    def _train(self) -> None:
+        insp, cp = self.insp, None
+        try:
+            for batch in insp.batches(self._loader()):
+                if insp.closed:
+                    self.after_close.append(int(batch[0, 0]))
+                    return
+                self.model(batch).sum().backward()
+                self.opt.step()
+                self.opt.zero_grad()
+                if insp.step == 3 and cp is None:
+                    cp = insp.checkpoint()
+                if insp.step == 5 and not insp.checkpoints.rewinds:
+                    assert insp.rewind(cp, skip=MAX_SKIP)["done"]
+        except BaseException as e:  # reported by the test
+            self.errors.append(e)
+
+    def close(self) -> None:
+        """close() from another thread: it must return."""
+        closer = threading.Thread(target=self.insp.close, daemon=True)
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive(), "close() returned"
+
+    def end(self) -> None:
+        self.stop.set()
+        self.go.set()
+        self.insp.close()
+
+
+def test_a_pause_holds_and_close_returns_while_a_large_window_is_being_dropped():
+    """While the training thread draws and drops a window's batches, a pause holds there (no step
+    moves), a rewind asked meanwhile is carried out by the held thread, and close() returns."""
+    run = Dropping()
+    insp = run.insp
+    try:
+        assert insp.step == 3 and insp.data_position["pending"] == [3, 3 + MAX_SKIP - 1]
+        insp.pause()
+        run.go.set()
+        wait_until(lambda: insp.state["held"], what="the pause to hold while dropping")
+        assert insp.step == 3 and insp.data_position["pending"] is not None
+        # a rewind asked while held there is carried out there: no skip, so no window is left
+        insp.rewind(insp.checkpoints.list()[0]["id"])
+        wait_until(lambda: insp.checkpoints.rewinds == 2, what="the second rewind")
+        assert insp.data_position["pending"] is None and insp.state["held"]
+        insp.resume()
+        wait_until(lambda: insp.step >= 6, what="steps after the rewind")
+        run.close()
+        run.thread.join(60)
+        assert not run.thread.is_alive() and not run.errors, run.errors
+    finally:
+        run.end()
+
+
+def test_a_single_step_while_held_dropping_runs_one_step_then_holds():
+    run = Dropping()
+    insp = run.insp
+    try:
+        insp.pause()
+        run.go.set()
+        wait_until(lambda: insp.state["held"], what="the pause to hold while dropping")
+        assert insp.step == 3 and insp.data_position["pending"] is not None
+        insp.step_once()
+        # the rest of the window is dropped, one step runs, and its boundary holds
+        wait_until(lambda: insp.step == 4 and insp.state["held"], timeout=120, what="one step, then held")
+        assert insp.data_position["pending"] is None and insp.data_position["dropped"] == MAX_SKIP - 2
+        assert insp.step == 4 and not run.errors
+    finally:
+        run.end()
+
+
+def test_close_ends_the_dropping_of_a_window():
+    """close() while the training thread drops a window (not paused): the dropping ends, and the
+    loop gets the batches as they come."""
+    run = Dropping()
+    try:
+        run.close()
+        run.go.set()
+        run.thread.join(60)
+        assert not run.thread.is_alive() and not run.errors, run.errors
+        assert run.after_close and run.after_close[0] < MAX_SKIP, run.after_close
+    finally:
+        run.end()
