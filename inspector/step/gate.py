@@ -68,7 +68,8 @@ class PauseGate:
 
     @property
     def held(self) -> bool:
-        """The training thread waits at a boundary now."""
+        """The training thread waits at a boundary now (or between two steps, where
+        ``insp.batches`` drops a skipped window's batches: inspector/whatif/skip.py)."""
         return self._waiting
 
     def _move(self, to: TrainingState) -> None:
