@@ -56,15 +56,27 @@ class Change:
 
 
 def _content(s: HookSpec) -> tuple[Any, ...]:
-    """A hook's own configuration: any difference gives it a new ``applied_step``. Its position is
-    not in it (another hook added, removed or moved before it shifts it); a move of its own is a
-    change naming it (:func:`_own_changes`)."""
+    """A hook's own configuration, but for its place in the order (:func:`in_order`): any
+    difference gives it a new ``applied_step``."""
     return (s.kind, s.point, s.target, tuple(sorted(s.params.items())), s.enabled)
 
 
-def _own_changes(change: Change) -> set[str]:
-    """The hooks that ``change`` changes by name (an add, an update, a move, an enable)."""
-    return {change.hook_id} if change.hook_id is not None and change.action != "remove" else set()
+def in_order(prev: Any, new: Any) -> set[str]:
+    """The ids of the hooks in both ``prev`` and ``new`` (specs, in order) that keep their order
+    relative to every other hook in both: the same of them before it. Not its position: a hook
+    added or removed before it shifts that and leaves what it acts after as it was; a move (its
+    own, or another's past it) changes it."""
+    common = {s.id for s in prev} & {s.id for s in new}
+    a = [s.id for s in prev if s.id in common]
+    b = [s.id for s in new if s.id in common]
+    kept: set[str] = set()
+    diff: set[str] = set()  # the symmetric difference of a[:k] and b[:k]
+    for x, y in zip(a, b, strict=True):
+        if x == y and not diff:
+            kept.add(x)
+        diff ^= {x}
+        diff ^= {y}
+    return kept
 
 
 class Registry:
@@ -301,13 +313,13 @@ class Registry:
 
     def _stamp(self, change: Change, step: int) -> tuple[HookSpec, ...]:
         """``change``'s config, each hook with the first step its own configuration acts on:
-        ``step`` for a hook the change names or whose configuration it changes, else as it was."""
+        ``step`` for a hook whose configuration or order the change changes, else as it was."""
         prev = {s.id: s for s in self.applied}
-        own = _own_changes(change)
+        kept = in_order(self.applied, change.config)
         out = []
         for s in change.config:
             old = prev.get(s.id)
-            if old is not None and s.id not in own and _content(old) == _content(s):
+            if old is not None and s.id in kept and _content(old) == _content(s):
                 out.append(replace(s, applied_step=old.applied_step))
             else:
                 out.append(replace(s, applied_step=step))
@@ -333,13 +345,13 @@ class Registry:
 
     def view(self) -> list[HookSpec]:
         """The requested config with ``applied_step`` of what is in force (None while a change of
-        its own is pending)."""
+        its configuration or order is pending)."""
         applied = {s.id: s for s in self.applied}
-        own = {hid for c in self.pending for hid in _own_changes(c)}
+        kept = in_order(self.applied, self.requested)
         out = []
         for s in self.requested:
             a = applied.get(s.id)
-            same = a is not None and s.id not in own and _content(a) == _content(s)
+            same = a is not None and s.id in kept and _content(a) == _content(s)
             step = a.applied_step if same else None
             out.append(replace(s, applied_step=step))
         return out

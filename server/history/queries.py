@@ -142,6 +142,21 @@ def merge_scalars(snap: dict[str, Any], late: dict[str, Any] | None) -> dict[str
     return snap
 
 
+def _in_order(prev: list[Any], new: list[Any]) -> set[Any]:
+    """The ids in both lists that keep their order relative to every other id in both (the same
+    of them before it), as the core's registry keeps a hook's `applied_step` (no torch here)."""
+    common = set(prev) & set(new)
+    a, b = [i for i in prev if i in common], [i for i in new if i in common]
+    kept: set[Any] = set()
+    diff: set[Any] = set()  # the symmetric difference of a[:k] and b[:k]
+    for x, y in zip(a, b, strict=False):  # (a damaged record may repeat an id)
+        if x == y and not diff:
+            kept.add(x)
+        diff ^= {x}
+        diff ^= {y}
+    return kept
+
+
 @dataclass(frozen=True)
 class HistoryQuery:
     """Which recorded steps a `snapshots` or `scalars` query returns: those with since < step <=
@@ -553,8 +568,9 @@ class HistoryReader:
         `GET /api/hooks` shows it: `config_version` counts the applied changes; when the last
         acknowledged request (`hook_requests`) was not applied yet where the record ends (the
         process was killed, say), `hooks` is that requested configuration, each hook with the
-        `applied_step` of the same hook in force, null while a change of its own is pending (a
-        pending removal is gone; another hook's removal or move only shifts its `position`)."""
+        `applied_step` of the same hook in force, null while a change of its configuration or of
+        its order relative to the others is pending (a pending removal is gone; another hook's
+        removal before it only shifts its `position`)."""
         rows = self._all(
             "SELECT config_version, hooks FROM hook_changes WHERE run = ? ORDER BY config_version DESC LIMIT 1",
             (run,),
@@ -573,20 +589,13 @@ class HistoryReader:
         def content(h: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in h.items() if k not in ("applied_step", "position")}
 
-        # the hooks a pending request names (an add, an update, a move): pending themselves
-        own = {
-            r[0]
-            for r in self._all(
-                "SELECT hook_id FROM hook_requests WHERE run = ? AND config_version > ?"
-                " AND action != 'remove' AND hook_id IS NOT NULL",
-                (run, version),
-            )
-        }
         in_force = {h.get("id"): h for h in applied}
+        asked_hooks = self._hooks_of("hook_requests", run, asked[0])
+        kept = _in_order([h.get("id") for h in applied], [h.get("id") for h in asked_hooks])
         requested = []
-        for h in self._hooks_of("hook_requests", run, asked[0]):
+        for h in asked_hooks:
             a = in_force.get(h.get("id"))
-            same = a is not None and h.get("id") not in own and content(a) == content(h)
+            same = a is not None and h.get("id") in kept and content(a) == content(h)
             requested.append({**h, "applied_step": a.get("applied_step") if same else None})
         return version, requested
 
