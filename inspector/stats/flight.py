@@ -160,6 +160,7 @@ class FlightRecorder:
         if step <= self.latest:  # a rewind: the rows after it belong to the abandoned branch
             self.rewound(step - 1)
         row = step % self.size
+        self.row_step[row] = -1  # (until written whole: a write that fails leaves no stale row)
         self._put(self._raw_rows[row], index, raw)
         if final is None:
             self.row_final[row] = False

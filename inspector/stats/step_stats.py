@@ -611,9 +611,11 @@ class StepStats:
             self._optim_failed(e)
             return None
 
-    def final_norms(self) -> Tensor | None:
-        """The sampled step's final 2-norms as one vector (after :meth:`final`; None under FSDP2)."""
-        return self._vecs.get("final_norm")
+    def final_norms(self) -> tuple[Tensor, list[int]] | None:
+        """The sampled step's final 2-norms as one vector and the parameters they are of (those
+        with a gradient after the ``pre_step`` hooks), after :meth:`final`; None under FSDP2."""
+        vec = self._vecs.get("final_norm")
+        return None if vec is None else (vec, self._meta["fin_idx"])
 
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""

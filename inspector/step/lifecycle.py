@@ -594,8 +594,10 @@ class StepLifecycle:
         final: Any = None
         final_index: list[int] | None = None
         if hooks_ran:
-            final = self._stats.final_norms() if sampled else None
-            if final is None:
+            taken = self._stats.final_norms() if sampled else None
+            if taken is not None:  # (a hook may have dropped a gradient: its entry is absent)
+                final, final_index = taken
+            else:
                 fin = [(i, g) for i, p in enumerate(self._at.tensors) if (g := p.grad) is not None]
                 final_index = [i for i, _ in fin]
                 final = self._stats.norms_now([g for _, g in fin]) if fin else []

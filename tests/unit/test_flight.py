@@ -125,3 +125,56 @@ def test_off_and_off_by_default(off):
     with pytest.raises(inspector.AttachError):
         inspector.attach(nn.Linear(2, 2), flight=-1)
     insp.close()
+
+
+def _drop_bias(name: str, p: torch.Tensor) -> None:
+    p.grad = None  # a user's hook that drops the gradient
+
+
+@pytest.mark.parametrize("hook", ["freeze", "python"])
+@pytest.mark.parametrize("every", [1, None])
+def test_a_hook_that_drops_a_gradient_leaves_a_null_not_a_missing_row(hook, every):
+    """A pre_step hook that sets a gradient to None (``freeze``, a user's Python hook): every step,
+    sampled or not, keeps its row (the newest row is the newest step), the dropped tensor's final
+    norm is null and the others' are the plain float64 norms, spike detection sees every step, a
+    NaN on a later step is dumped, and nothing is reported as a telemetry error."""
+    m, opt = model()
+    insp = inspector.attach(m, opt, flight=16, **({} if every is None else {"every": every}))
+    insp.set_spike_detection(warmup=5, cooldown=5)
+    dropped = insp.params.index("2.bias")
+    if hook == "freeze":
+        insp.add_hook("freeze", target="2.bias")
+    else:
+        insp.add_hook(_drop_bias, target="2.bias", point="pre_step")
+    dumps = []
+    insp.subscribe(lambda kind, payload: dumps.append(payload) if kind == "flight" else None, lossless=True)
+    truth = {}
+    for s in range(1, 41):
+        loss = m(torch.randn(8, 5)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if s == 38:
+            m[0].weight.grad[0, 0] = math.nan
+        truth[s] = [p.grad.double().norm().item() for p in m.parameters()]
+        insp.record(loss=loss * 1000 if s == 25 else loss)  # a loss spike at step 25
+        opt.step()
+    insp.finish()
+    insp.flush()
+    rows = insp.flight_recorder()["rows"]
+    assert [r["step"] for r in rows] == list(range(25, 41))
+    for r in rows:
+        want = truth[r["step"]]
+        assert r["final"][dropped] is None
+        assert r["nonfinite"] == (r["step"] >= 38)  # (the NaN's update spread it)
+        if r["step"] < 38:
+            assert r["raw"] == pytest.approx(want, rel=1e-5)
+            kept = [v for i, v in enumerate(want) if i != dropped]
+            assert [v for i, v in enumerate(r["final"]) if i != dropped] == pytest.approx(kept, rel=1e-5)
+    spikes = [e for e in insp.events() if e["kind"] == "spike"]
+    assert (25, "loss") in [(e["step"], e["signal"]) for e in spikes]
+    reasons = {(d["reason"], d["step"]) for d in dumps}
+    assert ("spike", 25) in reasons and ("nonfinite", 38) in reasons
+    nan_rows = {r["step"]: r for r in next(d for d in dumps if d["reason"] == "nonfinite")["rows"]}
+    assert nan_rows[38]["nonfinite"] and nan_rows[38]["raw"][0] == "nan" and not nan_rows[37]["nonfinite"]
+    assert [e for e in insp.events() if e["kind"] == "telemetry_error"] == []
+    insp.close()
