@@ -421,7 +421,7 @@ class Inspector:
     def memory(self) -> dict[str, int]:
         """Host and device bytes the inspector keeps between steps: ``{"update_sample"`` (the
         parameters' sample for the update ratio, on their device), ``"snapshots"`` (the ring of
-        recent snapshots, approximate), ``"checkpoints"`` (host memory), ``"flight"`` (the flight
+        recent snapshots, accounted from their lengths: at least what it holds, at most 1.6 times it), ``"checkpoints"`` (host memory), ``"flight"`` (the flight
         recorder's ring), ``"optim_sample"`` (the previous sampled gradient's sample, on the
         gradients' device: :mod:`inspector.stats.optim_state`)``}``."""
         return {
