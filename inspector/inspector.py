@@ -1062,8 +1062,8 @@ def attach(
             sampled steps).
         flight: the flight recorder's steps (0, the default: off; 256 is a good size): every
             tensor's raw and final gradient norm, the loss and the NaN/Inf flag of each of the
-            last ``flight`` steps, kept on the device (``flight x (2 x tensors + 1) x 4`` bytes)
-            and read on a spike, a NaN/Inf or ``insp.flight_recorder()``; it also feeds spike
+            last ``flight`` steps, kept on the device (``flight x (2 x tensors + 1) x 4`` bytes, each
+            row rounded up to 512 on a GPU) and read on a spike, a NaN/Inf or ``insp.flight_recorder()``; it also feeds spike
             detection (``set_spike_detection``). Off by default: its fixed cost, about 50 us a
             step on a CPU, shows on a model whose step takes a fraction of a millisecond.
         optim_state: measure the optimizer's state and the update's geometry on sampled steps

@@ -23,7 +23,10 @@ norm or loss (one dump per ``cooldown`` steps), has the whole ring copied (one d
 transfer, read at the boundary after) and published as a ``flight`` record: the rows of the
 ring, oldest first. ``Inspector.flight_recorder()`` reads it at once (one transfer) when asked.
 
-Memory: ``size x (2 x tensors + 1) x 4`` bytes on the device (256 steps x 1000 tensors: 2 MB).
+Memory: ``size x (2 x tensors + 1) x 4`` bytes on the device, in ``2 x size`` rows of their own,
+each of which PyTorch's CUDA caching allocator rounds up to 512 bytes (256 steps x 1000 tensors:
+2.0 MB; x 4 tensors: 9 KB on the CPU, 256 KB on a GPU): :attr:`FlightRecorder.bytes`. A dump
+copies the ring once more until it is read (at the next boundary).
 
 A rewind to step ``s`` makes the rows of steps after ``s`` stale: the next write under a step
 number not above the last one drops them (they are never dumped); the detector's statistics go
@@ -52,6 +55,11 @@ from .spikes import SpikeReport, SpikeSettings, SpikeState, check_spike_settings
 __all__ = ["DEFAULT_SIZE", "FlightRecorder"]
 
 DEFAULT_SIZE = 256  # steps kept
+_BLOCK = 512  # the CUDA caching allocator's smallest block: every allocation is a multiple of it
+
+
+def _rounded(nbytes: int, block: int) -> int:
+    return -(-nbytes // block) * block
 
 
 def _vec(values: Tensor | list[Tensor]) -> Tensor:
@@ -106,8 +114,12 @@ class FlightRecorder:
 
     @property
     def bytes(self) -> int:
-        """Device memory the ring holds (allocated at the first step)."""
-        return self.size * (2 * len(self.params) + 1) * 4 if self._rows else 0
+        """Device memory the ring holds (allocated at the first step): its rows' bytes, each
+        rounded up to the CUDA caching allocator's block on a GPU (module docstring)."""
+        if not self._rows:
+            return 0
+        t, block = len(self.params), _BLOCK if self._rows[0].is_cuda else 1
+        return self.size * (_rounded((t + 1) * 4, block) + _rounded(t * 4, block))
 
     # ------------------------------------------------------------------ settings
     def configure(self, **change: Any) -> dict[str, Any]:

@@ -178,3 +178,30 @@ def test_a_hook_that_drops_a_gradient_leaves_a_null_not_a_missing_row(hook, ever
     assert nan_rows[38]["nonfinite"] and nan_rows[38]["raw"][0] == "nan" and not nan_rows[37]["nonfinite"]
     assert [e for e in insp.events() if e["kind"] == "telemetry_error"] == []
     insp.close()
+
+
+def test_the_rings_memory_is_one_formula_everywhere_and_what_its_tensors_hold():
+    """``insp.memory["flight"]`` is the bytes of the ring's own tensors (their storages, on the
+    CPU), and every place that states the ring's memory states the formula that computes it."""
+    import re
+    from pathlib import Path
+
+    m, opt = model()
+    insp = inspector.attach(m, opt, every=10, flight=256)
+    train(insp, m, opt, 3)
+    rec = insp._flight
+    storages = {}
+    for t in rec._rows + rec._final_rows + rec._raw_rows + rec._loss_cells:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    held = sum(storages.values())
+    tensors = len(insp.params)
+    assert held == insp.memory["flight"] == 256 * (2 * tensors + 1) * 4
+    insp.close()
+    root = Path(__file__).resolve().parents[2]
+    stated = set()
+    for path in ("README.md", "server/PROTOCOL.md", "inspector/stats/flight.py", "inspector/inspector.py"):
+        text = (root / path).read_text()
+        stated |= {
+            re.sub(r"\b(size|flight)\b", "N", f) for f in re.findall(r"`+((?:flight|size) x [^`]*)`", text)
+        }
+    assert stated == {"N x (2 x tensors + 1) x 4"}
