@@ -614,8 +614,8 @@ class StepStats:
     def final_norms(self) -> tuple[Tensor, list[int]] | None:
         """The sampled step's final 2-norms as one vector and the parameters they are of (those
         with a gradient after the ``pre_step`` hooks), after :meth:`final`; None under FSDP2."""
-        vec = self._vecs.get("final_norm")
-        return None if vec is None else (vec, self._meta["fin_idx"])
+        vec, index = self._vecs.get("final_norm"), self._meta.get("fin_idx")
+        return None if vec is None or index is None else (vec, index)
 
     def end_step(self) -> None:
         """Forget the step's device-side statistics (at every boundary)."""
