@@ -36,8 +36,12 @@ Where the two batch sizes come from:
   b``) and ``|G_big|^2 = |.grad|^2`` (``B_big = K b``). A loss summed over the micro-batches (no
   ``/ K``) makes both ``K^2`` times larger: ``trace_sigma`` and ``g_sq`` are then in those units, and
   ``b_simple`` (a ratio) is the same. ``K`` is counted per step (the backward passes that reached a
-  parameter's hook). Under a GradScaler each increment is divided by the square of the scale it
-  was scaled by.
+  parameter's hook). Under a GradScaler the increments are unscaled, in the units of the big
+  batch: attached (``scaler=``), each is divided by the square of the scale it was scaled by; not
+  attached, a fused optimizer's ``grad_scale`` (handed at its step, as the step pre-hook unscales
+  its gradients) divides their sums on the device. An unfused optimizer under a scaler not
+  attached leaves both batches scaled: ``b_simple`` is right, ``trace_sigma`` and ``g_sq`` are the
+  scale's square times larger.
 - **FSDP2** (``per_rank_stats`` on): as under DDP, each rank's gradient of one backward before the
   collective is the small batch. FSDP2 computes it on a parameter's unsharded copy (the full
   tensor its all-gather fills) and then reduce-scatters it into the shard's ``.grad``, so the
@@ -212,6 +216,7 @@ class NoiseScale:
         self._sizes: list[int] = []
         self._acc: dict[int, Tensor] = {}  # parameter index -> sum over backwards of |delta_k|^2 (device)
         self._counter: int | None = None  # the parameter whose hook counts the backward passes
+        self._unscale: Tensor | None = None  # a fused optimizer's grad_scale the sums are still scaled by
         self._step_handles: list[Any] = []  # tensor hooks of the step under way
         self._root_handle: Any = None
         self._packed: list[int] = []  # the indices whose sums are in this step's pack
@@ -312,6 +317,7 @@ class NoiseScale:
         self._k = 0
         self._sizes = []
         self._acc = {}
+        self._unscale = None
         self._packed = []
         self._small = None
 
@@ -321,6 +327,15 @@ class NoiseScale:
             self._remove_tensor_hooks()
         if self._k or self._acc or self._sizes or self._packed or self._small is not None or self._tried:
             self._clear_step()
+
+    def unscale(self, grad_scale: Tensor) -> None:
+        """At the step pre-hook of a fused optimizer handed ``grad_scale`` by a GradScaler not
+        attached (``scaler=``): the step's increments were scaled by it (one scale per iteration:
+        ``update()`` runs after the step), so their sums are divided by its square in the
+        snapshot's transfer, on the device (nothing read). With the scaler attached each increment
+        is divided by its scale as it comes."""
+        if self._scaler is None and self._acc:
+            self._unscale = grad_scale
 
     # ------------------------------------------------------------ the snapshot
     def pack(self, pack: Pack) -> None:
@@ -334,7 +349,10 @@ class NoiseScale:
         except RuntimeError:  # several devices
             dev = vals[0].device
             vec = torch.stack([v.reshape(()).to(dev, torch.float32) for v in vals])
-        pack.add("noise_small", vec.float())
+        vec = vec.float()
+        if self._unscale is not None:
+            vec = vec / self._unscale.to(vec.device).float().pow(2)
+        pack.add("noise_small", vec)
 
     def received(self, data: dict[str, list[float]]) -> None:
         """The transfer's values: per parameter, ``|G_small|^2 = K * sum_k |delta_k|^2`` (module docstring)."""

@@ -422,6 +422,8 @@ class StepLifecycle:
                 amp.unscale_(optimizer, grad_scale)  # our stats and hooks see unscaled gradients
                 if self._bw is not None and self._at.scaler is None:  # (an attached one's is taken already)
                     self._bw = (self._bw[0], grad_scale)
+                if self._stats.noise is not None:  # the noise scale's increments: the same units
+                    self._stats.noise.unscale(grad_scale)
         if not clock.under_way:
             # nothing marked this step (a loop that calls a submodule, Lightning's training_step, a
             # root compiled in place): records made since the last boundary were late ones

@@ -310,3 +310,47 @@ def test_the_users_own_clip_between_backward_and_step_does_not_change_the_big_ba
     assert clipped["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
     assert clipped["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
     assert clipped["b_simple"] == pytest.approx(plain["b_simple"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- the units under a GradScaler
+def _micro_reference(grads_per_micro: list[list[torch.Tensor]], sizes: list[int]) -> dict[str, float]:
+    """The step's trace and |G|^2 from each micro-batch's mean gradient (float64) with the loss / K:
+    E|g_k|^2 = |G|^2 + tr/b_k, so the mean over k of |g_k|^2 has tr/H (H the sizes' harmonic mean)
+    and |mean_k g_k|^2 has tr/(K H)."""
+    k = len(sizes)
+    per = [torch.cat([g.flatten().double() for g in gs]) for gs in grads_per_micro]
+    small = sum(float(g.pow(2).sum()) for g in per) / k
+    big = float((sum(per) / k).pow(2).sum())
+    bs = k / sum(1 / b for b in sizes)
+    bb = k * bs
+    return {"trace": (small - big) / (1 / bs - 1 / bb), "g_sq": (bb * big - bs * small) / (bb - bs)}
+
+
+@pytest.mark.parametrize(("fused", "given"), [(True, False), (True, True), (False, True)])
+def test_under_a_grad_scaler_both_batches_are_unscaled(fused: bool, given: bool) -> None:
+    """The increments and the big batch are both unscaled: a fused Adam under a GradScaler not
+    given as scaler= (it unscales inside its step; its grad_scale divides the increments' sums at
+    the step), and the same given, and an unfused one given (its scale at each increment)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    plain = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    k, b = 4, 8
+    xs = [torch.randn(b, 6, dtype=torch.float64) for _ in range(k)]
+    with inspector.attach(model, opt, every=1, noise_ema=0.0, scaler=scaler if given else None) as insp:
+        opt.zero_grad()
+        for x in xs:
+            scaler.scale(model(x).pow(2).sum() / b / k).backward()
+        scaler.step(opt)
+        scaler.update()
+        got = insp.latest()["noise_scale"]
+    grads = []
+    for x in xs:
+        plain.zero_grad()
+        (plain(x).pow(2).sum() / b).backward()
+        grads.append([p.grad.clone() for p in plain.parameters()])
+    ref = _micro_reference(grads, [b] * k)
+    assert got["k"] == k and got["b_small"] == b
+    assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
