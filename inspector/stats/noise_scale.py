@@ -35,13 +35,16 @@ Where the two batch sizes come from:
   step's ``K b`` examples. So ``|G_small|^2 = mean_k |g_k|^2 = K * sum_k |delta_k|^2`` (``B_small =
   b``) and ``|G_big|^2 = |.grad|^2`` (``B_big = K b``). A loss summed over the micro-batches (no
   ``/ K``) makes both ``K^2`` times larger: ``trace_sigma`` and ``g_sq`` are then in those units, and
-  ``b_simple`` (a ratio) is the same. ``K`` is counted per step (the backward passes that reached a
-  parameter's hook). Under a GradScaler the increments are unscaled, in the units of the big
-  batch: attached (``scaler=``), each is divided by the square of the scale it was scaled by; not
-  attached, a fused optimizer's ``grad_scale`` (handed at its step, as the step pre-hook unscales
-  its gradients) divides their sums on the device. An unfused optimizer under a scaler not
-  attached leaves both batches scaled: ``b_simple`` is right, ``trace_sigma`` and ``g_sq`` are the
-  scale's square times larger.
+  ``b_simple`` (a ratio) is the same. ``K`` is counted per step: a backward pass that reached any
+  parameter's hook, counted where it ends (an autograd engine callback queued from inside it, once
+  per graph task; the root's output hook sees the outer task of a reentrant checkpoint's nested
+  ones), so a parameter unused, or used by some micro-batches only, does not change it (its
+  increment is zero where unused). Under a GradScaler the increments are unscaled, in the units
+  of the big batch: attached (``scaler=``), each is divided by the square of the scale it was
+  scaled by; not attached, a fused optimizer's ``grad_scale`` (handed at its step, as the step
+  pre-hook unscales its gradients) divides their sums on the device. An unfused optimizer under a
+  scaler not attached leaves both batches scaled: ``b_simple`` is right, ``trace_sigma`` and
+  ``g_sq`` are the scale's square times larger.
 - **FSDP2** (``per_rank_stats`` on): as under DDP, each rank's gradient of one backward before the
   collective is the small batch. FSDP2 computes it on a parameter's unsharded copy (the full
   tensor its all-gather fills) and then reduce-scatters it into the shard's ``.grad``, so the
@@ -59,7 +62,9 @@ inferred from the leading dimension of the first tensor argument of the model's 
 
 Cost: everything here runs on sampled steps only. The tensor hooks are registered by the first
 forward of a sampled step (the root module's forward pre-hook, which otherwise only looks at a
-flag) and removed at its boundary; the per-parameter sums of the increments stay on the device
+flag; its forward hook puts one on the output of a sampled step's forwards) and removed at its
+boundary (in one process, after a sampled step with one backward pass, they only count the
+backward passes); the per-parameter sums of the increments stay on the device
 and ride in the snapshot's one transfer (one vector). The averages are kept on the host, from the
 values that transfer brought (a few floats per group). Without a root module (a dict of tensors,
 a model compiled in place) the tensor hooks stay registered, and return at once on unsampled steps.
@@ -128,6 +133,26 @@ def _first_tensor(args: Any) -> Tensor | None:
             if t is not None:
                 return t
     return None
+
+
+def _grad_output(out: Any) -> Tensor | None:
+    """The first tensor that requires grad in a forward's output (nested tuples, lists, dicts)."""
+    if isinstance(out, Tensor):
+        return out if out.requires_grad else None
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, list | tuple) else ()
+    for o in items:
+        t = _grad_output(o)
+        if t is not None:
+            return t
+    return None
+
+
+_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _graph_task() -> int:
+    """The autograd graph task (one backward pass, or a reentrant one nested in it) running now."""
+    return int(_TASK_ID()) if _TASK_ID is not None else 0
 
 
 class _Ema:
@@ -215,15 +240,17 @@ class NoiseScale:
         self._k = 0
         self._sizes: list[int] = []
         self._acc: dict[int, Tensor] = {}  # parameter index -> sum over backwards of |delta_k|^2 (device)
-        self._counter: int | None = None  # the parameter whose hook counts the backward passes
+        self._pending: set[int] = set()  # graph tasks (backward passes) whose end is awaited
+        self._reached = False  # a parameter's gradient was met since the last backward pass counted
         self._unscale: Tensor | None = None  # a fused optimizer's grad_scale the sums are still scaled by
         self._step_handles: list[Any] = []  # tensor hooks of the step under way
         self._root_handle: Any = None
+        self._root_out_handle: Any = None
         self._packed: list[int] = []  # the indices whose sums are in this step's pack
         self._small: list[float] | None = None  # per parameter: this rank's |G_small|^2 (NaN: none)
         self._permanent = False  # tensor hooks kept registered (no root module to start them)
         self.failed: str | None = None  # why the instrument turned itself off, if it did
-        self._full = False  # this step's hooks are on every parameter (else only the counter's)
+        self._full = False  # this step's hooks take the increments (else they only count backward passes)
         self._last_k = 2  # the backward passes of the last sampled step (2: assume accumulation at first)
         self._edited = 0  # parameters left out of this step's estimate (edited by post_accumulate hooks)
 
@@ -235,6 +262,7 @@ class NoiseScale:
         if self._root is not None:
             if self._root_handle is None:
                 self._root_handle = self._root.register_forward_pre_hook(OwnedHook(self._on_forward))
+                self._root_out_handle = self._root.register_forward_hook(OwnedHook(self._on_forward_out))
                 hide_from_copies(self._root)
         elif not self._step_handles:
             self._permanent = True
@@ -245,30 +273,31 @@ class NoiseScale:
         if self._root_handle is not None:
             self._root_handle.remove()
             self._root_handle = None
+        if self._root_out_handle is not None:
+            self._root_out_handle.remove()
+            self._root_out_handle = None
         self._remove_tensor_hooks()
         self._permanent = False
         self._clear_step()
 
     def _register_tensor_hooks(self) -> None:
-        """On the training thread: a hook on each parameter that requires grad (the increments).
-        In one process, after a sampled step with one backward pass, only the first one's (it
-        counts the backward passes): the increments of a step without accumulation would be of no
-        use, and the first sampled step with two or more starts measuring from the next one."""
+        """On the training thread: a hook on each parameter that requires grad (the increments,
+        and the backward passes counted: :meth:`_backward_seen`). In one process, after a sampled
+        step with one backward pass, the hooks only count: the increments of a step without
+        accumulation would be of no use, and the first sampled step with two or more starts
+        measuring from the next one."""
         self._tried = True
         live = [i for i, t in enumerate(self.tensors) if t.requires_grad]
         if not live:
             return
         few = self.mode == "accumulation" and self._last_k < 2 and not self._permanent
-        hooked = live[:1] if few else live
-        sources = [self._sources(i) for i in hooked]
+        sources = [self._sources(i) for i in live]
         if any(s is None for s in sources):
             # (FSDP2, before every module's first all-gather) measuring only some parameters, or
             # only some of the step's backward passes, would be a wrong estimate: none this step
-            self._counter = None
             return
-        self._counter = live[0]
         self._full = not few
-        for i, src in zip(hooked, sources, strict=True):
+        for i, src in zip(live, sources, strict=True):
             assert src is not None
             self._step_handles.append(src.register_hook(self._increment_hook(i)))
 
@@ -289,12 +318,54 @@ class NoiseScale:
         if not self._tried:
             self._register_tensor_hooks()
 
+    def _on_forward_out(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The root's forward returned: on a sampled step whose hooks are on, a hook on its output's
+        gradient, which a backward from the output meets in the backward's own graph task (a
+        parameter inside a reentrant checkpoint meets its gradient in a nested one)."""
+        if not (self._step_handles and self._is_sampled() and torch.is_grad_enabled()):
+            return
+        t = _grad_output(output)
+        if t is not None:
+            t.register_hook(self._output_grad)
+
+    def _output_grad(self, grad: Tensor) -> None:
+        """(A backward that reaches no parameter, ``torch.autograd.grad`` of the output with respect
+        to the input, ends here counting nothing.)"""
+        if self.failed is None and self._is_sampled():
+            try:
+                self._backward_seen()
+            except Exception as e:  # a bug of ours must not reach the user's backward
+                self._fail(e)
+
+    def _backward_seen(self) -> None:
+        """Inside a hook of a backward pass: have :meth:`_backward_end` run when the backward (its
+        graph task) ends, once per task. A backward pass that reached a parameter is counted when
+        no task is left pending: the nested tasks of a reentrant checkpoint end inside their outer
+        one (whose start the root's output hook saw) and count nothing. Counted there, an unused
+        parameter, or one used by some micro-batches only, does not change ``K``."""
+        task = _graph_task()
+        if task in self._pending:
+            return
+        self._pending.add(task)
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._backward_end(task))
+
+    def _backward_end(self, task: int) -> None:
+        self._pending.discard(task)
+        if not self._pending and self._reached:
+            self._reached = False
+            if self.failed is None:
+                self._k += 1
+
     def _increment_hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:  # this backward's gradient, before it is added to .grad
             if self.failed is not None or not self._is_sampled():
                 return
-            if i == self._counter:
-                self._k += 1
+            self._reached = True
+            try:
+                self._backward_seen()
+            except Exception as e:  # a bug of ours must not reach the user's backward
+                self._fail(e)
+                return
             if not self._full:
                 return
             try:
@@ -317,6 +388,8 @@ class NoiseScale:
         self._k = 0
         self._sizes = []
         self._acc = {}
+        self._pending = set()
+        self._reached = False
         self._unscale = None
         self._packed = []
         self._small = None

@@ -354,3 +354,72 @@ def test_under_a_grad_scaler_both_batches_are_unscaled(fused: bool, given: bool)
     assert got["k"] == k and got["b_small"] == b
     assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
     assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- counting backward passes
+class _Branches(nn.Module):
+    """``first`` (the first parameter) is unused, used by every other forward, or both branches run
+    in reentrant activation checkpoints (every parameter's gradient in a nested backward, two per
+    backward pass)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 2)
+        self.body = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+        self.how = how
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "checkpointed":
+            from torch.utils.checkpoint import checkpoint
+
+            leaf = x.detach().requires_grad_()  # (a reentrant checkpoint needs an input with a gradient)
+            return checkpoint(self.body, leaf, use_reentrant=True) + checkpoint(
+                self.first, leaf, use_reentrant=True
+            )
+        out = self.body(x)
+        if self.how == "every other" and self.calls % 2 == 0:
+            out = out + self.first(x)
+        self.calls += 1
+        return out
+
+
+@pytest.mark.parametrize("how", ["unused", "every other", "checkpointed", "input gradient"])
+def test_backward_passes_are_counted_whichever_parameters_each_one_reaches(how: str) -> None:
+    """K is the step's backward passes whether the first parameter is unused (it was 0: "needs
+    gradient accumulation"), used by every other micro-batch (it was 2 for 4: a negative trace)
+    or reached in a checkpoint's nested backward, and a gradient with respect to the input is no
+    backward pass of the step; the trace and |G|^2 are the float64 reference's
+    from each micro-batch's gradient (zero for a parameter it does not use)."""
+    torch.manual_seed(0)
+    model = _Branches(how).double()
+    plain = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    k, b = 4, 8
+    xs = [torch.randn(b, 6, dtype=torch.float64) for _ in range(k)]
+    with inspector.attach(model, opt, every=1, noise_ema=0.0) as insp:
+        for _ in range(2):  # (the second step: after a first one, whatever it counted)
+            before = copy.deepcopy(model.state_dict())
+            opt.zero_grad()
+            for x in xs:
+                if how == "input gradient":  # a backward that reaches no parameter: no micro-batch
+                    xr = x.clone().requires_grad_()
+                    torch.autograd.grad(model(xr).sum(), xr)
+                (model(x).pow(2).sum() / b / k).backward()
+            opt.step()
+            got = insp.latest()["noise_scale"]
+            assert got["k"] == k, got
+    plain.load_state_dict(before)  # (the last step's parameters, before its update)
+    used = [n for n, _ in plain.named_parameters() if how != "unused" or not n.startswith("first.")]
+    grads = []
+    for x in xs:
+        plain.zero_grad()
+        (plain(x).pow(2).sum() / b).backward()
+        named = dict(plain.named_parameters())
+        grads.append(
+            [named[n].grad if named[n].grad is not None else torch.zeros_like(named[n]) for n in used]
+        )
+    ref = _micro_reference(grads, [b] * k)
+    assert got["reason"] is None and got["b_small"] == b and got["b_big"] == k * b
+    assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
