@@ -90,7 +90,12 @@ function sourceText(ns) {
     ns.mode === "ddp" || ns.mode === "fsdp"
       ? `one rank's micro-batch of ${fmt(small)} against the reduced gradient of ${fmt(big / small)} × it (${ns.mode === "ddp" ? "DDP" : "FSDP2"} ranks${k && k > 1 ? ` × ${k} micro-batches` : ""})`
       : `one micro-batch of ${fmt(small)} against the step's ${k} accumulated micro-batches (${fmt(big)} examples)`;
-  return `${split}; ${given}`;
+  const sizes = Array.isArray(ns.sizes) && ns.sizes.length ? ns.sizes : null;
+  const uneven = sizes
+    ? `; micro-batches of uneven sizes (${sizes.join(", ")}), each weighed alike by loss / K: ` +
+      `the small batch is their harmonic mean (${fmt(small)}), the big one ${k} × it`
+    : "";
+  return `${split}${uneven}; ${given}`;
 }
 
 export class NoiseChart extends StepChart {
@@ -227,17 +232,20 @@ export class NoiseChart extends StepChart {
     const ema = ns ? num(ns.ema) : null;
     const span = ema !== null && ema < 1 ? Math.round(1 / (1 - ema)) : null;
     let text;
+    // why the newest step added nothing to the averages (e.g. uneven micro-batch sizes it cannot tell apart)
+    const left =
+      ns && ns.step_reason && !ns.reason ? ` Step ${latest.step} added none: ${ns.step_reason}.` : "";
     if (!ns) text = "Not measured in this run: on by default; attach(..., noise_scale=False) turns it off.";
     else if (positive(ns.b_simple) !== null)
       text =
         `Step ${latest.step}: B_simple ≈ ${fmt(ns.b_simple)} examples (tr Σ ${fmt(ns.trace_sigma)}, ` +
         `|G|² ${fmt(ns.g_sq)}, averaged over ${ns.samples} sampled step${ns.samples === 1 ? "" : "s"}); ` +
-        `${sourceText(ns)}.`;
+        `${sourceText(ns)}.${left}`;
     else if (ns.reason) text = `No estimate: ${ns.reason}. ${HOW_TO}`;
     else
       text =
         `No estimate at step ${latest.step}: after ${ns.samples} sampled step${ns.samples === 1 ? "" : "s"} ` +
-        "an average (|G|² or tr Σ) is not positive yet: too few or too noisy samples; it settles as they accumulate.";
+        `an average (|G|² or tr Σ) is not positive yet: too few or too noisy samples; it settles as they accumulate.${left}`;
     this.status.textContent = text;
     this.status.dataset.state = !ns ? "off" : positive(ns.b_simple) !== null ? "estimate" : "none";
     const items = [

@@ -45,6 +45,12 @@ Where the two batch sizes come from:
   pre-hook unscales its gradients) divides their sums on the device. An unfused optimizer under a
   scaler not attached leaves both batches scaled: ``b_simple`` is right, ``trace_sigma`` and
   ``g_sq`` are the scale's square times larger.
+- **Uneven micro-batches** (sizes ``b_k``, each loss its mean over its examples, times ``1 / K``):
+  ``E|g_k|^2 = |G|^2 + tr(Sigma) / b_k``, so ``K * sum_k |delta_k|^2`` has ``tr(Sigma) / H``, ``H``
+  the harmonic mean of the sizes, and the accumulated gradient (each micro-batch weighed alike)
+  ``tr(Sigma) / (K H)``: ``B_small = H``, ``B_big = K H``. The sizes are inferred (below), one per
+  forward: with as many forwards as backward passes; else uneven sizes are unknown and the step is
+  left out (``step_reason`` says so).
 - **FSDP2** (``per_rank_stats`` on): as under DDP, each rank's gradient of one backward before the
   collective is the small batch. FSDP2 computes it on a parameter's unsharded copy (the full
   tensor its all-gather fills) and then reduce-scatters it into the shard's ``.grad``, so the
@@ -56,9 +62,10 @@ Where the two batch sizes come from:
 - **One process, one backward per step**: there is no second batch size; the estimate is null and
   ``reason`` says what it needs.
 
-The batch size (examples per micro-batch on one rank) is ``attach(..., batch_size=N)``, or else
-inferred from the leading dimension of the first tensor argument of the model's forward
-(``batch_source`` says which; sequences count as examples for a ``(B, T)`` token batch).
+The batch size (examples per micro-batch on one rank) is ``attach(..., batch_size=N)`` (every
+micro-batch that size), or else inferred from the leading dimension of the first tensor argument
+of each forward of the model on the step (``batch_source`` says which; sequences count as
+examples for a ``(B, T)`` token batch; ``sizes`` lists them where they differ).
 
 Cost: everything here runs on sampled steps only. The tensor hooks are registered by the first
 forward of a sampled step (the root module's forward pre-hook, which otherwise only looks at a
@@ -440,12 +447,28 @@ class NoiseScale:
         """Under DDP: this rank's columns of the boundary's rows (one per parameter, NaN: none)."""
         return list(self._small) if self._small is not None else [math.nan] * len(self.tensors)
 
-    def _batch(self) -> tuple[float | None, str | None]:
+    def _batch(self, k: int) -> tuple[float | None, str | None, str | None]:
+        """``(B_small, source, why none)``. Micro-batches of sizes ``b_k`` with the loss of each
+        the mean over its examples (times one factor shared by all, ``1 / K``) give increments
+        ``g_k / K`` with ``E|g_k|^2 = |G|^2 + tr(Sigma) / b_k``, so ``K sum_k |delta_k|^2`` has
+        ``tr(Sigma) / H`` with ``H`` the harmonic mean of the sizes, and the accumulated gradient
+        ``tr(Sigma) / (K H)``: ``B_small = H``, ``B_big = K H`` (equal sizes: ``b`` and ``K b``).
+        Uneven sizes are known only as one forward per backward pass; else there is none."""
         if self.batch_size is not None:
-            return float(self.batch_size), "attach"
-        if self._sizes:
-            return sum(self._sizes) / len(self._sizes), "inferred"
-        return None, None
+            return float(self.batch_size), "attach", None
+        sizes = self._sizes
+        if not sizes:
+            return None, None, None
+        if min(sizes) == max(sizes) > 0:
+            return float(sizes[0]), "inferred", None
+        if len(sizes) != k or min(sizes) < 1:
+            shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+            why = (
+                f"micro-batches of uneven sizes ({shown}) in {len(sizes)} forwards for {k} backward "
+                "passes: which size each backward had is not known, so this step is left out"
+            )
+            return None, "inferred", why
+        return len(sizes) / sum(1 / s for s in sizes), "inferred", None
 
     def observe(
         self,
@@ -487,8 +510,8 @@ class NoiseScale:
                 self._on_failure(f"the gradient noise scale could not be taken and is off: {self.failed}")
 
     def _observe(self, data: dict[str, list[float]], raw_norms: Sequence[float | None]) -> dict[str, Any]:
-        b, source = self._batch()
         k = self._last_k = self._k
+        b, source, unknown = self._batch(k)
         if self._small is None:
             self.received(data)
         small = self.columns()  # per parameter: |G_small|^2 (NaN: none)
@@ -499,7 +522,7 @@ class NoiseScale:
                 reason = reason or "accumulation seen: measuring from the next sampled step"
             elif b is not None and k >= 2:
                 b_small, b_big = b, k * b
-            elif reason is None:
+            elif k < 2 and reason is None:
                 reason = "needs gradient accumulation (2 or more backward passes per step) or DDP"
         elif self.mode in ("ddp", "fsdp"):
             got = self._rank_sq() if self._rank_sq is not None else None
@@ -514,9 +537,13 @@ class NoiseScale:
         if b_small is not None and self._edited >= len(self.tensors) and reason is None:
             reason = "a post_accumulate hook edits every parameter's gradient between backward passes"
         if b is None and reason is None:
-            reason = "no batch size: pass attach(..., batch_size=N) (the forward's first argument has no batch dimension)"
+            reason = unknown or (
+                "no batch size: pass attach(..., batch_size=N) (the forward's first argument has no batch dimension)"
+            )
+        added = False
         if b_small is not None and b_big is not None and b_big > b_small:
-            self._estimate(small, raw_norms, b_small, b_big)
+            added = self._estimate(small, raw_norms, b_small, b_big)
+        uneven = source == "inferred" and len(set(self._sizes)) > 1
         trace, gsq = self._trace.value, self._gsq.value
         g_trace = [e.value for e in self._g_trace]
         g_gsq = [e.value for e in self._g_gsq]
@@ -532,7 +559,9 @@ class NoiseScale:
             "ema": self.beta,
             "samples": self._trace.n,
             "left_out": self._edited,
+            "sizes": list(self._sizes) if uneven else None,
             "reason": reason if self._trace.n == 0 else None,
+            "step_reason": None if added else reason,
             "groups": {
                 "b_simple": [_ratio(t, g) for t, g in zip(g_trace, g_gsq, strict=True)],
                 "trace_sigma": g_trace,
@@ -542,9 +571,10 @@ class NoiseScale:
 
     def _estimate(
         self, small: list[float], raw_norms: Sequence[float | None], b_small: float, b_big: float
-    ) -> None:
+    ) -> bool:
         """One step's two estimates per group and for the whole model, into the averages: over the
-        parameters that have both a small-batch and a big-batch value (the same set on both sides)."""
+        parameters that have both a small-batch and a big-batch value (the same set on both sides).
+        False where no parameter has both."""
         n_groups = len(self.groups)
         s_g = [0.0] * n_groups
         b_g = [0.0] * n_groups
@@ -558,7 +588,7 @@ class NoiseScale:
             b_g[g] += r * r
             seen[g] = True
         if not any(seen):
-            return
+            return False
 
         def both(s: float, big: float) -> tuple[float, float]:
             g_sq = (b_big * big - b_small * s) / (b_big - b_small)
@@ -573,3 +603,4 @@ class NoiseScale:
                 t, q = both(s_g[g], b_g[g])
                 self._g_trace[g].add(t)
                 self._g_gsq[g].add(q)
+        return True

@@ -124,8 +124,9 @@ class Snapshot:
     # ratio_min, ratio_median, ratio_max; None: the run has no groups (never from an Inspector)
     groups: dict[str, list[Any]] | None = None
     # the gradient noise scale (inspector.stats.noise_scale): b_simple, trace_sigma, g_sq, b_small,
-    # b_big, batch_source, k, mode, ema, samples, reason, and groups (b_simple, trace_sigma, g_sq
-    # aligned with Inspector.groups["names"]); nulls until there is an estimate; None: instrument off
+    # b_big, batch_source, k, mode, ema, samples, left_out, sizes, reason, step_reason, and groups
+    # (b_simple, trace_sigma, g_sq aligned with Inspector.groups["names"]); nulls until there is an
+    # estimate; None: instrument off
     noise_scale: dict[str, Any] | None = None
     # the optimizer's state and update geometry (inspector.stats.optim_state): per-tensor lists
     # exp_avg_norm, exp_avg_sq_sqrt_norm, below_eps_frac, step_ratio, cos_update_grad, cos_grad_prev,

@@ -423,3 +423,67 @@ def test_backward_passes_are_counted_whichever_parameters_each_one_reaches(how: 
     assert got["reason"] is None and got["b_small"] == b and got["b_big"] == k * b
     assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
     assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- uneven micro-batches
+def test_uneven_micro_batches_match_the_per_example_truth() -> None:
+    """Micro-batches of 8, 8, 8 and 2 examples, each loss its mean / K: each micro-batch gradient
+    has E|g_k|^2 = |G|^2 + tr/b_k, so the small batch is the sizes' harmonic mean (4.57), not their
+    arithmetic mean (6.5, which put B_simple about 42 % high), and the big one K times it."""
+    model, x, y = problem()
+    sizes = [8, 8, 8, 2]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    insp = inspector.attach(model, opt, every=1, noise_ema=0.99)
+    gen = torch.Generator().manual_seed(1)
+    try:
+        for _ in range(500):
+            opt.zero_grad()
+            for b in sizes:
+                idx = torch.randint(0, len(x), (b,), generator=gen)
+                (((model(x[idx]) - y[idx]) ** 2).mean() / len(sizes)).backward()
+            opt.step()
+        ns = insp.latest()["noise_scale"]
+        b_true, tr_true, gsq_true = truth(model, x, y, insp.groups["members"])["whole"]
+    finally:
+        insp.close()
+    assert close_to(ns["b_simple"], b_true), (ns["b_simple"], b_true)
+    assert close_to(ns["trace_sigma"], tr_true), (ns["trace_sigma"], tr_true)
+    assert close_to(ns["g_sq"], gsq_true), (ns["g_sq"], gsq_true)
+    h = 4 / (3 / 8 + 1 / 2)
+    assert ns["sizes"] == sizes and ns["k"] == 4 and ns["samples"] == 500
+    assert ns["b_small"] == pytest.approx(h) and ns["b_big"] == pytest.approx(4 * h)
+
+
+def test_uneven_micro_batches_one_step_against_float64() -> None:
+    """One step of micro-batches of 8, 8, 8, 2 (no smoothing): the trace and |G|^2 of each micro-batch's
+    float64 gradient with the harmonic mean; sizes the forwards cannot tell apart (two forwards
+    for each backward) leave the step out, and the card's `reason` says why."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    plain = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sizes = [8, 8, 8, 2]
+    k = len(sizes)
+    xs = [torch.randn(b, 6, dtype=torch.float64) for b in sizes]
+    with inspector.attach(model, opt, every=1, noise_ema=0.0) as insp:
+        opt.zero_grad()
+        for x in xs:
+            (model(x).pow(2).mean() / k).backward()
+        opt.step()
+        got = insp.latest()["noise_scale"]
+        opt.zero_grad()
+        for x in xs:  # a second forward of each micro-batch: 8 sizes for 4 backward passes
+            ((model(x).pow(2).mean() + model(x).abs().mean()) / k).backward()
+        opt.step()
+        twice = insp.latest()["noise_scale"]
+    grads = []
+    for x in xs:
+        plain.zero_grad()
+        plain(x).pow(2).mean().backward()
+        grads.append([p.grad.clone() for p in plain.parameters()])
+    ref = _micro_reference(grads, sizes)
+    assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
+    assert twice["b_small"] is None and twice["samples"] == 1
+    assert "uneven sizes (8, 8, 8, 8, 8, 8, 2, 2)" in twice["step_reason"], twice
+    assert "8 forwards for 4 backward passes" in twice["step_reason"]
