@@ -184,6 +184,12 @@ class StepLifecycle:
             first = next((t for t in at.tensors if t.requires_grad), None)
             if first is not None:
                 self._handles.append(first.register_post_accumulate_grad_hook(OwnedHook(self.on_backward)))
+            if at.root is None:
+                # no forward of ours sees a backward start: any tensor's gradient does (the first
+                # one may sit out a backward: a micro-batch that does not use it)
+                for t in at.tensors:
+                    if t.requires_grad and t is not first:
+                        self._handles.append(t.register_hook(self._tensor_grad))
         if at.root is not None and getattr(at.root, "_compiled_call_impl", None) is None:
             # (a root compiled in place, model.compile(), would trace this hook into its graph: there the
             # step is marked under way by the optimizer's step pre-hook instead, as for a dict of tensors)
@@ -294,7 +300,9 @@ class StepLifecycle:
     def on_backward(self, param: Tensor) -> None:
         """A backward pass (a hook on one parameter). A dict of tensors has no forward of ours: its
         first backward of a step marks it under way. On a sampled step, the gradients' norm as the
-        backward leaves them is taken at its end (``_at_backward_end``). Without an optimizer,
+        backward leaves them is taken at its end (``_at_backward_end``; for a dict of tensors also
+        queued by the other tensors' hooks, :meth:`_tensor_grad`, for a backward without this
+        one). Without an optimizer,
         backward passes that no step boundary ever follows are a loop that does not call
         ``mark_step()``: said once."""
         if not self._clock.under_way and self._at.root is None:
@@ -327,6 +335,16 @@ class StepLifecycle:
 
     def _output_grad(self, grad: Tensor) -> None:
         self._backward_started()
+
+    def _tensor_grad(self, grad: Tensor) -> None:
+        """A tensor hook of a dict of tensors: the backward under way is one to take the norms at
+        the end of (sampled steps; nothing else on others)."""
+        try:
+            self._backward_started()
+        except Exception as e:  # never take training down for telemetry
+            self._telemetry_failed("the gradient norm at the end of backward", e)
+
+    _tensor_grad.__torch_unserializable__ = True  # type: ignore[attr-defined]  (torch.save: no warning)
 
     def _backward_started(self) -> None:
         """A backward is running (the engine is): on a sampled step, queue ``_at_backward_end``

@@ -425,6 +425,40 @@ def test_backward_passes_are_counted_whichever_parameters_each_one_reaches(how: 
     assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
 
 
+def test_a_dict_of_tensors_whose_first_sits_out_the_last_micro_batch() -> None:
+    """With no module (a dict of tensors), the big batch is the gradient at the end of the step's
+    last backward even where the first tensor is not in it (it was the gradient of three
+    micro-batches of four: every other micro-batch uses it)."""
+    torch.manual_seed(0)
+    w1 = nn.Parameter(torch.randn(2, 6, dtype=torch.float64))
+    w2 = nn.Parameter(torch.randn(2, 6, dtype=torch.float64))
+    opt = torch.optim.SGD([w1, w2], lr=0.0)
+    k, b = 4, 8
+    xs = [torch.randn(b, 6, dtype=torch.float64) for _ in range(k)]
+
+    def loss(x: torch.Tensor, i: int) -> torch.Tensor:
+        out = x @ w2.T + (x @ w1.T if i % 2 == 0 else 0)
+        return out.tanh().pow(2).sum() / b
+
+    with inspector.attach({"first": w1, "body": w2}, opt, every=1, noise_ema=0.0, batch_size=b) as insp:
+        for _ in range(2):
+            opt.zero_grad()
+            for i, x in enumerate(xs):
+                (loss(x, i) / k).backward()
+            opt.step()
+        got, snap = insp.latest()["noise_scale"], insp.latest()
+    grads = []
+    for i, x in enumerate(xs):
+        w1.grad = w2.grad = None
+        loss(x, i).backward()
+        grads.append([w1.grad if w1.grad is not None else torch.zeros_like(w1), w2.grad])
+    ref = _micro_reference(grads, [b] * k)
+    big = float(torch.cat([sum(g[j] for g in grads).flatten() / k for j in range(2)]).norm())
+    assert got["k"] == k and snap["total_norm_backward"] == pytest.approx(big, rel=1e-6)
+    assert got["trace_sigma"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert got["g_sq"] == pytest.approx(ref["g_sq"], rel=1e-5)
+
+
 # ----------------------------------------------------------------------------- uneven micro-batches
 def test_uneven_micro_batches_match_the_per_example_truth() -> None:
     """Micro-batches of 8, 8, 8 and 2 examples, each loss its mean / K: each micro-batch gradient
