@@ -71,9 +71,9 @@ Cost: everything here runs on sampled steps only. The tensor hooks are registere
 forward of a sampled step (the root module's forward pre-hook, which otherwise only looks at a
 flag; its forward hook puts one on the output of a sampled step's forwards) and removed at its
 boundary (in one process, after a sampled step with one backward pass, they only count the
-backward passes); the per-parameter sums of the increments stay on the device
-and ride in the snapshot's one transfer (one vector). The averages are kept on the host, from the
-values that transfer brought (a few floats per group). Without a root module (a dict of tensors,
+backward passes); the per-parameter sums of the increments stay on the device and ride in the
+snapshot's one transfer (one vector). The averages are kept on the host, from the values that
+transfer brought (a few floats per group). Without a root module (a dict of tensors,
 a model compiled in place) the tensor hooks stay registered, and return at once on unsampled steps.
 """
 
