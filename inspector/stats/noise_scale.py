@@ -70,11 +70,12 @@ examples for a ``(B, T)`` token batch; ``sizes`` lists them where they differ).
 Cost: everything here runs on sampled steps only. The tensor hooks are registered by the first
 forward of a sampled step (the root module's forward pre-hook, which otherwise only looks at a
 flag; its forward hook puts one on the output of a sampled step's forwards) and removed at its
-boundary (in one process, after a sampled step with one backward pass, they only count the
-backward passes); the per-parameter sums of the increments stay on the device and ride in the
-snapshot's one transfer (one vector). The averages are kept on the host, from the values that
-transfer brought (a few floats per group). Without a root module (a dict of tensors,
-a model compiled in place) the tensor hooks stay registered, and return at once on unsampled steps.
+boundary (in one process, after a sampled step with one backward pass, only the first
+parameter's, which with the output's only counts the backward passes); the per-parameter sums
+of the increments stay on the device and ride in the snapshot's one transfer (one vector). The
+averages are kept on the host, from the values that transfer brought (a few floats per group).
+Without a root module (a dict of tensors, a model compiled in place) the tensor hooks stay
+registered, and return at once on unsampled steps.
 """
 
 from __future__ import annotations
@@ -290,21 +291,22 @@ class NoiseScale:
     def _register_tensor_hooks(self) -> None:
         """On the training thread: a hook on each parameter that requires grad (the increments,
         and the backward passes counted: :meth:`_backward_seen`). In one process, after a sampled
-        step with one backward pass, the hooks only count: the increments of a step without
-        accumulation would be of no use, and the first sampled step with two or more starts
-        measuring from the next one."""
+        step with one backward pass, only the first one's, which with the root's output hook only
+        counts the backward passes: the increments of a step without accumulation would be of no
+        use, and the first sampled step with two or more starts measuring from the next one."""
         self._tried = True
         live = [i for i, t in enumerate(self.tensors) if t.requires_grad]
         if not live:
             return
         few = self.mode == "accumulation" and self._last_k < 2 and not self._permanent
-        sources = [self._sources(i) for i in live]
+        hooked = live[:1] if few else live
+        sources = [self._sources(i) for i in hooked]
         if any(s is None for s in sources):
             # (FSDP2, before every module's first all-gather) measuring only some parameters, or
             # only some of the step's backward passes, would be a wrong estimate: none this step
             return
         self._full = not few
-        for i, src in zip(live, sources, strict=True):
+        for i, src in zip(hooked, sources, strict=True):
             assert src is not None
             self._step_handles.append(src.register_hook(self._increment_hook(i)))
 
@@ -336,9 +338,13 @@ class NoiseScale:
             t.register_hook(self._output_grad)
 
     def _output_grad(self, grad: Tensor) -> None:
-        """(A backward that reaches no parameter, ``torch.autograd.grad`` of the output with respect
-        to the input, ends here counting nothing.)"""
+        """A backward from the output. Measuring, one that reaches no parameter (``torch.autograd.grad``
+        of the output with respect to the input) counts nothing; only counting (one parameter's
+        hook, which a backward may not reach), every one counts: at worst the next sampled step
+        measures, and counts again."""
         if self.failed is None and self._is_sampled():
+            if not self._full:
+                self._reached = True
             try:
                 self._backward_seen()
             except Exception as e:  # a bug of ours must not reach the user's backward

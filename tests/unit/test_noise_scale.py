@@ -398,8 +398,13 @@ def test_backward_passes_are_counted_whichever_parameters_each_one_reaches(how: 
     k, b = 4, 8
     xs = [torch.randn(b, 6, dtype=torch.float64) for _ in range(k)]
     with inspector.attach(model, opt, every=1, noise_ema=0.0) as insp:
-        for _ in range(2):  # (the second step: after a first one, whatever it counted)
+        opt.zero_grad()  # one backward: the next sampled step's hooks only count (one parameter's)
+        (model(xs[0]).pow(2).sum() / b).backward()
+        opt.step()
+        assert insp.latest()["noise_scale"]["k"] == 1
+        for step in range(2):  # counted, then measured
             before = copy.deepcopy(model.state_dict())
+            model.calls = 0
             opt.zero_grad()
             for x in xs:
                 if how == "input gradient":  # a backward that reaches no parameter: no micro-batch
@@ -408,7 +413,10 @@ def test_backward_passes_are_counted_whichever_parameters_each_one_reaches(how: 
                 (model(x).pow(2).sum() / b / k).backward()
             opt.step()
             got = insp.latest()["noise_scale"]
-            assert got["k"] == k, got
+            if step == 0:  # (only counting, a backward from the output counts: at worst one measures)
+                assert got["k"] == (2 * k if how == "input gradient" else k), got
+            else:
+                assert got["k"] == k, got
     plain.load_state_dict(before)  # (the last step's parameters, before its update)
     used = [n for n, _ in plain.named_parameters() if how != "unused" or not n.startswith("first.")]
     grads = []
