@@ -1056,8 +1056,9 @@ def attach(
         noise_scale: measure the gradient noise scale ``B_simple`` (each snapshot's ``noise_scale``),
             from the per-rank gradients under DDP and FSDP2 or the micro-batches of gradient accumulation
             (see inspector/stats/noise_scale.py); False turns it off (the field is then None).
-        batch_size: examples per micro-batch on one rank, for the noise scale; None (default):
-            the leading dimension of the model's first tensor argument.
+        batch_size: examples per micro-batch on one rank (every micro-batch), for the noise scale;
+            None (default): the leading dimension of the model's first tensor argument at each
+            forward (micro-batches of uneven sizes: see inspector/stats/noise_scale.py).
         noise_ema: the noise scale's smoothing per sampled step, in [0, 1) (default 0.95: about 20
             sampled steps).
         flight: the flight recorder's steps (0, the default: off; 256 is a good size): every
