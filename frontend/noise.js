@@ -22,6 +22,9 @@ const HOW_TO =
   "How to get one: split each step's batch into 2 or more micro-batches (a backward each, the loss " +
   "divided by their number) or train under DDP (2 or more ranks); the batch size is read from the " +
   "leading dimension of the model's first input, or given with attach(..., batch_size=N).";
+const HOW_TO_SIZES =
+  "How to get one: one forward of the model per backward pass, so that each micro-batch's size is " +
+  "known, or micro-batches of one size.";
 
 /** `text` cut to `n` characters. */
 function clip(text, n) {
@@ -241,7 +244,8 @@ export class NoiseChart extends StepChart {
         `Step ${latest.step}: B_simple ≈ ${fmt(ns.b_simple)} examples (tr Σ ${fmt(ns.trace_sigma)}, ` +
         `|G|² ${fmt(ns.g_sq)}, averaged over ${ns.samples} sampled step${ns.samples === 1 ? "" : "s"}); ` +
         `${sourceText(ns)}.${left}`;
-    else if (ns.reason) text = `No estimate: ${ns.reason}. ${HOW_TO}`;
+    else if (ns.reason)
+      text = `No estimate: ${ns.reason}. ${ns.sizes && !ns.b_small ? HOW_TO_SIZES : HOW_TO}`;
     else
       text =
         `No estimate at step ${latest.step}: after ${ns.samples} sampled step${ns.samples === 1 ? "" : "s"} ` +

@@ -1,10 +1,11 @@
 """The Noise scale card on uneven micro-batches, replayed from a database of real snapshots.
 
-Two runs of micro-batches of 8, 8, 8 and 2 examples (inspector/stats/noise_scale.py): in the
+Three runs of micro-batches of 8, 8, 8 and 2 examples (inspector/stats/noise_scale.py): in the
 first every step has one forward per backward, and the card says the small batch is the sizes'
 harmonic mean; in the second the last step runs two forwards per micro-batch, so its sizes cannot
 be matched to the backward passes: the card still shows the average of the earlier steps and
-says why the newest step added none. No console errors.
+says why the newest step added none; in the third every step does: no estimate, the reason and
+how to get one. No console errors.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.e2e
 STATUS = "() => document.querySelector('[data-testid=\"noise-status\"]').textContent"
 
 
-def uneven_run(store: HistoryStore, last_twice: bool) -> int:
+def uneven_run(store: HistoryStore, twice: range) -> int:
     """A run's snapshots into ``store``; its id."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
@@ -36,7 +37,7 @@ def uneven_run(store: HistoryStore, last_twice: bool) -> int:
         for b in (8, 8, 8, 2):
             x = torch.randn(b, 6)
             loss = model(x).pow(2).mean()
-            if last_twice and step == 5:
+            if step in twice:
                 loss = loss + model(x).abs().mean()  # a second forward of the micro-batch
             (loss / 4).backward()
         opt.step()
@@ -58,8 +59,9 @@ def test_the_card_says_how_uneven_sizes_were_used_or_why_a_step_added_none(
     db = tmp_path / "history.sqlite"
     store = HistoryStore(db)
     store.start_writer()
-    known = uneven_run(store, last_twice=False)
-    unknown = uneven_run(store, last_twice=True)
+    known = uneven_run(store, twice=range(0))
+    unknown = uneven_run(store, twice=range(5, 6))
+    never = uneven_run(store, twice=range(6))
     store.close()
     with start_cli(["replay", str(db)], log_dir=tmp_path) as server:
         page, log = new_page()
@@ -81,4 +83,13 @@ def test_the_card_says_how_uneven_sizes_were_used_or_why_a_step_added_none(
         assert "B_simple ≈" in text and "averaged over 5 sampled steps" in text, text
         assert "Step 6 added none: micro-batches of uneven sizes (8, 8, 8, 8, 8, 8, 2, 2)" in text
         assert "8 forwards for 4 backward passes" in text
+
+        page.goto(f"{server.base}/?run={never}")
+        page.get_by_test_id("card-noise").scroll_into_view_if_needed()
+        status = page.wait_for_function(
+            f"() => {{ const t = ({STATUS})(); return t.startsWith('No estimate') ? t : null; }}"
+        )
+        text = status.json_value()
+        assert text.startswith("No estimate: micro-batches of uneven sizes (8, 8, 8, 8, 8, 8, 2, 2)"), text
+        assert "one forward of the model per backward pass" in text
         assert [e for e in log.errors if "Failed to load resource" not in e] == []
