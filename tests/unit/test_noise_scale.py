@@ -497,9 +497,9 @@ def test_uneven_micro_batches_match_the_per_example_truth() -> None:
 
 
 def test_uneven_micro_batches_one_step_against_float64() -> None:
-    """One step of micro-batches of 8, 8, 8, 2 (no smoothing): the trace and |G|^2 of each micro-batch's
-    float64 gradient with the harmonic mean; sizes the forwards cannot tell apart (two forwards
-    for each backward) leave the step out, and the card's `reason` says why."""
+    """One step of micro-batches of 8, 8, 8, 2 (no smoothing): the trace and |G|^2 of each
+    micro-batch's float64 gradient with the harmonic mean; sizes that cannot be matched to the
+    backward passes (two forwards for each) leave the step out, and `step_reason` says why."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).double()
     plain = copy.deepcopy(model)
