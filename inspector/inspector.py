@@ -700,14 +700,17 @@ class Inspector:
             self._check_open()
             return self._rules.add({**(rule or {}), **fields})
 
-    def update_rule(self, rule_id: str, **change: Any) -> dict[str, Any]:
-        """Change some fields of a rule (``enabled=True`` also clears its failures).
+    def update_rule(
+        self, rule_id: str, change: Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> dict[str, Any]:
+        """Change some fields of a rule (``enabled=True`` also clears its failures): given as
+        ``change`` (a mapping: any key is checked, none taken for an argument) or as keywords.
 
         Raises:
             HookError: no such rule, or a bad field; nothing is changed.
         """
         with self._lock:
-            return self._rules.update(rule_id, change)
+            return self._rules.update(rule_id, {**(change or {}), **fields})
 
     def remove_rule(self, rule_id: str) -> None:
         """Remove a rule. Raises HookError when there is none with that id."""

@@ -112,6 +112,56 @@ PRESETS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+MAX_ARGS_DEPTH = 16  # an action's arguments: objects and lists nested at most this deep ...
+MAX_ARGS_ITEMS = 1000  # ... holding at most this many values in all
+
+
+def _number(loc: str, v: Any) -> float:
+    """A finite number as a float, or HookError (an integer past the float range included)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise HookError((loc,), f"must be a finite number (got {shown(v)})")
+    try:
+        f = float(v)
+    except OverflowError:  # an integer of hundreds of digits (JSON allows it)
+        raise HookError(
+            (loc,), f"must be a finite number (got an integer of {len(str(abs(v)))} digits)"
+        ) from None
+    if not math.isfinite(f):
+        raise HookError((loc,), f"must be a finite number (got {shown(v)})")
+    return f
+
+
+def _check_data(args: Any) -> None:
+    """``args`` is plain JSON data: objects with string keys, lists, strings, finite numbers,
+    booleans and null, at most ``MAX_ARGS_DEPTH`` deep and ``MAX_ARGS_ITEMS`` values in all
+    (HookError naming the path of the first that is not). Walked without recursion."""
+    todo: list[tuple[Any, tuple[Any, ...]]] = [(args, ("args",))]
+    seen = 0
+    while todo:
+        v, loc = todo.pop()
+        seen += 1
+        if seen > MAX_ARGS_ITEMS:
+            raise HookError(("args",), f"at most {MAX_ARGS_ITEMS} values in all")
+        if len(loc) > MAX_ARGS_DEPTH + 1:
+            raise HookError(loc[:2], f"nested more than {MAX_ARGS_DEPTH} deep")
+        if v is None or isinstance(v, (str, bool)):
+            continue
+        if isinstance(v, (int, float)):
+            try:
+                _number("", v)
+            except HookError as e:
+                raise HookError(loc, e.msg) from None
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise HookError(loc, f"keys must be strings (got {shown(k)})")
+                todo.append((x, (*loc, k)))
+        elif isinstance(v, (list, tuple)):
+            todo.extend((x, (*loc, i)) for i, x in enumerate(v))
+        else:
+            raise HookError(loc, f"must be JSON data (got {shown(v)})")
+
+
 def _int(loc: str, v: Any, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise HookError((loc,), f"must be an integer in [{lo}, {hi}] (got {shown(v)})")
@@ -124,6 +174,7 @@ def _check_args(action: str, args: Any) -> dict[str, Any]:
         args = {}
     if not isinstance(args, Mapping):
         raise HookError(("args",), f"must be an object (got {shown(args)})")
+    _check_data(args)
     args = dict(args)
     if action == "add_hook":
         kind = args.get("kind")
@@ -264,9 +315,7 @@ def check_rule(spec: Mapping[str, Any], base: dict[str, Any] | None = None) -> d
         raise HookError(("op",), f"must be one of {', '.join(OPS)} (got {shown(d.get('op'))})")
     t = d["threshold"]
     if d["op"] != "is_nonfinite":
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise HookError(("threshold",), f"must be a finite number (got {shown(t)})")
-        d["threshold"] = float(t)
+        d["threshold"] = _number("threshold", t)
     else:
         d["threshold"] = None
     if d.get("action") not in ACTIONS:

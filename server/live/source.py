@@ -575,7 +575,8 @@ class LiveSource(Source):
         return self._rule_command(self.insp.add_rule, rule)  # type: ignore[no-any-return]
 
     def update_rule(self, rule_id: str, change: dict[str, Any]) -> dict[str, Any]:
-        return self._rule_command(self.insp.update_rule, rule_id, **change)  # type: ignore[no-any-return]
+        # (the body as one mapping: a key of it named like an argument is a field, refused by name)
+        return self._rule_command(self.insp.update_rule, rule_id, change)  # type: ignore[no-any-return]
 
     def remove_rule(self, rule_id: str) -> None:
         self._rule_command(self.insp.remove_rule, rule_id)
@@ -595,6 +596,7 @@ class LiveSource(Source):
                 and isinstance(e.detail, list)
                 and e.detail
                 and e.detail[0].get("loc") == ["rule_id"]
+                and str(e.detail[0].get("msg", "")).startswith("no rule with id")
             ):
                 raise ApiError(404, e.detail[0]["msg"]) from e
             raise

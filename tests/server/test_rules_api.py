@@ -4,6 +4,9 @@ served by GET /api/events, and a replay that refuses commands."""
 
 from __future__ import annotations
 
+import httpx
+import pytest
+
 from server.history.storage import HistoryStore
 from server.sources import ReplaySource
 from tests.support import wait_until
@@ -66,3 +69,101 @@ def test_rules_are_added_validated_changed_and_removed(live):
     kinds = [e["kind"] for e in replay.events(None) if e["kind"].startswith("rule_")]
     changes = [k for k in kinds if k != "rule_fired"]  # (r1 may fire between the changes)
     assert changes == ["rule_added", "rule_added", "rule_updated", "rule_removed"] and "rule_fired" in kinds
+
+
+def _deep(depth: int) -> dict:
+    root: dict = {}
+    node = root
+    for _ in range(depth):
+        node["x"] = {}
+        node = node["x"]
+    return root
+
+
+def test_a_bad_rule_body_is_a_422_with_its_reason_and_changes_nothing(live):
+    """A body that once made a 500 (a PATCH key named like an argument, a 400-digit threshold,
+    args nested hundreds deep, non-finite numbers in args) is a 422 naming the field, on POST and
+    on PATCH; the rules stay as they were and no rule event is filed."""
+    import json
+
+    srv = live(rate=None)
+    srv.wait_step(1)
+    c = srv.http()
+    good = {"signal": "step", "op": "<", "threshold": 0, "action": "alert"}
+    assert c.post("/api/rules", json=good).status_code == 201
+    before = c.get("/api/rules").json()["rules"]
+    seq = max((e["seq"] for e in srv.insp.events()), default=0)
+
+    def send(method: str, path: str, body: dict | str) -> httpx.Response:
+        text = body if isinstance(body, str) else json.dumps(body)
+        # (a fresh connection each: a server that drops one must not hide the next answer)
+        return srv.http().request(method, path, content=text, headers={"content-type": "application/json"})
+
+    huge = "1" + "0" * 400  # a 401-digit integer: past the float range
+    rule = '{"signal": "loss", "op": ">", "action": "alert", '  # + the fields under test + "}"
+    cases: list[tuple[str, dict | str, str]] = [
+        ("PATCH", {"rule_id": "r1"}, "rule_id"),
+        ("PATCH", {"self": 1}, "self"),
+        ("PATCH", {"fn": 1}, "fn"),
+        ("PATCH", {"change": {}}, "change"),
+        ("POST", rule + '"threshold": ' + huge + "}", "threshold"),
+        ("PATCH", '{"threshold": ' + huge + "}", "threshold"),
+        ("POST", rule + '"threshold": -' + huge + "}", "threshold"),
+        ("POST", rule + '"threshold": 1e400}', "threshold"),
+        ("POST", rule + '"threshold": NaN}', "threshold"),
+        ("POST", rule + '"threshold": 1, "for_steps": ' + huge + "}", "for_steps"),
+        ("POST", rule + '"threshold": 1, "args": {"a": ' + huge + "}}", "args"),
+        ("PATCH", '{"args": {"a": [1, ' + huge + "]}}", "args"),
+        ("POST", rule + '"threshold": 1, "args": {"a": NaN}}', "args"),
+        ("PATCH", '{"args": {"a": Infinity}}', "args"),
+        ("POST", rule + '"threshold": 1, "args": {"a": 1e999}}', "args"),
+        ("PATCH", '{"name": NaN}', "name"),
+    ]
+    for depth in (20, 600, 900):
+        cases.append(("POST", {**good, "args": _deep(depth)}, "args"))
+        cases.append(("PATCH", {"args": _deep(depth)}, "args"))
+    cases.append(("POST", {**good, "args": {"a": list(range(5000))}}, "args"))
+    for method, body, loc in cases:
+        r = send(method, "/api/rules" if method == "POST" else "/api/rules/r1", body)
+        shown = str(body)[:80]
+        assert r.status_code == 422, (method, shown, r.status_code, r.text[:300])
+        detail = r.json()["detail"]
+        assert loc in detail[0]["loc"] and detail[0]["msg"], (method, shown, detail)
+        assert c.get("/api/rules").json()["rules"] == before, ("nothing changed", method, shown)
+    assert not [e for e in srv.insp.events(seq) if e["kind"].startswith("rule_")]
+
+
+def test_the_agents_bad_rules_are_refused_as_the_apis_are(live):
+    """The agent's rule tools share the rules' validation: the same bodies are tool errors
+    saying 422 and the reason, and nothing is stored."""
+    pytest.importorskip("mcp", reason="the agent extra: pip install gradient-inspector[agent]")
+    from tests.server.test_mcp import agent, text
+
+    srv = live(rate=None)
+    srv.wait_step(1)
+    c = srv.http()
+    assert (
+        c.post(
+            "/api/rules", json={"signal": "step", "op": "<", "threshold": 0, "action": "alert"}
+        ).status_code
+        == 201
+    )
+    before = c.get("/api/rules").json()["rules"]
+    rule = {"signal": "loss", "op": ">", "action": "alert"}
+    calls = [
+        ("update_rule", {"rule_id": "r1", "change": {"rule_id": "r2"}}),
+        ("update_rule", {"rule_id": "r1", "change": {"fn": 1}}),
+        ("update_rule", {"rule_id": "r1", "change": {"threshold": 10**400}}),
+        ("add_rule", {"rule": {**rule, "threshold": 10**400}}),
+        ("add_rule", {"rule": {**rule, "threshold": 1, "args": _deep(100)}}),
+        ("update_rule", {"rule_id": "r1", "change": {"args": _deep(100)}}),
+    ]
+    out = agent(srv.base, calls)
+    for (tool, args), result in zip(calls, out["results"], strict=True):
+        said = text(result)
+        assert result.is_error and "422" in said and "internal" not in said, (
+            tool,
+            str(args)[:80],
+            said[:300],
+        )
+    assert c.get("/api/rules").json()["rules"] == before

@@ -231,6 +231,15 @@ def test_event_signals_nonfinite_and_spikes():
     ]
 
 
+def _deep(depth: int) -> dict:
+    root: dict = {}
+    node = root
+    for _ in range(depth):
+        node["x"] = {}
+        node = node["x"]
+    return root
+
+
 @pytest.mark.parametrize(
     ("spec", "loc"),
     [
@@ -264,6 +273,26 @@ def test_event_signals_nonfinite_and_spikes():
             {"signal": "loss", "op": ">", "threshold": 1, "action": "clip_norm", "args": {"quantile": 2}},
             ["args", "quantile"],
         ),
+        ({"signal": "loss", "op": ">", "threshold": 10**400, "action": "alert"}, ["threshold"]),
+        ({"signal": "loss", "op": ">", "threshold": -(10**400), "action": "alert"}, ["threshold"]),
+        ({"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": _deep(900)}, ["args", "x"]),
+        (
+            {"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": {"a": math.nan}},
+            ["args", "a"],
+        ),
+        (
+            {"signal": "step", "op": ">", "threshold": 1, "action": "pause", "args": {"a": [0, 10**400]}},
+            ["args", "a", 1],
+        ),
+        ({"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": {1: 2}}, ["args"]),
+        (
+            {"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": {"a": object()}},
+            ["args", "a"],
+        ),
+        (
+            {"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": {"a": [0] * 5000}},
+            ["args"],
+        ),
     ],
 )
 def test_a_bad_rule_is_refused_naming_the_field_and_nothing_changes(spec, loc):
@@ -280,6 +309,26 @@ def test_a_bad_rule_is_refused_naming_the_field_and_nothing_changes(spec, loc):
         with pytest.raises(inspector.HookError):
             insp.load_rules([{"signal": "step", "op": ">", "threshold": 1, "action": "alert"}, spec])
         assert insp.rules == before  # all or nothing
+    finally:
+        insp.close()
+
+
+def test_a_change_is_one_mapping_whose_every_key_is_a_field():
+    """``update_rule(id, change)``: a key named like an argument (``rule_id``, ``self``) is a field
+    of the change, refused by name; an unknown id is the id's error."""
+    insp = inspector.attach(seed_mlp(), torch.optim.SGD(seed_mlp().parameters(), lr=0.1))
+    try:
+        insp.add_rule(signal="step", op=">", threshold=3, action="alert")
+        before = insp.rules
+        for key in ("rule_id", "self", "change", "fields"):
+            with pytest.raises(inspector.HookError) as e:
+                insp.update_rule("r1", {key: 1})
+            assert list(e.value.loc) == [key] and "unknown field" in e.value.msg
+        with pytest.raises(inspector.HookError) as e:
+            insp.update_rule("r9", {"enabled": False})
+        assert list(e.value.loc) == ["rule_id"] and e.value.msg.startswith("no rule with id")
+        assert insp.rules == before
+        assert insp.update_rule("r1", {"threshold": 4}, enabled=False)["threshold"] == 4.0
     finally:
         insp.close()
 
