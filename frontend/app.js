@@ -240,6 +240,7 @@ class Dashboard {
           return true;
         });
         this.statsDirty = true;
+        this.rules.onStep(); // the rules' evaluation state
         break;
       }
       case "scalars": {
@@ -251,6 +252,7 @@ class Dashboard {
           this.scheduler.mark((p, name) => name === "loss" && pushLoss(p, step, y));
         }
         this.scheduler.request(); // the step counter
+        if (this.view === live) this.rules.onStep(); // (a loss rule is evaluated once the loss arrived)
         break;
       }
       case "event":

@@ -127,6 +127,8 @@ export function rulesFromEvents(events) {
   return [...rules.values()];
 }
 
+const STATE_REFRESH_MS = 3000; // the live rules' evaluation state: fetched at most this often
+
 /** The newest rule_failed event of each rule in `events`: rule id -> event. */
 function lastFailures(events) {
   const out = new Map();
@@ -159,6 +161,20 @@ export class RulesPanel {
     this.showPresets(Object.keys(RULE_PRESETS));
     card.append(this.list, this.roNote, this.presetBox, this.presetError, this.details);
     this.reload = debounce(() => this.load(), 120);
+    this.stepLoad = 0; // when a step last had the list fetched again (onStep)
+  }
+
+  /**
+   * A step of the live run went by: the rules are fetched again (at most every few seconds,
+   * while there are some), for each one's evaluation state: the last step evaluated, its value
+   * and streak, or why none was yet.
+   */
+  onStep() {
+    if (!this.rules.length || this.ctx.view() !== this.ctx.live()) return;
+    const now = Date.now();
+    if (now - this.stepLoad < STATE_REFRESH_MS) return;
+    this.stepLoad = now;
+    this.reload();
   }
 
   /** The live run's rules (GET /api/rules), or those the shown run's events record. */
@@ -293,6 +309,10 @@ class RuleRow {
     this.stateEl = h("span", { class: "rule-state" });
     this.when = h("div", { class: "rule-when mono" });
     this.fired = h("div", { class: "rule-fired", dataset: { testid: SELECTORS.ruleFired } });
+    this.evaluated = h("div", {
+      class: "rule-evaluated small muted",
+      dataset: { testid: SELECTORS.ruleEvaluated },
+    });
     this.failed = h("div", { class: "rule-failed" });
     this.error = h("div", { class: "row-error", role: "alert", dataset: { testid: SELECTORS.ruleError } });
     this.el = h(
@@ -310,6 +330,7 @@ class RuleRow {
       ),
       this.when,
       this.fired,
+      this.evaluated,
       this.failed,
       this.error,
     );
@@ -340,6 +361,14 @@ class RuleRow {
       this.fired.textContent = `fired ${fired}× · last at step ${st.last_fired}${what}`;
     }
     this.fired.title = this.fired.textContent;
+    // the evaluation state (a live run's: an earlier run's events do not hold it)
+    if (st.waiting) this.evaluated.textContent = `not evaluated yet: ${st.waiting}`;
+    else if (st.last_step !== undefined && st.last_step !== null) {
+      const streak =
+        num(rule.for_steps) > 1 ? ` · ${st.streak ?? 0} of ${rule.for_steps} steps in a row` : "";
+      this.evaluated.textContent = `last evaluated: step ${st.last_step}, ${rule.signal} ${fmt(st.last_value)}${streak}`;
+    } else this.evaluated.textContent = "";
+    this.evaluated.title = this.evaluated.textContent;
     const failures = num(st.failures) ?? 0;
     const selfOff = !rule.enabled && lastFailure && lastFailure.disabled;
     const why = lastFailure ? `: ${lastFailure.reason}` : "";

@@ -86,6 +86,7 @@ export const SELECTORS = {
   ruleToggle: "rule-toggle",
   ruleRemove: "rule-remove",
   ruleFired: "rule-fired",
+  ruleEvaluated: "rule-evaluated",
   ruleError: "rule-error",
   rulePreset: "rule-preset",
   rulePresetError: "rule-preset-error",

@@ -288,6 +288,7 @@ class Inspector:
             distributed=plane is not None,
         )
         self._lifecycle.rules = self._rules
+        records.watch = self._rules  # a rule on a recorded value gets each step's once it arrived
         if self._lifecycle.sync is not None:
             self._lifecycle.sync.rules = self._rules  # rank 0's decisions ride in the exchange
 
@@ -570,8 +571,8 @@ class Inspector:
         until ``optimizer.step()``) they attach to that step; after ``step()`` and before the next
         forward (backward), to the step just completed. ``begin_step()`` marks a step under way by
         hand. Every step's records reach the ``scalars`` stream: a sampled step's with its snapshot,
-        an unsampled step's a few steps later (read together with later ones). Several records of
-        one key in one step are averaged.
+        an unsampled step's a few steps later (read together with later ones; a step or two later
+        while a rule reads the loss). Several records of one key in one step are averaged.
         """
         vals = check_scalars(scalars)
         with self._lock:

@@ -1,13 +1,23 @@
 """Rules for unattended runs: "when SIGNAL OP THRESHOLD [for K steps] then ACTION".
 
 A rule is evaluated at every step boundary, by the training thread, from values already on the
-host: the sampled step's snapshot (its one transfer) and the events filed at this boundary (the
-NaN/Inf findings of earlier steps' deferred checks, the spike detector's ``spike`` events). It
-reads no tensor, so it adds no host synchronisation.
+host: the sampled step's snapshot (its one transfer), the events filed at this boundary (the
+NaN/Inf findings of earlier steps' deferred checks, the spike detector's ``spike`` events) and
+the recorded values of earlier steps that reached the host since the last boundary. It reads no
+tensor, so it adds no host synchronisation.
 
 Signals (``Rule.signal``):
 
-- from the snapshot (sampled steps only; an unsampled step is not evaluated for them): ``loss``,
+- recorded with ``insp.record(...)``: ``loss``, the mean of the step's records whichever side of
+  ``optimizer.step()`` they were made on, every step that has one, sampled or not. A step's value
+  is final once the next step got under way (a late record could come until then) and reaches
+  the host through the deferred queue (inspector.step.scalars ``Recorder.watch``): evaluated at
+  step N + 1's boundary for a record made before ``step()``, N + 2's for one made after it (on a
+  GPU, the first boundary after its copy completed), as step N (the firing's ``step``; ``at``:
+  the boundary). While such a rule exists, every step's records are copied at once (one
+  ``non_blocking`` copy a step). The last step's (two steps', recorded after ``step()``) reach
+  the host after training's last boundary: not evaluated;
+- from the snapshot (sampled steps only; an unsampled step is not evaluated for them):
   ``total_norm``, ``total_norm_raw``, ``norm:<param>``, ``norm_raw:<param>``,
   ``group_norm:<group>``, ``group_norm_raw:<group>``, ``update_ratio`` (the largest of the
   step's tensors), ``noise_scale`` (``b_simple``; not evaluated while it has no estimate);
@@ -18,7 +28,9 @@ Signals (``Rule.signal``):
 - ``step`` (every step).
 
 OPs: ``>``, ``>=``, ``<``, ``<=``, ``==``, ``!=`` against ``threshold``, and ``is_nonfinite``
-(NaN or Inf; no threshold). ``for_steps`` K: the condition held on K consecutive evaluated steps.
+(NaN or Inf; no threshold). ``for_steps`` K: the condition held on K consecutive evaluated steps
+(each step counted once). A rule's state holds the last step it evaluated and the value
+(``last_step``, ``last_value``), or, until there is one, why not (``waiting``).
 A fired rule waits ``cooldown`` steps; at most ``cap`` firings per ``window`` steps (then one
 ``rule_capped`` event per window); an action that fails files ``rule_failed`` and, after
 ``max_failures`` failures in a row, the rule disables itself.
@@ -65,7 +77,8 @@ ACTIONS = (
     "clip_norm",
     "end_shadow",
 )
-SNAPSHOT_SIGNALS = ("loss", "total_norm", "total_norm_raw", "update_ratio", "noise_scale")
+RECORD_SIGNALS = ("loss",)  # a recorded value: evaluated when the step's value reaches the host
+SNAPSHOT_SIGNALS = ("total_norm", "total_norm_raw", "update_ratio", "noise_scale")
 EVENT_SIGNALS = ("nonfinite", "spike", "step")
 PREFIXES = ("norm:", "norm_raw:", "group_norm:", "group_norm_raw:", "spike:")
 WINDOW = 200  # sampled global raw norms kept on the host for clip_norm's quantile
@@ -214,14 +227,15 @@ def _check_args(action: str, args: Any) -> dict[str, Any]:
 
 def _check_signal(signal: Any) -> str:
     if isinstance(signal, str) and (
-        signal in SNAPSHOT_SIGNALS
+        signal in RECORD_SIGNALS
+        or signal in SNAPSHOT_SIGNALS
         or signal in EVENT_SIGNALS
         or any(signal.startswith(p) and len(signal) > len(p) for p in PREFIXES)
     ):
         return signal
     raise HookError(
         ("signal",),
-        f"unknown signal {shown(signal)}; known: {', '.join(SNAPSHOT_SIGNALS + EVENT_SIGNALS)}, "
+        f"unknown signal {shown(signal)}; known: {', '.join(RECORD_SIGNALS + SNAPSHOT_SIGNALS + EVENT_SIGNALS)}, "
         f"or {', '.join(p + '<name>' for p in PREFIXES)}",
     )
 
@@ -254,6 +268,8 @@ class Rule:
     capped: bool = False
     hook_id: str | None = None  # the clip_norm hook this rule added
     last_tick: int | None = None  # the boundary it last fired at (cooldown and window count boundaries)
+    last_step: int | None = None  # the last step evaluated ...
+    last_value: float | None = None  # ... and its value
 
     def definition(self) -> dict[str, Any]:
         return {
@@ -272,7 +288,8 @@ class Rule:
             "window": self.window,
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, waiting: str | None = None) -> dict[str, Any]:
+        """Definition and state; ``waiting``: why it has not been evaluated yet (shown until it is)."""
         return {
             **self.definition(),
             "state": {
@@ -282,6 +299,9 @@ class Rule:
                 "last_fired": self.last_fired,
                 "last_firing": self.last_firing,
                 "hook_id": self.hook_id,
+                "last_step": self.last_step,
+                "last_value": self.last_value,
+                "waiting": None if self.last_step is not None else waiting,
             },
         }
 
@@ -335,6 +355,15 @@ def check_rule(spec: Mapping[str, Any], base: dict[str, Any] | None = None) -> d
     return {k: d[k] for k in _FIELDS | {"signal", "op", "action"}}
 
 
+def _host_float(v: Any) -> float | None:
+    """A recorded mean as a float (the strict-JSON strings of NaN and the infinities included)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(v) if isinstance(v, str) else None
+
+
 def _compare(op: str, value: float, threshold: float | None) -> bool:
     if op == "is_nonfinite":
         return not math.isfinite(value)
@@ -382,6 +411,8 @@ class Rules:
         self.outbox: list[dict[str, Any]] = []  # rank 0's decisions, for the next exchange
         self._inbox: list[dict[str, Any]] = []  # decisions every rank acts on at its next boundary
         self._tick = 0  # boundaries seen (a rewind moves the step back, not this)
+        # recorded values of closed steps that reached the host (Recorder.watch), for the next boundary
+        self._arrived: deque[tuple[int, dict[str, Any]]] = deque(maxlen=1024)
 
     # ------------------------------------------------------------ definitions
     @property
@@ -389,11 +420,53 @@ class Rules:
         """Whether the boundary has anything to do (cheap: no rule, nothing to act on)."""
         return bool(self._rules) or bool(self._inbox)
 
+    @property
+    def wants_records(self) -> bool:
+        """Whether a rule reads a recorded value (the deciding rank only): then every step's
+        records are sent to the host at once and handed to :meth:`arrived`."""
+        return not (self._dist and self._rank != 0) and any(
+            r.enabled and r.signal in RECORD_SIGNALS
+            for r in tuple(self._rules.values())  # (read without the lock, by the training thread)
+        )
+
+    def arrived(self, step: int, means: Mapping[str, Any]) -> None:
+        """Step ``step``'s recorded means reached the host (every record of it: the step is
+        closed); evaluated at the next boundary (the Inspector's lock held)."""
+        if self.wants_records:
+            self._arrived.append((step, dict(means)))
+
     def list(self) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in self._rules.values()]
+        return [self._dict(r) for r in self._rules.values()]
 
     def get(self, rule_id: str) -> dict[str, Any]:
-        return self._find(rule_id).to_dict()
+        return self._dict(self._find(rule_id))
+
+    def _dict(self, rule: Rule) -> dict[str, Any]:
+        return rule.to_dict(None if rule.last_step is not None else self._waiting(rule.signal))
+
+    def _waiting(self, signal: str) -> str:
+        """Why a rule on ``signal`` has not been evaluated yet: what it waits for."""
+        if self._dist and self._rank != 0:
+            return "rank 0 evaluates the rules (its firings reach this rank in the exchange)"
+        if signal in RECORD_SIGNALS:
+            return (
+                f"no {signal} has reached the host yet: insp.record({signal}=...) each step; a "
+                "step's value is evaluated at the boundary it arrives at (the next one; the one "
+                "after when recorded after optimizer.step())"
+            )
+        if signal.startswith(("norm:", "norm_raw:")):
+            name = signal.split(":", 1)[1]
+            if name not in self._api["params"]:
+                return f"no parameter named {name!r} here"
+        if signal.startswith(("group_norm:", "group_norm_raw:")):
+            name = signal.split(":", 1)[1]
+            if name not in self._api["group_names"]():
+                return f"no group named {name!r} here"
+        if signal == "noise_scale":
+            return "no noise-scale estimate yet (evaluated on the sampled steps that have one)"
+        if signal in SNAPSHOT_SIGNALS or signal.startswith(("norm", "group_norm")):
+            return "no sampled step since it was added (evaluated on sampled steps only)"
+        return "no step boundary since it was added"
 
     def _find(self, rule_id: str) -> Rule:
         r = self._rules.get(rule_id)
@@ -410,17 +483,19 @@ class Rules:
         rule = Rule(id=rid, **d)
         self._rules[rid] = rule
         self._emit("rule_added", rule=rule.definition())
-        return rule.to_dict()
+        return self._dict(rule)
 
     def update(self, rule_id: str, change: Mapping[str, Any]) -> dict[str, Any]:
         rule = self._find(rule_id)
         d = check_rule(change, base=rule.definition())
+        if d["signal"] != rule.signal:  # what it evaluated was another signal's
+            rule.streak, rule.last_step, rule.last_value = 0, None, None
         for k, v in d.items():
             setattr(rule, k, v)
         if change.get("enabled") is True:
             rule.failures, rule.streak = 0, 0
         self._emit("rule_updated", rule=rule.definition())
-        return rule.to_dict()
+        return self._dict(rule)
 
     def remove(self, rule_id: str) -> None:
         rule = self._find(rule_id)
@@ -473,7 +548,18 @@ class Rules:
             self._handlers[action] = fn
 
     # ------------------------------------------------------------ evaluation
-    def _value(self, signal: str, step: int, snap: Any, events: list[dict[str, Any]]) -> float | None:
+    def _value(
+        self,
+        signal: str,
+        step: int,
+        snap: Any,
+        events: list[dict[str, Any]],
+        records: Mapping[str, Any] | None = None,
+    ) -> float | None:
+        if signal in RECORD_SIGNALS:  # from the step's records once they arrived, not the snapshot
+            return None if records is None else _host_float(records.get(signal))
+        if records is not None:
+            return None  # (an arrival evaluates the rules on recorded values only)
         if signal == "step":
             return float(step)
         if signal == "nonfinite":
@@ -499,7 +585,7 @@ class Rules:
             return max(zs, default=0.0)
         if snap is None:
             return None
-        if signal in ("loss", "total_norm", "total_norm_raw"):
+        if signal in ("total_norm", "total_norm_raw"):
             v = getattr(snap, signal)
             return None if v is None else float(v)
         if signal == "update_ratio":
@@ -535,16 +621,22 @@ class Rules:
             inbox, self._inbox = self._inbox, []
             for firing in inbox:
                 self._act(firing, step)
+            arrived = list(self._arrived)
+            self._arrived.clear()
             if self._dist and self._rank != 0:
                 return
-            for rule in list(self._rules.values()):
-                firing = self._evaluate(rule, step, snap, events)
-                if firing is None:
-                    continue
-                if self._dist:
-                    self.outbox.append(firing)
-                else:
-                    self._act(firing, step)
+            # the recorded values that reached the host since the last boundary, a step each in
+            # order (a step of its own, firing for it), then this boundary's snapshot and events
+            todo = [(s, None, [], means) for s, means in arrived] + [(step, snap, events, None)]
+            for at, at_snap, at_events, means in todo:
+                for rule in list(self._rules.values()):
+                    firing = self._evaluate(rule, at, at_snap, at_events, means)
+                    if firing is None:
+                        continue
+                    if self._dist:
+                        self.outbox.append(firing)
+                    else:
+                        self._act(firing, step)
         except Exception as e:  # never take training down for our code
             self._emit(
                 "telemetry_error",
@@ -553,13 +645,19 @@ class Rules:
             )
 
     def _evaluate(
-        self, rule: Rule, step: int, snap: Any, events: list[dict[str, Any]]
+        self,
+        rule: Rule,
+        step: int,
+        snap: Any,
+        events: list[dict[str, Any]],
+        records: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         if not rule.enabled:
             return None
-        value = self._value(rule.signal, step, snap, events)
+        value = self._value(rule.signal, step, snap, events, records)
         if value is None:
             return None  # not evaluated at this step: the streak stands
+        rule.last_step, rule.last_value = step, value
         if not _compare(rule.op, value, rule.threshold):
             rule.streak = 0
             return None

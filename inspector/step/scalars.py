@@ -7,6 +7,13 @@ until the step's one transfer (a sampled step) or a deferred copy read at a late
 :class:`Recorder`); several records of one key in one step are averaged, late ones with the
 others (gradient accumulation with a record per micro-batch, the last after ``step()``: the
 step's value is the mean of all of them, sampled or not).
+
+A watcher (``Recorder.watch``: the rules) that wants the values gets each step's means once, when
+the step is closed (its late records could come until the next step got under way) and its
+values reached the host: at the next boundary for values recorded before ``step()``, at the one
+after for late ones (on a GPU, once their copy has completed). While it wants them an unsampled
+step's records are sent at its boundary instead of waiting for others (one ``non_blocking`` copy
+a step, still no wait).
 """
 
 from __future__ import annotations
@@ -87,7 +94,9 @@ class Recorder:
     ``pending`` (at most ``MAX_PENDING``) until a sampled step or a late record, and then go to the
     host through the Inspector's :class:`~inspector.stats.deferred.Deferred` queue (one ``non_blocking``
     copy, read at a later boundary), so that no record ever makes the host wait for the device; late
-    records (after ``step()``) resend their step's message, merged. The caller holds ``lock`` around
+    records (after ``step()``) resend their step's message, merged. While ``watch`` wants the values
+    (module docstring), an unsampled step's records are sent at its boundary and its one message
+    goes out when the step is closed, late records averaged in. The caller holds ``lock`` around
     :meth:`add` and the ``current`` swap; the other methods take it themselves.
     """
 
@@ -105,6 +114,12 @@ class Recorder:
         # ones, read at a later boundary, are averaged in with that weight)
         self._counts: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.discard_late = False  # a rewind: the late records still to come belong to the abandoned step
+        # who gets each closed step's means (the rules): ``watch.wants_records`` says whether it
+        # wants them now, ``watch.arrived(step, means)`` takes them (deferred consumers, lock held)
+        self.watch: Any = None
+        self._final: dict[int, dict[str, Any]] = {}  # the means last sent of steps not closed yet
+        # unsampled steps whose records were sent at their boundary (watched): how many of each key
+        self._early: OrderedDict[int, dict[str, int]] = OrderedDict()
 
     def add(self, vals: Mapping[str, float | Tensor], *, late: bool) -> None:
         accumulate(self.late if late else self.current, vals)
@@ -125,8 +140,23 @@ class Recorder:
         with self._lock:
             self.current = {}
             self.discard_late = True
+            self._final.clear()
+            self._early.clear()
+
+    def _watched(self) -> bool:
+        return self.watch is not None and bool(self.watch.wants_records)
 
     def _send(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
+        early = step in self._early
+        if early or self._watched():  # (a later send of the step, its late records merged in, replaces it)
+            self._final[step] = {**scalars, "loss": loss} if loss is not None else dict(scalars)
+            while len(self._final) > 4 * self.MAX_PENDING:  # (steps never closed: a watcher come and gone)
+                del self._final[next(iter(self._final))]
+            if early:
+                return  # its message goes out once the step is closed, all its records in (_close)
+        self._publish(step, loss, scalars)
+
+    def _publish(self, step: int, loss: Any, scalars: dict[str, Any]) -> None:
         payload = {
             "step": step,
             "loss": _safe(loss),
@@ -172,9 +202,15 @@ class Recorder:
             self._deferred.submit(None, None, lambda _: self._send(snap.step, snap.loss, snap.scalars))
 
     def defer(self, step: int, rec: Records) -> None:
-        """An unsampled step's records wait (see the class docstring)."""
+        """An unsampled step's records wait (see the class docstring); sent now when watched (its
+        late records, if any, are then averaged in as a sampled step's are)."""
         self.pending.append((step, rec))
-        if len(self.pending) >= self.MAX_PENDING:
+        if self._watched():
+            self._early[step] = {k: acc[1] for k, acc in rec.items()}
+            while len(self._early) > 2 * self.MAX_PENDING:
+                self._early.popitem(last=False)
+            self.flush_pending(step)
+        elif len(self.pending) >= self.MAX_PENDING:
             self.flush_pending(step)
 
     def flush_pending(self, window: int | None = None) -> None:
@@ -186,7 +222,29 @@ class Recorder:
 
     def flush_late(self, step: int) -> None:
         """Send the records made after step N's boundary as step N's, merged with N's own records when
-        N was not sampled, and into N's snapshot in the feed's ring when it was."""
+        N was not sampled, and into N's snapshot in the feed's ring when it was. Step N is closed
+        then: a watcher gets its means once everything sent before reached the host."""
+        self._flush_late(step)
+        if step in self._early or self._watched():
+            self.flush_pending(step + 1)  # (a late record of an unsampled step, merged with its own)
+            # after every copy of step N's values in the queue (FIFO): read at N + 1's boundary,
+            # or at the first after its late records' copy
+            self._deferred.submit(step, None, lambda _: self._close(step))
+
+    def _close(self, step: int) -> None:
+        """Step ``step``'s means reached the host, all of them: the watcher's (none recorded: nothing)."""
+        means = self._final.pop(step, None)
+        self._final.clear()  # (steps after it: a branch a rewind left)
+        early = self._early.pop(step, None)
+        if means is None:
+            return
+        if early is not None:  # an unsampled step sent at its boundary: its one message, now
+            vals = dict(means)
+            self._publish(step, vals.pop("loss", None), vals)
+        if self.watch is not None:
+            self.watch.arrived(step, means)
+
+    def _flush_late(self, step: int) -> None:
         if not (self.late or self.discard_late):  # the usual case: nothing recorded after the boundary
             return
         with self._lock:
@@ -199,7 +257,8 @@ class Recorder:
             for k, (total, n) in self.pending.pop()[1].items():
                 acc = late.get(k)
                 late[k] = [total, n] if acc is None else [acc[0] + total, acc[1] + n]
-        if step != self.last_published:  # an unsampled step: its message waits with the others
+        if step != self.last_published and step not in self._early:
+            # an unsampled step: its message waits with the others
             self.pending.append((step, late))
             if len(self.pending) >= self.MAX_PENDING:
                 self.flush_pending(step + 1)
@@ -211,14 +270,22 @@ class Recorder:
     def _send_late(self, step: int, means: dict[str, float], counts: dict[str, int]) -> None:
         """A sampled step's late records: averaged with the records its snapshot already holds
         (``published`` kept how many of each), so a step's value is the mean of all its records
-        whichever side of ``step()`` they were made on, as for an unsampled step."""
-        snap = self._feed.find(step)
-        if snap is None:
+        whichever side of ``step()`` they were made on, as for an unsampled step. The same for
+        an unsampled step whose records were sent at its boundary (watched): averaged with the
+        means sent then."""
+        early = self._early.get(step)
+        snap = None
+        if early is not None:
+            base = self._final.get(step)
+        else:
+            snap = self._feed.find(step)
+            base = None if snap is None else {"loss": snap.loss, **snap.scalars}
+        if base is None:
             vals = dict(means)
             self._send(step, vals.pop("loss", None), vals)
             return
-        held = self._counts.get(step, {})
-        merged: dict[str, Any] = {"loss": snap.loss, **snap.scalars}
+        held = early if early is not None else self._counts.get(step, {})
+        merged: dict[str, Any] = dict(base)
         for k, mean in means.items():
             old, n_old, n = merged.get(k), held.get(k, 0), counts.get(k, 1)
             if isinstance(old, float | int) and not isinstance(old, bool) and n_old > 0:
@@ -226,7 +293,9 @@ class Recorder:
             else:
                 merged[k] = mean
             held[k] = n_old + n
-        self._counts[step] = held
-        loss = merged.pop("loss")
-        self._feed.replace_snapshot(replace(snap, loss=loss, scalars=merged))
+        if early is None:
+            self._counts[step] = held
+        loss = merged.pop("loss", None)
+        if snap is not None:
+            self._feed.replace_snapshot(replace(snap, loss=loss, scalars=merged))
         self._send(step, loss, merged)

@@ -147,3 +147,38 @@ def test_safe_overnight_from_the_panel_rewinds_past_the_nan(new_page: Any, tmp_p
         page.wait_for_function(f"() => ({RULE_MARKS})()")
         # (a replay refuses the commands the page's other cards ask for: not this card's)
         assert [e for e in log.errors if "Failed to load resource" not in e] == []
+
+
+def test_a_rule_on_the_loss_recorded_after_step_fires_and_the_panel_shows_what_each_rule_saw(
+    new_page: Any, tmp_path: Path
+) -> None:
+    """The demo records its loss after ``step()`` (the README's loop): "loss > 0 for 2 steps ->
+    pause" fires for step 2 at the boundary that loss reached the host (4, on the CPU) and holds
+    training there; each row tells the last step its rule evaluated and the value, or why none."""
+    with support.start_demo(tmp_path, scenario="mlp", rate=10, db=None, wait=True) as srv:
+        rule = {"signal": "loss", "op": ">", "for_steps": 2, "cooldown": 1000}
+        for body in (
+            {**rule, "threshold": 1e9, "action": "alert", "name": "never"},
+            {**rule, "threshold": 0, "action": "pause", "name": "stop"},
+            {"signal": "norm:nope", "op": ">", "threshold": 0, "action": "alert"},
+        ):
+            srv.client.post("/api/rules", json=body).raise_for_status()
+        page, log = new_page()
+        page.goto(srv.url)  # training starts with the first page
+        support.wait_until(lambda: srv.get("/api/session")["training"].get("held"), 60, "the rule's pause")
+        fired = [e for e in srv.get("/api/events")["events"] if e["kind"] == "rule_fired"]
+        assert [(e["rule"], e["step"], e["at"]) for e in fired] == [("r2", 2, 4)]
+        assert srv.get("/api/session")["training"]["step"] == 4
+        card = page.get_by_test_id("card-rules")
+        card.scroll_into_view_if_needed()
+        rows = page.get_by_test_id("rule-row")
+        expect(rows).to_have_count(3)
+        expect(rows.nth(1).get_by_test_id("rule-fired")).to_contain_text("fired 1× · last at step 2 (loss ")
+        seen = rows.nth(0).get_by_test_id("rule-evaluated")
+        expect(seen).to_contain_text("last evaluated: step 2, loss ")
+        expect(seen).to_contain_text("0 of 2 steps in a row")
+        expect(rows.nth(2).get_by_test_id("rule-evaluated")).to_contain_text(
+            "not evaluated yet: no parameter named 'nope' here"
+        )
+        assert log.errors == []
+        page.close()

@@ -14,7 +14,7 @@ import inspector
 from inspector.rules import PRESETS, Rules, quantile
 from inspector.scenarios import make
 
-from .conftest import batch, loss_of, seed_mlp
+from .conftest import batch, loss_of, seed_mlp, train_step
 
 
 class Fake:
@@ -66,9 +66,15 @@ def snap(loss=1.0, total=1.0, raw=1.0, norms=(1.0, 2.0)):
 
 
 def drive(rules: Rules, fake: Fake, values: list, signal_field="loss", start=1) -> list[int]:
-    """Feed one snapshot per step with ``signal_field`` set from ``values`` (None: unsampled)."""
+    """Feed one snapshot per step with ``signal_field`` set from ``values`` (None: unsampled); a
+    recorded loss as the step's value arriving before its boundary."""
     for k, v in enumerate(values):
         fake.now = start + k
+        if signal_field == "loss":
+            if v is not None:
+                rules.arrived(start + k, {"loss": v})
+            rules.boundary(start + k, snap(loss=None), [])
+            continue
         rules.boundary(start + k, None if v is None else snap(**{signal_field: v}), [])
     return [e["at"] for e in fake.kinds("rule_fired")]
 
@@ -495,5 +501,108 @@ def test_safe_overnight_without_a_checkpoint_pauses():
         assert fired["result"] == {"rewound": False, "paused": True, "reason": fired["result"]["reason"]}
         insp.resume()
         t.join(60)
+    finally:
+        insp.close()
+
+
+def loop(insp, model, opt, steps, where, seen, start=0):
+    """The README's loop with ``insp.record(loss=loss)`` on one side of ``opt.step()`` (``where``:
+    "before", "after", or "both": half the batch's loss before, the other half's after); ``seen``
+    gets each step's recorded mean, read here (the test's reference, not the product's)."""
+    for s in range(start + 1, start + steps + 1):
+        x, y = batch(seed=s)
+        opt.zero_grad()
+        loss = loss_of(model, x, y)
+        if where == "both":
+            a, b = loss_of(model, x[:16], y[:16]).detach(), loss_of(model, x[16:], y[16:]).detach()
+            seen[s] = (a.double().item() + b.double().item()) / 2
+        else:
+            seen[s] = loss.double().item()
+        if where in ("before", "both"):
+            insp.record(loss=a if where == "both" else loss)
+        loss.backward()
+        opt.step()
+        if where in ("after", "both"):
+            insp.record(loss=b if where == "both" else loss)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize(("where", "lag"), [("before", 1), ("after", 2), ("both", 2)])
+def test_a_loss_rule_is_evaluated_once_a_step_whichever_side_of_step_the_loss_is_recorded(where, lag, every):
+    """A rule on the recorded loss fires for every step, sampled or not, with the step's own value
+    (its records' mean), at the boundary where that value reached the host: the next one for a
+    record before ``step()``, the one after for a record after it (on the CPU)."""
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    insp = inspector.attach(model, opt, every=every)
+    try:
+        insp.add_rule(signal="loss", op=">", threshold=0, action="alert", cooldown=0, cap=1000)
+        every3 = insp.add_rule(
+            signal="loss", op=">", threshold=0, for_steps=3, action="alert", cooldown=0, cap=1000
+        )
+        seen: dict[int, float] = {}
+        loop(insp, model, opt, 12, where, seen)
+        fired = [e for e in insp.events() if e["kind"] == "rule_fired"]
+        one = [e for e in fired if e["rule"] == "r1"]
+        assert [e["step"] for e in one] == list(range(1, 13 - lag)), [(e["step"], e["at"]) for e in one]
+        assert all(e["at"] == e["step"] + lag for e in one)
+        assert [e["value"] for e in one] == pytest.approx([seen[e["step"]] for e in one], rel=1e-6)
+        # "for 3 steps": each step counted once -> steps 3, 6, 9 (not 2, 4, ... had a step counted twice)
+        three = [e for e in fired if e["rule"] == every3["id"]]
+        assert [e["step"] for e in three] == [s for s in (3, 6, 9) if s <= 12 - lag]
+        state = insp.rules[0]["state"]
+        assert state["last_step"] == 12 - lag and state["waiting"] is None
+        assert state["last_value"] == pytest.approx(seen[12 - lag], rel=1e-6)
+    finally:
+        insp.close()
+
+
+def test_a_loss_rule_that_never_gets_a_loss_says_why_in_its_state():
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    insp = inspector.attach(model, opt, every=1)
+    try:
+        insp.add_rule(signal="loss", op=">", threshold=0, action="alert")
+        insp.add_rule(signal="total_norm", op=">", threshold=0, action="alert")
+        insp.add_rule(signal="norm:nope", op=">", threshold=0, action="alert")
+        before = [r["state"]["waiting"] for r in insp.rules]
+        assert "insp.record(loss=...)" in before[0] and "sampled step" in before[1]
+        assert before[2] == "no parameter named 'nope' here"
+        for s in range(1, 4):
+            train_step(model, opt, *batch(seed=s))  # nothing recorded
+        loss_rule, norm_rule, nope = insp.rules
+        assert (
+            loss_rule["state"]["last_step"] is None
+            and "insp.record(loss=...)" in loss_rule["state"]["waiting"]
+        )
+        assert norm_rule["state"]["last_step"] == 3 and norm_rule["state"]["waiting"] is None
+        assert nope["state"]["waiting"] == "no parameter named 'nope' here"
+    finally:
+        insp.close()
+
+
+@pytest.mark.parametrize(("where", "lag"), [("before", 1), ("after", 2)])
+def test_a_loss_pause_rule_holds_training_at_the_boundary_its_steps_value_reached(where, lag):
+    import threading
+    import time
+
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    insp = inspector.attach(model, opt, every=4)
+    insp.add_rule(signal="loss", op=">", threshold=0, for_steps=2, action="pause", cooldown=1000)
+    seen: dict[int, float] = {}
+    t = threading.Thread(target=loop, args=(insp, model, opt, 8, where, seen))
+    t.start()
+    try:
+        end = time.monotonic() + 60.0
+        while not insp.state.get("held") and t.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)  # the training thread is ours: poll its state
+        assert insp.state["held"] and insp.step == 2 + lag
+        (ev,) = [e for e in insp.events() if e["kind"] == "rule_fired"]
+        assert ev["step"] == 2 and ev["at"] == 2 + lag and ev["action"] == "pause"
+        assert ev["value"] == pytest.approx(seen[2], rel=1e-6)
+        insp.resume()
+        t.join(60)
+        assert insp.step == 8
     finally:
         insp.close()

@@ -123,14 +123,21 @@ def test_a_loop_without_an_optimizer_or_mark_step_is_told_what_it_lacks():
     insp.close()
 
 
+@pytest.mark.parametrize("rule", [False, True])
 @pytest.mark.parametrize("every", [1, 4])
-def test_records_made_per_micro_batch_give_the_steps_mean_on_both_sides_of_step(every):
+def test_records_made_per_micro_batch_give_the_steps_mean_on_both_sides_of_step(every, rule):
+    """(``rule``: a rule on the loss has every step's records sent at its boundary, the late ones
+    averaged in after: the same means, and the rule fires on them.)"""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     insp = inspector.attach(model, opt, every=every)
+    if rule:
+        insp.add_rule(signal="loss", op=">", threshold=0, action="alert", cooldown=0)
     sent: dict[int, object] = {}
+    messages: list[int] = []
     insp.subscribe(lambda kind, p: sent.__setitem__(p["step"], p["loss"]) if kind == "scalars" else None)
+    insp.subscribe(lambda kind, p: messages.append(p["step"]) if kind == "scalars" else None)
     x, y = torch.randn(8, 3), torch.randn(8, 1)
     for step in range(1, 6):
         opt.zero_grad()
@@ -145,6 +152,11 @@ def test_records_made_per_micro_batch_give_the_steps_mean_on_both_sides_of_step(
     assert {s: sent[s] for s in range(1, 6)} == {s: 1.5 + s for s in range(1, 6)}, "the mean of both"
     for snap in insp.snapshots():
         assert snap["loss"] == 1.5 + snap["step"] and snap["scalars"]["acc"] == 0.5
+    sampled = {snap["step"] for snap in insp.snapshots()}
+    assert all(messages.count(s) == 1 for s in range(1, 6) if s not in sampled), messages  # the mean, once
+    if rule:  # steps 1-3: step 5's boundary was the last one (a late record's value: two later)
+        fired = [(e["step"], e["value"]) for e in insp.events() if e["kind"] == "rule_fired"]
+        assert fired == [(s, 1.5 + s) for s in range(1, 4)]
 
 
 def test_the_snapshot_ring_is_bounded_in_bytes_whatever_the_models_size():
