@@ -8,7 +8,7 @@ starts its copy to the host (``non_blocking`` into pinned memory on CUDA, with a
 after it) and returns at once; nothing is read during the step.
 
 A check is examined at a later step boundary: the next one (or the first after it whose copy has
-completed: ``event.query()``, never a wait, while at most ``MAX_PENDING`` items are in flight), and
+completed: ``event.query()``, never a wait, while at most ``MAX_PENDING`` copies are in flight), and
 at the latest by ``finish()``, ``close()`` or a pause, which wait for every copy. The same queue
 (:class:`Deferred`) carries the tensors passed to ``record()`` on unsampled steps and after a
 boundary, so that reading a loss never makes the host wait either. Under
@@ -42,7 +42,7 @@ from .telemetry import Pack
 
 __all__ = ["Check", "Deferred", "MAX_PENDING", "build_check", "guard_counts", "pack_guard_counts"]
 
-MAX_PENDING = 8  # checks in flight before the oldest one is waited for (a device far behind)
+MAX_PENDING = 8  # copies in flight before the oldest one is waited for (a device far behind)
 
 
 @dataclass
@@ -230,6 +230,9 @@ class Deferred:
 
     def __init__(self, lock: threading.RLock | None = None) -> None:
         self._q: deque[_Item] = deque()
+        # device copies among them (an item with an event): only these can fall behind, so only
+        # these count towards MAX_PENDING (an item with nothing to copy is no copy in flight)
+        self._copies = 0
         # close() may run on another thread than the training loop. The Inspector passes its own
         # lock: the consumers take it (an event, a finding), and a rewind drains while holding
         # it, so one lock for both leaves no order in which two threads could each hold one
@@ -246,7 +249,12 @@ class Deferred:
             if flat is None and not self._q:
                 consume({})
                 return
-            self._q.append(_Item(step, flat, None if flat is None else pack.unflatten, consume))  # type: ignore[union-attr]
+            self._push(_Item(step, flat, None if flat is None else pack.unflatten, consume))  # type: ignore[union-attr]
+
+    def _push(self, it: _Item) -> None:
+        self._q.append(it)
+        if it.event is not None:
+            self._copies += 1
 
     def submit_flat(
         self, step: int, flat: Tensor | list[Tensor], consume: Callable[[list[float]], None]
@@ -254,7 +262,7 @@ class Deferred:
         """Like :meth:`submit` for one unnamed 1-D float32 tensor (or a list of 0-dim CPU ones):
         ``consume`` gets its host list."""
         with self._lock:
-            self._q.append(_Item(step, flat, None, consume))
+            self._push(_Item(step, flat, None, consume))
 
     def drain(self, *, before: int | None = None, wait: bool = False) -> None:
         while True:
@@ -265,10 +273,12 @@ class Deferred:
                 if before is not None and it.step is not None and it.step >= before:
                     return
                 ready = it.ready()
-                if not (wait or ready or len(self._q) > MAX_PENDING):
+                if not (wait or ready or self._copies > MAX_PENDING):
                     return
                 if ready:
                     self._q.popleft()
+                    if it.event is not None:
+                        self._copies -= 1
                     it.run()
                     continue
             # a copy still under way that we must wait for: waited for outside the lock (the
@@ -279,3 +289,4 @@ class Deferred:
     def clear(self) -> None:
         with self._lock:
             self._q.clear()
+            self._copies = 0

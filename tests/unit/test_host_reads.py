@@ -471,3 +471,46 @@ def test_rules_read_nothing_more(reads):
     wanted = {"loss", "total_norm", "norm:0.weight", "step", "nonfinite", "spike"}
     assert {e["signal"] for e in fired} >= wanted
     assert any(e["action"] == "clip_norm" and e["at"] == 5 for e in fired)
+
+
+def test_only_copies_in_flight_count_towards_waiting_for_the_oldest(monkeypatch):
+    """The deferred queue waits for its oldest copy only when more than ``MAX_PENDING`` copies are
+    in flight (a device far behind): items with nothing to copy (a rule's per-step close of the
+    recorded values, a snapshot's scalars message) are no copies and make nothing wait."""
+    from inspector.stats import deferred
+    from inspector.stats.telemetry import Pack
+
+    class Event:  # a GPU copy that has not completed: query() False until waited for
+        waited = 0
+
+        def __init__(self) -> None:
+            self.done = False
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            Event.waited += 1
+            self.done = True
+
+    class Copy(deferred._Item):
+        def __init__(self, step, flat, split, consume):
+            super().__init__(step, flat, split, consume)
+            if flat is not None:
+                self.event = Event()
+
+    monkeypatch.setattr(deferred, "_Item", Copy)
+    q = deferred.Deferred()
+    got: list[int] = []
+    for k in range(deferred.MAX_PENDING):
+        pack = Pack()
+        pack.add("x", [torch.ones(())])
+        q.submit(k, pack, lambda v, k=k: got.append(k))
+        q.submit(k, None, lambda v: got.append(-1))  # nothing to copy: queued behind the copy
+    q.drain(before=10**9)
+    assert Event.waited == 0 and got == []  # 8 copies in flight (16 items): none waited for
+    pack = Pack()
+    pack.add("x", [torch.ones(())])
+    q.submit(99, pack, lambda v: got.append(99))
+    q.drain(before=10**9)
+    assert Event.waited >= 1 and got[:2] == [0, -1]  # 9 copies: the oldest is waited for
