@@ -16,7 +16,8 @@ Signals (``Rule.signal``):
   GPU, the first boundary after its copy completed), as step N (the firing's ``step``; ``at``:
   the boundary). While such a rule exists, every step's records are copied at once (one
   ``non_blocking`` copy a step). The last step's (two steps', recorded after ``step()``) reach
-  the host after training's last boundary: not evaluated;
+  the host after training's last boundary: not evaluated; nor are those of steps a rewind
+  abandons that were still on their way;
 - from the snapshot (sampled steps only; an unsampled step is not evaluated for them):
   ``total_norm``, ``total_norm_raw``, ``norm:<param>``, ``norm_raw:<param>``,
   ``group_norm:<group>``, ``group_norm_raw:<group>``, ``update_ratio`` (the largest of the
@@ -31,7 +32,8 @@ OPs: ``>``, ``>=``, ``<``, ``<=``, ``==``, ``!=`` against ``threshold``, and ``i
 (NaN or Inf; no threshold). ``for_steps`` K: the condition held on K consecutive evaluated steps
 (each step counted once). A rule's state holds the last step it evaluated and the value
 (``last_step``, ``last_value``), or, until there is one, why not (``waiting``).
-A fired rule waits ``cooldown`` steps; at most ``cap`` firings per ``window`` steps (then one
+A fired rule waits ``cooldown`` boundaries (0: none, and it may fire for each of several steps'
+values evaluated at one boundary); at most ``cap`` firings per ``window`` steps (then one
 ``rule_capped`` event per window); an action that fails files ``rule_failed`` and, after
 ``max_failures`` failures in a row, the rule disables itself.
 
@@ -413,6 +415,7 @@ class Rules:
         self._tick = 0  # boundaries seen (a rewind moves the step back, not this)
         # recorded values of closed steps that reached the host (Recorder.watch), for the next boundary
         self._arrived: deque[tuple[int, dict[str, Any]]] = deque(maxlen=1024)
+        self._forgotten = 0  # rewinds that dropped them (one carried out at this boundary too)
 
     # ------------------------------------------------------------ definitions
     @property
@@ -434,6 +437,12 @@ class Rules:
         closed); evaluated at the next boundary (the Inspector's lock held)."""
         if self.wants_records:
             self._arrived.append((step, dict(means)))
+
+    def forget_arrived(self) -> None:
+        """A rewind abandoned the steps whose values arrived and wait for the next boundary: the
+        branch left behind's, not evaluated (the Inspector's lock held)."""
+        self._arrived.clear()
+        self._forgotten += 1
 
     def list(self) -> list[dict[str, Any]]:
         return [self._dict(r) for r in self._rules.values()]
@@ -628,7 +637,10 @@ class Rules:
             # the recorded values that reached the host since the last boundary, a step each in
             # order (a step of its own, firing for it), then this boundary's snapshot and events
             todo = [(s, None, [], means) for s, means in arrived] + [(step, snap, events, None)]
+            forgotten = self._forgotten
             for at, at_snap, at_events, means in todo:
+                if means is not None and self._forgotten != forgotten:
+                    continue  # a firing here rewound: the values still to evaluate are the branch left's
                 for rule in list(self._rules.values()):
                     firing = self._evaluate(rule, at, at_snap, at_events, means)
                     if firing is None:
@@ -665,7 +677,8 @@ class Rules:
         if rule.streak < rule.for_steps:
             return None
         tick = self._tick
-        if rule.last_tick is not None and tick - rule.last_tick <= rule.cooldown:
+        # (cooldown 0: no wait, not even within a boundary that evaluates several steps' values)
+        if rule.cooldown and rule.last_tick is not None and tick - rule.last_tick <= rule.cooldown:
             return None
         if tick - rule.window_start >= rule.window or rule.window_fired == 0:
             rule.window_start, rule.window_fired, rule.capped = tick, 0, False

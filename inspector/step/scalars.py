@@ -115,7 +115,8 @@ class Recorder:
         self._counts: OrderedDict[int, dict[str, int]] = OrderedDict()
         self.discard_late = False  # a rewind: the late records still to come belong to the abandoned step
         # who gets each closed step's means (the rules): ``watch.wants_records`` says whether it
-        # wants them now, ``watch.arrived(step, means)`` takes them (deferred consumers, lock held)
+        # wants them now, ``watch.arrived(step, means)`` takes them (deferred consumers, lock held),
+        # ``watch.forget_arrived()`` drops those not evaluated yet (a rewind)
         self.watch: Any = None
         self._final: dict[int, dict[str, Any]] = {}  # the means last sent of steps not closed yet
         # unsampled steps whose records were sent at their boundary (watched): how many of each key
@@ -142,6 +143,8 @@ class Recorder:
             self.discard_late = True
             self._final.clear()
             self._early.clear()
+            if self.watch is not None:
+                self.watch.forget_arrived()
 
     def _watched(self) -> bool:
         return self.watch is not None and bool(self.watch.wants_records)

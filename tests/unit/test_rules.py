@@ -606,3 +606,35 @@ def test_a_loss_pause_rule_holds_training_at_the_boundary_its_steps_value_reache
         assert insp.step == 8
     finally:
         insp.close()
+
+
+def test_loss_values_of_a_branch_a_rewind_left_are_not_evaluated_and_cooldown_0_fires_for_each_step():
+    """Records alternate sides of ``step()``, so two steps' values may reach one boundary: with
+    cooldown 0 both fire there. A rewind drops the values of the steps it abandons that were still
+    to be evaluated: the rule fires for the new branch's steps only."""
+    model = seed_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    insp = inspector.attach(model, opt, every=3)
+    try:
+        insp.add_rule(signal="loss", op=">", threshold=0, action="alert", cooldown=0, cap=1000)
+        for s in range(1, 16):
+            x, y = batch(seed=s)
+            opt.zero_grad()
+            loss = loss_of(model, x, y)
+            if s % 2:
+                insp.record(loss=loss)  # odd steps: before step(), read at the next boundary
+            loss.backward()
+            opt.step()
+            if not s % 2:
+                insp.record(loss=loss)  # even steps: after it, read at the one after
+            if s == 4:
+                cp = insp.checkpoint()
+            if s == 8:
+                insp.rewind(cp)  # back to step 4: steps 5-8 abandoned, step 8's value among them
+        fired = [(e["step"], e["at"]) for e in insp.events() if e["kind"] == "rule_fired"]
+        # (the abandoned branch's own firings went with its events)
+        assert fired == [(1, 2), (2, 4), (3, 4), (5, 6), (6, 8), (7, 8), (8, 10), (9, 10)], fired
+        # and 4 on the branch left (steps 4-7's, at its boundaries 6 and 8): none for its step 8
+        assert insp.rules[0]["state"]["fired"] == 8 + 4
+    finally:
+        insp.close()
