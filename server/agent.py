@@ -368,7 +368,8 @@ def build(source: Source, *, read_only: bool) -> Any:
         """Change some fields of a rule (`{"enabled": false}`, `{"threshold": 20}`...)."""
         return write(
             "update_rule",
-            {"rule_id": rule_id, **change},
+            {"rule_id": rule_id, "change": change},  # its arguments as given: a key of change named
+            # rule_id stays in change, where the refusal names it
             lambda: commands.update_rule(source, rule_id, change),
         )
 

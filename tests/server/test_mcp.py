@@ -395,6 +395,23 @@ def test_rules_through_the_agent_are_the_http_apis(live):
     assert [(r["id"], r["enabled"]) for r in c.get("/api/rules").json()["rules"]] == [("r1", False)]
 
 
+def test_an_update_rule_command_event_keeps_the_rule_id_apart_from_the_change(live):
+    """The audit records the tool's arguments as given: a change that names a field `rule_id`
+    (refused, 422) does not overwrite the id of the rule the agent asked to change."""
+    srv = live()
+    c = srv.http()
+    assert c.post(
+        "/api/rules", json={"signal": "loss", "op": ">", "threshold": 100, "action": "alert"}
+    ).is_success
+    out = agent(srv.base, [("update_rule", {"rule_id": "r1", "change": {"rule_id": "r7"}})])
+    (refused,) = out["results"]
+    assert refused.is_error and "422" in text(refused)
+    evs = [e for e in c.get("/api/events").json()["events"] if e["kind"] == "command"]
+    assert [(e["what"], e["result"], e["args"]) for e in evs] == [
+        ("update_rule", "error", {"rule_id": "r1", "change": {"rule_id": "r7"}})
+    ]
+
+
 def test_without_the_sdk_mcp_answers_501_with_the_install_hint(monkeypatch):
     from fastapi.testclient import TestClient
 
