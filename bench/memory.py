@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         ("wide", torch.float32, None),
         ("wide", torch.bfloat16, None),
         ("tiny_gpt", torch.float32, None),
-        ("wide", torch.float32, "clip_norm"),  # (raw copies for the histograms: see the README)
+        ("wide", torch.float32, "clip_norm"),  # (raw copies for the histograms: see docs/instruments.md)
     ]
     for name, dtype, hook in rows:
         pbytes, resident, largest, peak = trained(name, dtype, transient=not args.no_transient, hook=hook)

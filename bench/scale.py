@@ -15,7 +15,7 @@ Workloads (CPU, one torch thread, AdamW, pre-drawn batches cycled):
 
 Variants, each on its own copy of the workload (same seed):
     plain      the training step alone
-    default    inspector.attach(model, opt) (the README's defaults) + insp.record(loss=...)
+    default    inspector.attach(model, opt) (attach's defaults, docs/your-loop.md) + insp.record(loss=...)
     unsampled  attach(..., every=10**9): after its first step no step is sampled (hooks, the
                NaN/Inf check, the step machine: what every step pays)
     sampled    attach(..., every=1): every step sampled (every statistic, one transfer)

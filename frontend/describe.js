@@ -47,7 +47,7 @@ export function describeNonfinite(ev) {
     return `non-finite grad_output of module ${ev.module}${rank}`;
   let counts = [ev.nan ? `${ev.nan} NaN` : "", ev.inf ? `${ev.inf} Inf` : ""].filter(Boolean).join(" + ");
   if (!counts && ev.inf === null) {
-    // an unsampled step without a guard: told by the norm, not counted (README, "Telemetry")
+    // an unsampled step without a guard: told by the norm, not counted (docs/instruments.md#telemetry)
     counts = ev.nan === 0 ? "Inf (or a float32 overflow; not counted)" : "NaN (not counted)";
   }
   const more = num(ev.n_params) > 1 ? ` and ${num(ev.n_params) - 1} more` : "";

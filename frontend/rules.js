@@ -1,4 +1,4 @@
-// The Rules panel (inspector/rules.py; README "Unattended runs: rules"): one row per rule (its
+// The Rules panel (inspector/rules.py; docs/rules-and-agents.md): one row per rule (its
 // condition, action and cooldown, whether it is enabled, how often it fired and what its last
 // firing did, its failures and why), an enable toggle and a remove button, the shipped presets
 // as one-click buttons with a line each, and a small add form (signal, op, threshold, for K

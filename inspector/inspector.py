@@ -105,7 +105,7 @@ class Options:
     batch_size: int | None = None  # examples per micro-batch on one rank; None: inferred from the forward
     noise_ema: float = DEFAULT_EMA  # the noise scale's smoothing per sampled step
     # the flight recorder's steps (every tensor's norms, on the device) and spike detection; 0: off
-    # (the default: about 50 us a step on the CPU, visible on a tiny model; README "Performance")
+    # (the default: about 50 us a step on the CPU, visible on a tiny model; docs/performance.md)
     flight: int = 0
     optim_state: bool = True  # the optimizer's state and update geometry (inspector.stats.optim_state)
 
@@ -628,7 +628,7 @@ class Inspector:
         A ``spike`` event is a robust z-score above ``z`` (default 6) of the loss, the global
         gradient norm or a group's norm against its own EMA (weight ``alpha``, default 0.02) of
         log-norms, once the signal has seen ``warmup`` steps (default 50); at most one per signal
-        per ``cooldown`` steps (default 50). See README, "Spikes and the flight recorder".
+        per ``cooldown`` steps (default 50). See docs/instruments.md, "Spikes and the flight recorder".
 
         Raises:
             HookError: a bad value (its ``loc`` names the field); nothing is changed.
@@ -690,8 +690,7 @@ class Inspector:
     # ----------------------------------------------------------------- rules (inspector.rules)
     def add_rule(self, rule: Mapping[str, Any] | None = None, /, **fields: Any) -> dict[str, Any]:
         """Add a rule "when SIGNAL OP THRESHOLD [for K steps] then ACTION", evaluated at every step
-        boundary from values already on the host (see inspector/rules.py and README "Unattended
-        runs: rules"): ``insp.add_rule(signal="nonfinite", op=">", threshold=0,
+        boundary from values already on the host (see inspector/rules.py and docs/rules-and-agents.md): ``insp.add_rule(signal="nonfinite", op=">", threshold=0,
         action="rewind_skip")``. Returns the rule with its id (``"r1"``...) and state.
 
         Raises:

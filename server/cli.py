@@ -1,4 +1,4 @@
-"""`gradient-inspector`: demo, replay, export (README.md "The two commands", "History, replay and export")."""
+"""`gradient-inspector`: demo, replay, export (docs/cli.md; README.md "The two commands", docs/history.md)."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rules",
         metavar="RULES.json",
         help="start with these rules (a JSON file as insp.save_rules() writes it, or a preset's name: "
-        '"safe overnight", "clip on spike"); see README "Unattended runs: rules"',
+        '"safe overnight", "clip on spike"); see docs/rules-and-agents.md',
     )
     demo.add_argument(
         "--no-wait",

@@ -25,8 +25,8 @@ already keeps for the update ratio (no second copy of the parameters): its buffe
 budget, else every ``s``-th block). The gradient is sampled at the same positions, so the cosines
 are taken on that sample (exact when kept whole), and the update norm is the probe's estimate.
 For ``cos_grad_prev`` the gradient's sample is copied into a buffer of the same size at the sampled
-step, before the update: at most as many bytes again as the update ratio's sample (the README's
-Memory section). Many small CPU tensors (:class:`~inspector.stats.tensor_stats.FlatPlan`) take flat
+step, before the update: at most as many bytes again as the update ratio's sample (docs/instruments.md,
+Telemetry: memory). Many small CPU tensors (:class:`~inspector.stats.tensor_stats.FlatPlan`) take flat
 passes instead: the gradients' samples and dot products where the update ratio keeps them whole,
 and the Adam state wherever their float64 copies take at most ``FLAT_BYTES`` (larger tensors of
 one shape in stacks along with them). Elsewhere on the CPU, the gradients' samples of parameters

@@ -111,7 +111,7 @@ class ShardedStats:
         cols.append(("bw_took", torch.full((1,), float(bool(bw_idx)), device=dev), (True,)))
         column("p_sq", list(range(n)), [x.pow(2) for x in pnorms], summed=True)
         column("u_sq", list(range(n)) if unorms else [], [x.pow(2) for x in unorms or []], summed=True)
-        for hid, e in effs:  # a hook's effect: its shards' sums (see README, FSDP2)
+        for hid, e in effs:  # a hook's effect: its shards' sums (see docs/distributed.md, FSDP2)
             v = torch.stack([x.to(dev) for x in e])
             # (a kind's own values after the three, zclip's, are the same on every rank: not summed)
             cols.append((f"eff:{hid}", v, (True, True, True) + (False,) * (len(e) - 3)))

@@ -3,7 +3,7 @@
 One table drives validation, the defaults and the JSON Schema the dashboard builds its
 forms from (``hook_kinds()``), so the three cannot drift apart.
 
-Points (where a hook runs; see README.md "Where each hook runs, and what it sees"):
+Points (where a hook runs; see docs/hooks.md "Where each hook runs, and what it sees"):
 
 - ``pre_step``: an optimizer step pre-hook, once per optimizer step, on the final
   accumulated (all-reduced, unscaled) gradients, batched over every target.

@@ -19,7 +19,7 @@ Also counted: tensors the inspector makes from host data (``torch.tensor(list)``
 
 0 on unsampled steps, at most 1 (the snapshot's one transfer) on sampled steps, for the defaults,
 ``every=1``, each hook kind at each point, a GradScaler and gradient accumulation. An enabled
-``nan_guard`` ``skip`` reads once per step, by design (documented in README and ops.py).
+``nan_guard`` ``skip`` reads once per step, by design (documented in docs/instruments.md and ops.py).
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def test_mark_step_before_the_manual_update_makes_the_update_read_the_hooks_edit
         insp.add_hook("clip_value", "w", threshold=0.5)
         loss = (w * x).sum()
         loss.backward()
-        insp.mark_step()  # where the docstring and the README put it: before the update
+        insp.mark_step()  # where the docstring and docs/your-loop.md put it: before the update
         with torch.no_grad():
             w -= 0.1 * w.grad
         assert torch.allclose(w.detach(), ref - 0.1 * x.clamp(-0.5, 0.5))

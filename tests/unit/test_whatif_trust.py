@@ -82,7 +82,7 @@ def test_an_evaluation_forward_between_steps_is_no_step():
     with torch.no_grad():  # validation between two steps
         val = nn.functional.mse_loss(loop.model(x), y)
     insp.record(val_loss=val)
-    cp = insp.checkpoint("after validation")  # "taken now between steps", as the README says
+    cp = insp.checkpoint("after validation")  # "taken now between steps", as docs/your-loop.md says
     assert insp.checkpoints.list()[-1]["taken"] and insp.checkpoints.list()[-1]["step"] == 3
     with torch.inference_mode():
         loop.model(x)
