@@ -199,7 +199,8 @@ def test_the_rings_memory_is_one_formula_everywhere_and_what_its_tensors_hold():
     insp.close()
     root = Path(__file__).resolve().parents[2]
     stated = set()
-    for path in ("README.md", "server/PROTOCOL.md", "inspector/stats/flight.py", "inspector/inspector.py"):
+    docs = ["README.md", *(str(p.relative_to(root)) for p in sorted((root / "docs").glob("*.md")))]
+    for path in (*docs, "server/PROTOCOL.md", "inspector/stats/flight.py", "inspector/inspector.py"):
         text = (root / path).read_text()
         stated |= {
             re.sub(r"\b(size|flight)\b", "N", f) for f in re.findall(r"`+((?:flight|size) x [^`]*)`", text)
