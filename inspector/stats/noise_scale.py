@@ -345,6 +345,9 @@ class NoiseScale:
         if self.failed is None and self._is_sampled():
             if not self._full:
                 self._reached = True
+            # a backward from the output is an outer one: a pass still awaited from before ended
+            # without its callback (it raised, and the engine drops what it had queued)
+            self._pending.intersection_update({_graph_task()})
             try:
                 self._backward_seen()
             except Exception as e:  # a bug of ours must not reach the user's backward

@@ -386,13 +386,13 @@ class StepLifecycle:
                 if t.grad is not None and t.grad.layout == torch.strided
             ]
             grads = [local(self._at.tensors[i].grad) for i in index]
-            self._bw_index = index
             scale = getattr(self._at.scaler, "_scale", None)  # the scale this backward's loss was scaled by
             self._bw = (
                 (self._stats.norms_now(grads), scale if isinstance(scale, Tensor) else None)
                 if grads
                 else None
             )
+            self._bw_index = index
         except Exception as e:  # never take training down for telemetry
             self._telemetry_failed("the gradient norm at the end of backward", e)
 
@@ -555,6 +555,7 @@ class StepLifecycle:
             self._telemetry_failed("the raw gradient statistics", e)
             raw, sampled = RawRead([], [], False), False
         raw.backward, self._bw = (self._bw if sampled else None), None
+        self._bw_queued = False  # (a backward that raised never ran its callback: the next one queues)
         raw.backward_index = self._bw_index if raw.backward is not None else None
         skip = False
         guards: list[GuardResult] = []

@@ -529,3 +529,58 @@ def test_uneven_micro_batches_one_step_against_float64() -> None:
     assert twice["b_small"] is None and twice["samples"] == 1
     assert "uneven sizes (8, 8, 8, 8, 8, 8, 2, 2)" in twice["step_reason"], twice
     assert "8 forwards for 4 backward passes" in twice["step_reason"]
+
+
+def test_a_backward_that_raises_leaves_no_stale_wait_for_its_end() -> None:
+    """A backward that raises on a sampled step (an out-of-memory error the loop catches and
+    retries) never runs the callbacks queued for its end: the step's later backward passes are
+    still counted (K was 0: the dead pass stayed pending), and the norm at the backward's end is
+    still taken on the steps after it (it was null for the rest of the run), so the big batch is
+    the gradient before the loop's own clip."""
+    torch.manual_seed(0)
+    fail = {"left": 0}
+
+    def flaky(grad: torch.Tensor) -> torch.Tensor:  # on the hidden layer: the head's gradients are in
+        if fail["left"]:
+            fail["left"] -= 1
+            raise RuntimeError("out of memory (simulated)")
+        return grad
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.a(x))
+            h.register_hook(flaky)
+            return self.b(h)
+
+    model = Net().double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    k, b = 4, 8
+    xs = [torch.randn(b, 6, dtype=torch.float64) for _ in range(k)]
+
+    def step() -> list[float]:
+        opt.zero_grad()
+        for x in xs:
+            try:
+                (model(x).pow(2).sum() / b / k).backward()
+            except RuntimeError:  # the loop's retry: the step again from zero
+                return step()
+        pre = [p.grad.detach().clone() for p in model.parameters()]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # the loop's own clip
+        opt.step()
+        return [torch.linalg.vector_norm(torch.stack([g.norm() for g in pre])).item()]
+
+    with inspector.attach(model, opt, every=1, noise_ema=0.0) as insp:
+        for _ in range(3):
+            step()
+        fail["left"] = 1
+        step()
+        assert insp.latest()["noise_scale"]["k"] == k
+        for _ in range(2):
+            (want,) = step()
+            snap = insp.latest()
+            assert snap["total_norm_backward"] == pytest.approx(want, rel=1e-6)
+            assert snap["noise_scale"]["k"] == k
