@@ -139,7 +139,7 @@ def _number(loc: str, v: Any) -> float:
         f = float(v)
     except OverflowError:  # an integer of hundreds of digits (JSON allows it)
         raise HookError(
-            (loc,), f"must be a finite number (got an integer of {len(str(abs(v)))} digits)"
+            (loc,), f"must be a finite number (got an integer of {v.bit_length()} bits)"
         ) from None
     if not math.isfinite(f):
         raise HookError((loc,), f"must be a finite number (got {shown(v)})")

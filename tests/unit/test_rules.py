@@ -281,6 +281,7 @@ def _deep(depth: int) -> dict:
         ),
         ({"signal": "loss", "op": ">", "threshold": 10**400, "action": "alert"}, ["threshold"]),
         ({"signal": "loss", "op": ">", "threshold": -(10**400), "action": "alert"}, ["threshold"]),
+        ({"signal": "loss", "op": ">", "threshold": 10**5000, "action": "alert"}, ["threshold"]),
         ({"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": _deep(900)}, ["args", "x"]),
         (
             {"signal": "step", "op": ">", "threshold": 1, "action": "alert", "args": {"a": math.nan}},
