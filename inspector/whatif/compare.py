@@ -252,6 +252,8 @@ def _lr_drift(a: Branch, b: Branch) -> tuple[int, str] | None:
     for i, (la, lb) in enumerate(zip(a.lrs, b.lrs, strict=False)):
         if i > 0 and not _same(a.losses[i - 1], b.losses[i - 1]):
             return None  # the losses differ from here: the hooks may drive the rate
+        if len(la) != len(lb):
+            continue  # (a param group added in one branch only: no rate to compare at this step)
         if not all(_same(x, y) for x, y in zip(la, lb, strict=True)):
             group = next(k for k, (x, y) in enumerate(zip(la, lb, strict=True)) if not _same(x, y))
             return i + 1, (

@@ -317,3 +317,17 @@ def test_compare_does_not_warn_for_a_rate_driven_by_the_loss_or_by_the_batch():
         assert cmp.warnings == [] and cmp.a.lrs[2] != cmp.b.lrs[2]  # the losses differ: so do the rates
         cmp = inspector.compare(model, opt, by_batch, batches, hooks_a=[], hooks_b=scale)
         assert cmp.warnings == [] and cmp.a.lrs == cmp.b.lrs
+
+
+def test_the_learning_rate_check_passes_over_a_step_whose_param_groups_differ_between_branches():
+    """A param group added in one branch only (an optimizer's add_param_group in step_fn) leaves
+    no rate to compare at that step: no warning there, and compare() does not fail after both
+    branches have trained; a rate that differs at a later step with the same groups still warns."""
+    from inspector.whatif.compare import Branch, _lr_drift
+
+    a = Branch("a", [], losses=[1.0, 0.5, 0.25], lrs=[[0.1], [0.1], [0.1]])
+    b = Branch("b", [], losses=[1.0, 0.5, 0.25], lrs=[[0.1], [0.1, 0.2], [0.1]])
+    assert _lr_drift(a, b) is None
+    b.lrs[2] = [0.3]
+    step, why = _lr_drift(a, b)
+    assert step == 3 and "schedulers=" in why
