@@ -13,7 +13,8 @@ the step is closed (its late records could come until the next step got under wa
 values reached the host: at the next boundary for values recorded before ``step()``, at the one
 after for late ones (on a GPU, once their copy has completed). While it wants them an unsampled
 step's records are sent at its boundary instead of waiting for others (one ``non_blocking`` copy
-a step, still no wait).
+a step beside the NaN/Inf check's, so the bound on copies in flight, ``Deferred.MAX_PENDING``, is
+reached with the device about half as many steps behind; nothing is read before then).
 """
 
 from __future__ import annotations
