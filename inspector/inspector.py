@@ -72,7 +72,7 @@ from .step.events import EventLog
 from .step.gate import PauseGate
 from .step.lifecycle import StepLifecycle
 from .step.scalars import Recorder, check_scalars
-from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints
+from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints, parse_memory
 from .whatif.skip import BatchCursor
 from .wire.errors import AttachError, HookError, InspectorError, RewindPending, shown
 from .wrappers import Attached, enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
@@ -99,6 +99,8 @@ class Options:
     per_rank_stats: bool = True  # under DDP: each rank's local gradient norms (a hook per parameter)
     dist_timeout: float = 60.0  # under torch.distributed: seconds a rank waits in our control collective
     checkpoints: int = DEFAULT_KEEP  # checkpoints kept in host memory; 0 turns them off
+    checkpoint_every: int | None = None  # an automatic checkpoint every N steps; None: none
+    checkpoint_memory: int | str | None = None  # the kept checkpoints' host memory at most ("2GB")
     # {parameter glob: group name}, in order (first match wins; the rest is "other"); None: the default
     groups: Mapping[str, str] | None = None
     noise_scale: bool = True  # the gradient noise scale (inspector.stats.noise_scale)
@@ -119,6 +121,13 @@ class Options:
             raise AttachError(
                 f"flight: the steps kept, an integer from 0 (off) to 65536 (got {self.flight!r})"
             )
+        n = self.checkpoint_every
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise AttachError(f"checkpoint_every: None or a number of steps, at least 1 (got {n!r})")
+        try:
+            parse_memory(self.checkpoint_memory)
+        except ValueError as e:
+            raise AttachError(f"checkpoint_memory: {e}") from None
 
 
 class Inspector:
@@ -235,6 +244,8 @@ class Inspector:
             deferred=deferred,
             feed=feed,
             data=cursor,
+            every=opts.checkpoint_every,
+            memory=opts.checkpoint_memory,
         )
         self._lifecycle = steps = StepLifecycle(
             at,
@@ -276,7 +287,7 @@ class Inspector:
                 "add_hook": self.add_hook,
                 "update_hook": self.update_hook,
                 "pause": self.pause,
-                "checkpoint": self.checkpoint,
+                "checkpoint": lambda label=None: self._branches.checkpoint(label, origin="rule"),
                 "rewind": self.rewind,
                 "checkpoints": self._branches.list,
                 "step": lambda: clock.step,
@@ -831,16 +842,18 @@ class Inspector:
 
         Taken at the next step boundary, or at once when called from the training thread between
         steps, while training is held at a boundary (paused), or after training finished. Only the
-        newest ``checkpoints`` (an ``attach`` option, default 3) are kept.
+        newest ``checkpoints`` (an ``attach`` option, default 3) are kept, within
+        ``checkpoint_memory``; ``insp.checkpoints.list()`` lists them.
 
         Returns:
             The checkpoint's id (``"c1"``, ``"c2"``, ...), for :meth:`rewind`.
 
         Raises:
             CheckpointError: checkpoints cannot be right here (the message says why: under
-                torch.distributed, without a torch optimizer, ``checkpoints=0`` ...).
+                torch.distributed, without a torch optimizer, ``checkpoints=0`` ...), or one would
+                not fit ``checkpoint_memory`` alone (the message names the budget and the sizes).
         """
-        return self._branches.checkpoint(label)
+        return self._branches.checkpoint(label, origin="loop")
 
     def rewind(self, checkpoint: str, skip: Any = None) -> dict[str, Any]:
         """Go back to a checkpoint: state, step counter and hook config become the checkpoint's.
@@ -1025,6 +1038,8 @@ def attach(
     per_rank_stats: bool = True,
     dist_timeout: float = 60.0,
     checkpoints: int = DEFAULT_KEEP,
+    checkpoint_every: int | None = None,
+    checkpoint_memory: int | str | None = None,
     groups: Mapping[str, str] | None = None,
     noise_scale: bool = True,
     batch_size: int | None = None,
@@ -1050,8 +1065,14 @@ def attach(
             rank named in NaN/Inf events. Off saves that hook's cost (see bench/ddp_overhead.py).
         dist_timeout: under ``torch.distributed``, seconds a rank waits in the inspector's
             control collective before it gives up coordinating (a peer raised or exited).
-        checkpoints: how many checkpoints (``insp.checkpoint()``, and the dashboard's automatic
-            one before each hook change) are kept in host memory; 0 turns them off.
+        checkpoints: how many checkpoints (``insp.checkpoint()``, ``checkpoint_every``'s, and the
+            dashboard's automatic one before each hook change) are kept in host memory, the
+            newest; 0 turns them off.
+        checkpoint_every: an automatic checkpoint at the boundary of every step whose number is
+            a multiple of N (None, the default: none). See inspector/whatif/checkpoints.py.
+        checkpoint_memory: the host memory the kept checkpoints may hold, per process: bytes
+            (int) or a size such as ``"2GB"`` or ``"512MiB"``; the oldest are dropped to make
+            room, and one that does not fit alone is refused with the reason. None: no bound.
         groups: how the parameters are grouped for the group views and each snapshot's group
             aggregates: ``{"glob": "group name", ...}``, in order; a parameter goes to the first
             glob that matches its name, the others to the group ``"other"``. None (default):
@@ -1091,6 +1112,8 @@ def attach(
         per_rank_stats=per_rank_stats,
         dist_timeout=dist_timeout,
         checkpoints=checkpoints,
+        checkpoint_every=checkpoint_every,
+        checkpoint_memory=checkpoint_memory,
         groups=groups,
         noise_scale=noise_scale,
         batch_size=batch_size,

@@ -323,7 +323,14 @@ def run_demo(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
     sc = scenarios.make(args.scenario, seed=args.seed)
     # the demo shows the flight recorder and spike detection (off by default: a fixed cost a step)
-    insp = inspector.attach(sc.model, sc.optimizer, every=1, flight=256)
+    insp = inspector.attach(
+        sc.model,
+        sc.optimizer,
+        every=1,
+        flight=256,
+        checkpoint_every=sc.checkpoint_every,
+        checkpoints=sc.checkpoints,
+    )
     if preset is not None:
         try:
             insp.import_hooks(preset)

@@ -53,18 +53,25 @@ class CoreCheckpoints(Protocol):
         """Why checkpoints cannot be taken here, or None."""
         ...
 
-    def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
-        """Request a checkpoint; its id."""
+    def checkpoint(self, label: str | None = None, *, auto: bool = False, origin: str | None = None) -> str:
+        """Request a checkpoint; its id (`origin`: who asks, `page` for the server)."""
         ...
 
-    def request(self, label: str | None = None, *, auto: bool = False) -> dict[str, Any]:
+    def request(
+        self, label: str | None = None, *, auto: bool = False, origin: str | None = None
+    ) -> dict[str, Any]:
         """Request a checkpoint; its `info()` as of the request."""
+        ...
+
+    def list(self) -> list[dict[str, Any]]:
+        """The checkpoints kept, oldest first, then those requested and not taken yet."""
         ...
 
     def discard(self, cp_id: str) -> None: ...
 
     def summary(self) -> dict[str, Any]:
-        """`{"checkpoints", "bytes", "keep", "rewinds", "refused"}` (`GET /api/checkpoints`)."""
+        """`{"checkpoints", "bytes", "keep", "rewinds", "refused", "every", "budget", "auto_refused"}`
+        (`GET /api/checkpoints`)."""
         ...
 
     def add_state(

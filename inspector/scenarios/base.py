@@ -59,12 +59,17 @@ class Scenario:
         batch_source: None (each :meth:`step` draws its batch), or an iterator of batches that
             :meth:`step` takes its batch from instead, e.g. ``insp.batches(sc.stream())`` (the
             demo: so that a rewind can skip batches, inspector/whatif/skip.py).
+        checkpoint_every, checkpoints: class attributes the demo attaches with
+            (``attach(..., checkpoint_every=, checkpoints=)``): an automatic checkpoint every
+            that many steps, the newest that many kept; None (the default): none but the page's.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     try_this: ClassVar[str]
     micro_batches: ClassVar[int] = 1
+    checkpoint_every: ClassVar[int | None] = None
+    checkpoints: ClassVar[int] = 3
 
     def __init__(self, *, seed: int = 0, device: torch.device | str | None = None) -> None:
         self.seed = seed

@@ -168,6 +168,10 @@ class Deep(WarmupSGD):
     penalty_coef = 20.0
     penalty_from = 60
     penalized = ("q_proj", "k_proj", "v_proj")
+    # the demo checkpoints every 10 steps and keeps 8 (about 1.1 MB each): "rewind to before step
+    # 60" finds the one of step 50 until step 120, and none is taken while the gradients are NaN
+    checkpoint_every = 10
+    checkpoints = 8
 
     def build_model(self) -> nn.Module:
         return Llama(

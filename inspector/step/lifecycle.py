@@ -20,7 +20,9 @@ thread the :class:`~inspector.step.gate.PauseGate`'s, events the
 4. the optimizer's update.
 5. ``boundary`` (its step post-hook): earlier steps' deferred checks are read, the cadence
    accounts the step, a sampled step's snapshot is built and published (under
-   ``torch.distributed`` every step's exchange runs), pending edits apply, a pause holds the thread.
+   ``torch.distributed`` every step's exchange runs), the rules act, an automatic checkpoint
+   (``checkpoint_every``) is queued, pending edits and requests are carried out, a pause holds
+   the thread.
 
 Edits: :meth:`StepLifecycle.submit` decides where a validated change applies (now, or at the next
 safe point); :meth:`StepLifecycle.apply_edits` is the one place they apply, and the one rule of
@@ -696,9 +698,14 @@ class StepLifecycle:
         clock, gate = self._clock, self._gate
         dist = self._distributed
         # steps before this one whose check reached the host (never a wait, except under
-        # torch.distributed: every rank reads the previous step's, for the exchange)
+        # torch.distributed: every rank reads the previous step's, for the exchange); before an
+        # automatic checkpoint, this step's own too, waited for (the copy to host memory waits
+        # for the device anyway): a step with non-finite gradients is known before it is kept
         if self._deferred:
-            self.drain_deferred(before=clock.step + 1, wait=dist)
+            if not dist and self._branches.due(clock.step + 1):
+                self.drain_deferred(before=clock.step + 2, wait=True)
+            else:
+                self.drain_deferred(before=clock.step + 1, wait=dist)
         with self._lock:
             step, sampled = clock.complete()
             self._hist_chosen = None  # (the next step chooses its own, even under a rewound number)
@@ -737,9 +744,10 @@ class StepLifecycle:
         self._cadence.observe_late(sampled, time.perf_counter() - t1)  # (the snapshot: this step's cost)
         rules = self.rules if self.rules is not None and self.rules.active else None
         if dist:
-            if rules is not None:  # what the exchange brought from rank 0: every rank acts here
-                with gate.cond:  # (the rules' state is shared with the server's threads)
+            with gate.cond:  # (the rules' state is shared with the server's threads)
+                if rules is not None:  # what the exchange brought from rank 0: every rank acts here
                     rules.boundary(step, self._snap, events)
+                self._branches.scheduled(step)  # checkpoint_every (refused here: told once)
             self.sync.hold(step, hold)  # type: ignore[union-attr]
         else:
             if gate.should_hold():
@@ -754,6 +762,7 @@ class StepLifecycle:
                 clock.decide_next(self._cadence.is_sampled(step + 1))
                 if rules is not None:  # (a rewind it asks for is carried out here, as a held one is)
                     rules.boundary(step, self._snap, events)
+                self._branches.scheduled(step)  # checkpoint_every: queued, taken just below
                 self.apply_edits(torch_ok=True)
                 gate.hold(lambda: self.apply_edits(torch_ok=True))
         clock.mark_boundary()

@@ -29,7 +29,25 @@ safe point; ``StepLifecycle.apply_edits`` calls it wherever it applies edits wit
 reach, and a loop that owns its thread (the demo) may call it between steps.
 
 Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
-turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
+turns checkpoints off); ``bytes`` is their host memory.
+
+Automatic checkpoints (``attach(..., checkpoint_every=N)``): at the boundary of every step whose
+number is a multiple of N (:meth:`Checkpoints.scheduled`, called by the boundary after the rules
+acted), with the same machinery; not at a boundary whose rules asked for a rewind, nor while the
+newest step checked has non-finite gradients (its state would be no place to go back to). Such a
+boundary first waits for the step's own NaN/Inf check (the copy to host memory that follows
+waits for the device anyway), so a step's non-finite gradients are known before its state is kept.
+Each checkpoint says where it came from (``origin``: ``auto``, ``rule``, ``page`` or ``loop``), when
+it was taken (``time``) and how long the copy took (``took``, seconds).
+
+A memory budget (``attach(..., checkpoint_memory="2GB")``, per process; decimal units KB, MB, GB,
+TB and binary ones KiB, MiB, GiB, TiB, or an int of bytes): the kept checkpoints never hold more.
+Before a copy is made, its size is read from the ``state_dict()``s (no copy); the oldest kept
+ones are dropped until it fits beside the newest (so the newest that fit are kept, never more than
+``keep``); one that would not fit alone is refused: ``insp.checkpoint()`` raises
+:class:`~inspector.wire.errors.CheckpointError` naming the budget and the sizes, an automatic one
+files a ``checkpoint_error`` event (once for each reason in a row, not every N steps) and training
+goes on. The queue is bounded the same way: at most
 ``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
 with :class:`~inspector.wire.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
 waiting is the same request), so no client can make the training thread copy the model more
@@ -89,9 +107,54 @@ if TYPE_CHECKING:
     from ..step.scalars import Recorder
     from ..wrappers import Attached
 
-__all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "DEFAULT_KEEP"]
+__all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "parse_memory", "DEFAULT_KEEP", "ORIGINS"]
 
 DEFAULT_KEEP = 3
+ORIGINS = (
+    "auto",
+    "rule",
+    "page",
+    "loop",
+)  # who asked for a checkpoint: checkpoint_every, a rule, the server, the loop
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_memory(x: Any) -> int | None:
+    """``checkpoint_memory``: None, a positive int of bytes, or a string such as ``"2GB"``,
+    ``"512MiB"``, ``"1.5 GB"`` (KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: of 1024).
+    Raises ValueError saying what is accepted."""
+    if x is None:
+        return None
+    if isinstance(x, int) and not isinstance(x, bool):
+        if x <= 0:
+            raise ValueError(f"must be a positive number of bytes (got {x})")
+        return x
+    if isinstance(x, str):
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", x)
+        unit = m.group(2).lower() if m else None
+        if m and unit in _UNITS:
+            n = int(float(m.group(1)) * _UNITS[unit])
+            if n <= 0:
+                raise ValueError(f"must be more than 0 bytes (got {x!r})")
+            return n
+    raise ValueError(
+        f"a number of bytes (int) or a size such as '2GB' or '512MiB' (units B, KB, MB, GB, TB, "
+        f"KiB, MiB, GiB, TiB), got {shown(x)}"
+    )
 
 
 def host_copy(x: Any) -> Any:
@@ -139,10 +202,12 @@ class Checkpoint:
 
     id: str
     label: str | None
-    auto: bool
+    auto: bool  # taken before a change from the page, which waits for it (holds_changes)
     requested: float
+    origin: str = "loop"  # ORIGINS: checkpoint_every ("auto"), a rule, the server ("page"), the loop
     step: int | None = None
-    time: float | None = None
+    time: float | None = None  # wall-clock time it was taken
+    took: float | None = None  # seconds the copy took
     model: Any = None
     optim: Any = None
     scaler: Any = None
@@ -160,13 +225,16 @@ class Checkpoint:
     position: int | None = None  # the data position: the index of the next batch (whatif/skip.py)
 
     def info(self) -> dict[str, Any]:
-        """``{"id", "label", "auto", "step", "time", "bytes", "taken", "config_version", "hooks"}``."""
+        """``{"id", "label", "auto", "origin", "step", "time", "took", "bytes", "taken",
+        "config_version", "hooks"}``."""
         return {
             "id": self.id,
             "label": self.label,
             "auto": self.auto,
+            "origin": self.origin,
             "step": self.step,
             "time": self.time,
+            "took": self.took,
             "bytes": self.bytes,
             "taken": self.step is not None,
             "config_version": self.config_version,
@@ -200,11 +268,20 @@ class Checkpoints:
         deferred: Deferred,
         feed: Feed,
         data: BatchCursor | None = None,
+        every: int | None = None,
+        memory: int | str | None = None,
     ) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            from ..wire.errors import HookError
+        from ..wire.errors import HookError
 
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise HookError(("checkpoints",), f"must be a non-negative integer (got {shown(keep)})")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise HookError(("checkpoint_every",), f"must be None or a positive integer (got {shown(every)})")
+        try:
+            self.budget = parse_memory(memory)  # bytes the kept checkpoints may hold; None: no bound
+        except ValueError as e:
+            raise HookError(("checkpoint_memory",), str(e)) from None
+        self.every = every  # an automatic checkpoint at every step that is a multiple of it
         self._at = attached
         self._gate = gate
         self._clock = clock
@@ -234,6 +311,8 @@ class Checkpoints:
         self._scaler_restore: Any = None  # a rewind's scaler state still to load
         self.scaler_pending = False
         self.on_request: list[Callable[[], None]] = []  # called after a request is queued (any thread)
+        self._auto_why: str | None = None  # why the last automatic checkpoint was not taken (its key)
+        self.auto_refused: str | None = None  # ... and the reason as filed (summary(); the page shows it)
 
     # ------------------------------------------------------------ refusals
     def refusal(self) -> str | None:
@@ -288,28 +367,44 @@ class Checkpoints:
             else:
                 self._data_keys.discard(key)
 
-    def checkpoint(self, label: str | None = None, *, auto: bool = False) -> str:
+    def checkpoint(self, label: str | None = None, *, auto: bool = False, origin: str | None = None) -> str:
         """Request a checkpoint; returns its id (``c1``, ``c2``, ...). See the module docstring."""
-        return str(self.request(label, auto=auto)["id"])
+        return str(self.request(label, auto=auto, origin=origin)["id"])
 
-    def request(self, label: str | None = None, *, auto: bool = False) -> dict[str, Any]:
+    def request(
+        self, label: str | None = None, *, auto: bool = False, origin: str | None = None
+    ) -> dict[str, Any]:
         """Request a checkpoint; returns its ``info()`` as of the request (``taken`` true when it
         was taken at once), so a reply never depends on its still being kept afterwards.
+        ``auto``: taken before a change from the page (the change waits for it); ``origin``: who
+        asks (``ORIGINS``; default ``page`` when ``auto``, else ``loop``).
 
         Raises:
             CheckpointBusy: ``keep`` checkpoint requests wait for the next boundary already.
-            CheckpointError: checkpoints cannot be right here (the message says why).
+            CheckpointError: checkpoints cannot be right here (the message says why), or one
+                would not fit the memory budget (``checkpoint_memory``) alone.
         """
-        if label is not None and not isinstance(label, str):
-            from ..wire.errors import HookError
+        from ..wire.errors import HookError
 
+        if label is not None and not isinstance(label, str):
             raise HookError(("label",), f"must be a string or None (got {shown(label)})")
+        origin = origin if origin is not None else ("page" if auto else "loop")
+        if origin not in ORIGINS:
+            raise HookError(("origin",), f"must be one of {', '.join(ORIGINS)} (got {shown(origin)})")
         with self._gate.cond:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
+            if self.budget is not None:
+                try:
+                    size = self._state_size()
+                except Exception:  # the optimizer's state changing under way: checked when taken
+                    size = 0
+                why = self._over_budget(size)
+                if why is not None:
+                    raise CheckpointError(why)
             self._bound("checkpoint")
-            cp = Checkpoint(f"c{self._next}", label[:200] if label else None, auto, time.time())
+            cp = Checkpoint(f"c{self._next}", label[:200] if label else None, auto, time.time(), origin)
             self._next += 1
             self._queue.append(("checkpoint", cp))
             self._kick()
@@ -342,6 +437,91 @@ class Checkpoints:
             before = self.rewinds
             self._kick()
             return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+
+    # ------------------------------------------------------------ automatic checkpoints
+    def due(self, step: int) -> bool:
+        """Whether step ``step``'s boundary is one for an automatic checkpoint (``checkpoint_every``)
+        that can be taken here: then the boundary first waits for the step's own NaN/Inf check."""
+        return self.every is not None and step % self.every == 0 and self.refusal() is None
+
+    def scheduled(self, step: int) -> None:
+        """Step ``step``'s boundary, after the rules acted (the training thread, lock held): queue
+        the automatic checkpoint of a step that is a multiple of ``checkpoint_every``, carried out
+        with the other requests right after (``StepLifecycle.apply_edits``). Not taken where a
+        rewind was asked for here (or carried out already), nor while the newest step checked has
+        non-finite gradients; one that cannot be taken files ``checkpoint_error`` once for each
+        reason in a row."""
+        if self.every is None or step % self.every:
+            return
+        if self._clock.step != step or any(kind == "rewind" for kind, _ in self._queue):
+            return  # a rewind takes the run elsewhere: this step's state is not where it goes on
+        why = self.refusal()
+        if why is not None:
+            self._auto_refused("refused", step, why)
+            return
+        if self._nonfinite.state_dict()["streak"]:
+            self._auto_refused(
+                "nonfinite",
+                step,
+                f"the newest step checked has non-finite gradients: the state at step {step} is "
+                "not kept (the kept checkpoints are from before)",
+            )
+            return
+        if self.budget is not None:
+            try:
+                why = self._over_budget(self._state_size())
+            except Exception as e:  # never take training down
+                from ..wire.errors import describe_error
+
+                why = f"its size could not be read: {describe_error(e)}"
+            if why is not None:
+                self._auto_refused("budget", step, why)
+                return
+        if sum(1 for k, _ in self._queue if k == "checkpoint") >= self.keep:
+            return  # keep requests wait already: this boundary takes them
+        cp = Checkpoint(f"c{self._next}", None, False, time.time(), "auto")
+        self._next += 1
+        self._queue.append(("checkpoint", cp))
+
+    def _auto_refused(self, key: str, step: int, why: str) -> None:
+        """An automatic checkpoint not taken: a ``checkpoint_error`` event, once for each reason in
+        a row (lock held)."""
+        self.auto_refused = f"automatic checkpoint at step {step} not taken: {why}"
+        if key == self._auto_why:
+            return
+        self._auto_why = key
+        self._events.emit("checkpoint_error", message=self.auto_refused, step=step, origin="auto", reason=key)
+
+    def _state_size(self) -> int:
+        """Bytes of the model's, optimizer's and scaler's state as a checkpoint now would hold them,
+        read from their ``state_dict()``s (no copy)."""
+        at = self._at
+        n = nbytes(at.root.state_dict()) if at.root is not None else nbytes(list(at.tensors))
+        n += nbytes(at.optimizer.state_dict())  # type: ignore[union-attr]
+        if at.scaler is not None:
+            n += nbytes(at.scaler.state_dict())
+        return n
+
+    def _over_budget(self, size: int) -> str | None:
+        """Why a checkpoint of ``size`` bytes cannot be kept within ``checkpoint_memory``, or None."""
+        if self.budget is None or size <= self.budget:
+            return None
+        return (
+            f"a checkpoint of this model, optimizer and scaler holds {_size(size)} ({size} bytes), more "
+            f"than the checkpoint memory budget of {_size(self.budget)} ({self.budget} bytes, "
+            f"attach(..., checkpoint_memory=...)) allows alone; the {len(self._items)} kept hold "
+            f"{_size(self.bytes)}"
+        )
+
+    def _make_room(self, size: int) -> list[str]:
+        """Drop the oldest kept checkpoints until one of ``size`` bytes fits beside the rest, within
+        ``keep`` and the budget (lock held); returns the ids dropped for the budget."""
+        dropped = []
+        while self._items and len(self._items) >= self.keep:
+            self._items.popitem(last=False)
+        while self._items and self.budget is not None and self.bytes + size > self.budget:
+            dropped.append(self._items.popitem(last=False)[0])
+        return dropped
 
     def _seekable(self) -> bool:
         """Whether a rewind puts the data stream back too (a state registered with ``data=True``)."""
@@ -462,9 +642,15 @@ class Checkpoints:
             except Exception as e:  # never take training down: report it
                 from ..wire.errors import describe_error
 
-                self._events.emit(
-                    f"{kind}_error", message=describe_error(e), checkpoint=cp.id, step=self._clock.step
-                )
+                if kind == "checkpoint" and cp.origin == "auto":
+                    self._auto_refused("error", self._clock.step, describe_error(e))
+                else:
+                    self._events.emit(
+                        f"{kind}_error", message=describe_error(e), checkpoint=cp.id, step=self._clock.step
+                    )
+            else:
+                if kind == "checkpoint" and cp.origin == "auto":
+                    self._auto_why = self.auto_refused = None  # taken: a later refusal is told again
         self._gate.cond.notify_all()
 
     # ------------------------------------------------------------ taking
@@ -504,7 +690,9 @@ class Checkpoints:
         taken just before, nothing changed since) share one copy of the state: a burst of
         requests costs the training thread one copy, not one each."""
         at, reg = self._at, self._reg
+        t0 = time.perf_counter()
         cp.step, cp.time = self._clock.step, time.time()
+        dropped: list[str] = []
         if last is not None and last.step == cp.step and last.config_version == reg.version:
             # the stored states are never changed (a rewind loads fresh() copies of them)
             cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
@@ -512,12 +700,18 @@ class Checkpoints:
             cp.zclip = last.zclip
             cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
         else:
-            if at.root is not None:
-                cp.model = host_copy(at.root.state_dict())
-            else:
-                cp.model = [host_copy(t) for t in at.tensors]
-            cp.optim = host_copy(at.optimizer.state_dict())  # type: ignore[union-attr]
-            cp.scaler = host_copy(at.scaler.state_dict()) if at.scaler is not None else None
+            # the size first, from the state_dict()s (no copy): refused, or room made, before copying
+            model = at.root.state_dict() if at.root is not None else list(at.tensors)
+            optim = at.optimizer.state_dict()  # type: ignore[union-attr]
+            scaler = at.scaler.state_dict() if at.scaler is not None else None
+            size = nbytes([model, optim, scaler])
+            why = self._over_budget(size)
+            if why is not None:
+                raise CheckpointError(why)
+            dropped = self._make_room(size)
+            cp.model = host_copy(model)
+            cp.optim = host_copy(optim)
+            cp.scaler = host_copy(scaler) if scaler is not None else None
             cp.hooks = tuple(reg.applied)
             cp.fns = {s.id: reg.fns[s.id] for s in cp.hooks if s.id in reg.fns}
             cp.generators = {
@@ -557,18 +751,29 @@ class Checkpoints:
         self._items[cp.id] = cp
         while len(self._items) > self.keep:
             self._items.popitem(last=False)
+        cp.took = time.perf_counter() - t0
         self._events.emit(
             "checkpoint",
             checkpoint=cp.id,
             step=cp.step,
             label=cp.label,
             auto=cp.auto,
+            origin=cp.origin,
             bytes=cp.bytes,
+            took=cp.took,
             kept=len(self._items),
             kept_bytes=self.bytes,
+            dropped=dropped,
             message=f"checkpoint {cp.id} at step {cp.step}"
             + (f" ({cp.label})" if cp.label else "")
-            + f": {_size(cp.bytes)}; {len(self._items)} kept, {_size(self.bytes)} in host memory",
+            + (" (automatic)" if cp.origin == "auto" else "")
+            + f": {_size(cp.bytes)} in {cp.took * 1000:.0f} ms; {len(self._items)} kept, "
+            + f"{_size(self.bytes)} in host memory"
+            + (
+                f" (dropped {', '.join(dropped)} to stay within the {_size(self.budget)} budget)"
+                if dropped and self.budget is not None
+                else ""
+            ),
         )
         cp.seq = self._events.seq  # its own event included: it belongs to every branch that starts here
 
@@ -699,7 +904,10 @@ class Checkpoints:
             return out + [c.info() for kind, c in self._queue if kind == "checkpoint"]
 
     def summary(self) -> dict[str, Any]:
-        """``{"checkpoints": [...], "bytes", "keep", "rewinds", "refused"}`` (refused: the reason, or None)."""
+        """``{"checkpoints": [...], "bytes", "keep", "rewinds", "refused", "every", "budget",
+        "auto_refused"}`` (refused: the reason, or None; every: ``checkpoint_every``; budget:
+        ``checkpoint_memory`` in bytes; auto_refused: why the last automatic checkpoint was not
+        taken, None once one is)."""
         with self._gate.cond:
             return {
                 "checkpoints": self.list(),
@@ -707,6 +915,9 @@ class Checkpoints:
                 "keep": self.keep,
                 "rewinds": self.rewinds,
                 "refused": self.refusal(),
+                "every": self.every,
+                "budget": self.budget,
+                "auto_refused": self.auto_refused,
             }
 
 

@@ -73,7 +73,7 @@ def checkpoints(src: LiveSource) -> dict[str, Any]:
 def checkpoint(src: LiveSource, label: str | None) -> dict[str, Any]:
     """`POST /api/checkpoints`: the checkpoint as requested (never read back: by the time a
     reply is made the checkpoint may be taken, and already dropped from the newest `keep`)."""
-    return _call(src.insp.checkpoints.request, label)  # type: ignore[no-any-return]
+    return _call(lambda: src.insp.checkpoints.request(label, origin="page"))  # type: ignore[no-any-return]
 
 
 def rewind(src: LiveSource, cp_id: str, skip: Any = None) -> dict[str, Any]:

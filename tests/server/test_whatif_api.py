@@ -287,3 +287,29 @@ def test_a_comparisons_warning_is_an_event_of_both_saved_runs(tmp_path):
             assert ev["step"] == 2 and "schedulers=" in ev["message"]
     finally:
         store.close()
+
+
+def test_get_checkpoints_lists_the_automatic_ones_as_the_core_does():
+    loop = Loop(checkpoint_every=5, checkpoints=3, checkpoint_memory="64MiB")
+    insp = loop.insp
+    url = insp.serve(port=0, db=False)
+    c = httpx.Client(base_url=f"http://127.0.0.1:{urlsplit(url).port}", trust_env=False, timeout=30)
+    try:
+        loop.run(range(40))
+        body = c.get("/api/checkpoints").json()
+        assert body["checkpoints"] == insp.checkpoints.list()
+        assert [(cp["step"], cp["origin"]) for cp in body["checkpoints"]] == [
+            (30, "auto"),
+            (35, "auto"),
+            (40, "auto"),
+        ]
+        assert all(cp["bytes"] > 0 and cp["time"] > 0 and cp["took"] >= 0 for cp in body["checkpoints"])
+        assert body["every"] == 5 and body["budget"] == 64 * 2**20 and body["auto_refused"] is None
+        assert body["bytes"] == sum(cp["bytes"] for cp in body["checkpoints"])
+        r = c.post("/api/checkpoints", json={"label": "from the page"})  # taken at the next boundary
+        assert r.status_code == 202 and r.json()["origin"] == "page"
+        loop.step(40)
+        assert c.get("/api/checkpoints").json()["checkpoints"][-1]["origin"] == "page"
+    finally:
+        c.close()
+        insp.close()

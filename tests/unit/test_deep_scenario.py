@@ -111,3 +111,27 @@ def test_the_hints_scale_hook_rescues_it():
     assert all(math.isfinite(v) for v in losses)
     assert max(losses[-10:]) < 2.5  # without the hook: about 100 by now
     assert grad_norms(sc)[bad].max() < 0.05  # settled again (without the hook: about 50)
+
+
+def test_the_demo_checkpoints_deep_so_a_rewind_to_before_step_60_is_there_at_step_66():
+    """The demo attaches with the scenario's ``checkpoint_every`` and ``checkpoints`` (server/cli.py):
+    at step 66, where the hint's trouble shows, the newest checkpoint before step 60 is step 50's,
+    and a rewind to it gives back the weights of step 50, bitwise."""
+    sc = make("deep", seed=0)
+    insp = inspector.attach(
+        sc.model, sc.optimizer, checkpoint_every=sc.checkpoint_every, checkpoints=sc.checkpoints
+    )
+    try:
+        for _ in range(50):
+            sc.step()
+        at_50 = {k: v.clone() for k, v in sc.model.state_dict().items()}
+        for _ in range(16):
+            sc.step()
+        kept = insp.checkpoints.list()
+        assert [c["step"] for c in kept] == [10, 20, 30, 40, 50, 60]
+        before = max((c for c in kept if c["step"] < 60), key=lambda c: c["step"])
+        assert insp.rewind(before["id"])["done"] and insp.step == 50
+        now = sc.model.state_dict()
+        assert all(torch.equal(now[k], at_50[k]) for k in at_50)
+    finally:
+        insp.close()
