@@ -75,6 +75,7 @@ export const SELECTORS = {
   shadowEnd: "shadow-end",
   chartShadowDiff: "chart-shadow-diff",
   checkpoints: "checkpoints",
+  checkpointsNote: "checkpoints-note",
   rewindCheckpoint: "rewind-checkpoint",
   rewindSkip: "rewind-skip",
   markerPop: "marker-pop",

@@ -4,7 +4,10 @@
 //   the same batches with the current hooks; demo only), the running comparison's label
 //   ("shadow: without clip_norm h1"), its cost (a second training step per step), "difference"
 //   (main minus shadow loss, a small chart under the loss chart) and "end comparison"; the
-//   checkpoints kept in host memory with their size, each with a rewind button.
+//   checkpoints kept in host memory ("checkpoints: N kept · size [of the budget] host memory
+//   [· every N steps]"), each with a rewind button showing its step, size and time (who took it
+//   and how long the copy took in its title), and why the last automatic checkpoint was not
+//   taken (over the budget, refused, non-finite gradients), where it applies.
 // - On the loss chart: the shadow's loss and total norm (raw and final) dashed from its branch
 //   step (traces after the loss chart's own), and a branch marker at every rewind.
 // - A click on a hook-change marker offers "rewind to before this change": the newest
@@ -29,7 +32,16 @@ function fmtBytes(n) {
   const v = num(n) || 0;
   if (v < 1024) return `${v} B`;
   if (v < 1024 * 1024) return `${(v / 1024).toFixed(1)} KB`;
-  return `${(v / 1024 / 1024).toFixed(1)} MB`;
+  if (v < 1024 * 1024 * 1024) return `${(v / 1024 / 1024).toFixed(1)} MB`;
+  return `${(v / 1024 / 1024 / 1024).toFixed(2)} GB`;
+}
+
+const ORIGIN = { auto: "every N steps", rule: "a rule", page: "the page", loop: "the loop" };
+
+/** One kept checkpoint's line: step, size, wall-clock time (and, in its title, who took it and how long). */
+function cpText(cp) {
+  const at = num(cp.time) ? new Date(num(cp.time) * 1000).toLocaleTimeString() : "";
+  return `↶ ${cp.id} · step ${cp.step} · ${fmtBytes(cp.bytes)}${at ? ` · ${at}` : ""}${cp.label ? ` · ${cp.label}` : ""}`;
 }
 
 function addPoint(sh, p) {
@@ -184,6 +196,8 @@ export class WhatIf {
       () => this.end(),
     );
     this.cpList = h("span", { class: "cp-list" });
+    // why the last automatic checkpoint was not taken (GET /api/checkpoints' auto_refused)
+    this.cpNote = h("span", { class: "small cp-note", dataset: { testid: SELECTORS.checkpointsNote } });
     // a rewind from here may skip the batches received since the checkpoint (inspector/whatif/skip.py)
     this.skipBox = h("input", { type: "checkbox", dataset: { testid: SELECTORS.rewindSkip } });
     this.skipLabel = h(
@@ -202,7 +216,14 @@ export class WhatIf {
       { class: "small", dataset: { testid: SELECTORS.checkpoints } },
       "checkpoints",
     );
-    const cps = h("details", { class: "checkpoints" }, this.cpSummary, this.skipLabel, this.cpList);
+    const cps = h(
+      "details",
+      { class: "checkpoints" },
+      this.cpSummary,
+      this.cpNote,
+      this.skipLabel,
+      this.cpList,
+    );
     this.bar = h(
       "div",
       { class: "whatif-bar", dataset: { testid: SELECTORS.whatifBar } },
@@ -487,10 +508,19 @@ export class WhatIf {
     const c = this.checkpoints;
     const list = (c.checkpoints || []).filter((x) => x.taken);
     this.cpSummary.hidden = !isLive || !!c.refused;
-    this.cpSummary.textContent = `checkpoints: ${list.length} kept · ${fmtBytes(c.bytes)} host memory`;
+    const every = num(c.every) ? ` · every ${num(c.every)} steps` : "";
+    const budget = num(c.budget) ? ` of ${fmtBytes(c.budget)}` : "";
+    this.cpSummary.textContent =
+      `checkpoints: ${list.length} kept · ${fmtBytes(c.bytes)}${budget} host memory${every}` +
+      (c.auto_refused ? " · ⚠ not taken" : "");
     this.cpSummary.title =
       c.refused ||
-      "the newest checkpoints, in host memory; one is taken before every hook change from the page";
+      `the newest ${num(c.keep) || 0} checkpoints, in host memory` +
+        (num(c.budget) ? ` (at most ${fmtBytes(c.budget)}: the oldest are dropped to make room)` : "") +
+        (num(c.every) ? `; one every ${num(c.every)} steps` : "") +
+        "; one is taken before every hook change from the page";
+    this.cpNote.textContent = c.auto_refused || "";
+    this.cpNote.hidden = !isLive || !c.auto_refused;
     this.cpList.replaceChildren(
       ...list.map((cp) =>
         h(
@@ -500,10 +530,13 @@ export class WhatIf {
             type: "button",
             disabled: ro,
             dataset: { testid: SELECTORS.rewindCheckpoint, checkpoint: cp.id },
-            title: `rewind to step ${cp.step}: state, step counter and hooks (${fmtBytes(cp.bytes)})`,
+            title:
+              `rewind to ${cp.id}, step ${cp.step}: state, step counter and hooks (${fmtBytes(cp.bytes)}` +
+              `, taken by ${ORIGIN[cp.origin] || cp.origin || "?"}` +
+              (num(cp.took) !== null ? ` in ${(num(cp.took) * 1000).toFixed(0)} ms)` : ")"),
             onclick: () => this.rewind(cp),
           },
-          `↶ ${cp.id} · step ${cp.step}${cp.label ? ` · ${cp.label}` : ""}`,
+          cpText(cp),
         ),
       ),
     );
