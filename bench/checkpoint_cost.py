@@ -11,13 +11,14 @@ per checkpoint is its time per step minus the mean of its two neighbouring off b
 machine is shared); the figure is the median over ``--blocks`` on-blocks. Also the median of the
 copies' own ``took`` (the time inside the boundary, from the checkpoint's listing), the bytes of
 one checkpoint (``list()``'s ``bytes``: the model's and Adam's tensors, about 3x the parameters)
-and the process's RSS growth from before the first checkpoint to three kept (what the host
-really gave them, allocator included).
+and the process's RSS growth from before the first checkpoint (the C heap trimmed) to three
+kept, per checkpoint (what the host really gave them, allocator included).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import statistics
 import sys
@@ -56,6 +57,16 @@ def plain() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None], str]:
     return model, opt, step, "plain (500 Linear(64, 64), 1,000 tensors)"
 
 
+def trim() -> None:
+    """Free what can be freed, and give the C heap's free pages back (glibc), so that RSS growth
+    after it is memory taken, not reused."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def measure(build, blocks: int, steps: int) -> dict:
     model, opt, step, name = build()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -65,7 +76,7 @@ def measure(build, blocks: int, steps: int) -> dict:
         cps.every = None
         for _ in range(3):
             step()  # Adam's state exists
-        gc.collect()
+        trim()
         rss0 = rss_bytes()
         cps.every = 1
         for _ in range(3):
