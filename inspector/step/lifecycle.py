@@ -744,10 +744,11 @@ class StepLifecycle:
         self._cadence.observe_late(sampled, time.perf_counter() - t1)  # (the snapshot: this step's cost)
         rules = self.rules if self.rules is not None and self.rules.active else None
         if dist:
-            with gate.cond:  # (the rules' state is shared with the server's threads)
-                if rules is not None:  # what the exchange brought from rank 0: every rank acts here
-                    rules.boundary(step, self._snap, events)
-                self._branches.scheduled(step)  # checkpoint_every (refused here: told once)
+            if rules is not None or self._branches.every is not None:
+                with gate.cond:  # (the rules' state is shared with the server's threads)
+                    if rules is not None:  # what the exchange brought from rank 0: every rank acts here
+                        rules.boundary(step, self._snap, events)
+                    self._branches.scheduled(step)  # checkpoint_every (refused here: told once)
             self.sync.hold(step, hold)  # type: ignore[union-attr]
         else:
             if gate.should_hold():
