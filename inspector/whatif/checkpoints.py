@@ -29,7 +29,11 @@ safe point; ``StepLifecycle.apply_edits`` calls it wherever it applies edits wit
 reach, and a loop that owns its thread (the demo) may call it between steps.
 
 Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
-turns checkpoints off); ``bytes`` is their host memory.
+turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
+``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
+with :class:`~inspector.wire.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
+waiting is the same request), so no client can make the training thread copy the model more
+often than it keeps copies.
 
 Automatic checkpoints (``attach(..., checkpoint_every=N)``): at the boundary of every step whose
 number is a multiple of N (:meth:`Checkpoints.scheduled`, called by the boundary after the rules
@@ -47,11 +51,9 @@ ones are dropped until it fits beside the newest (so the newest that fit are kep
 ``keep``); one that would not fit alone is refused: ``insp.checkpoint()`` raises
 :class:`~inspector.wire.errors.CheckpointError` naming the budget and the sizes, an automatic one
 files a ``checkpoint_error`` event (once for each reason in a row, not every N steps) and training
-goes on. The queue is bounded the same way: at most
-``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
-with :class:`~inspector.wire.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
-waiting is the same request), so no client can make the training thread copy the model more
-often than it keeps copies. Refused, with the reason, where a
+goes on.
+
+Checkpoints are refused, with the reason, where a
 restore cannot be right: under ``torch.distributed`` (every rank would have to restore at the
 same boundary), under FSDP2, without a torch optimizer (a ``mark_step()`` loop: the update's
 state is the user's), with an optimizer or a scaler that has no ``state_dict()``.
@@ -79,6 +81,7 @@ checkpoint.
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -110,12 +113,8 @@ if TYPE_CHECKING:
 __all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "parse_memory", "DEFAULT_KEEP", "ORIGINS"]
 
 DEFAULT_KEEP = 3
-ORIGINS = (
-    "auto",
-    "rule",
-    "page",
-    "loop",
-)  # who asked for a checkpoint: checkpoint_every, a rule, the server, the loop
+# who asked for a checkpoint: checkpoint_every, a rule, the server (page, agent, HTTP), the loop
+ORIGINS = ("auto", "rule", "page", "loop")
 
 _UNITS = {
     "": 1,
@@ -142,8 +141,6 @@ def parse_memory(x: Any) -> int | None:
             raise ValueError(f"must be a positive number of bytes (got {x})")
         return x
     if isinstance(x, str):
-        import re
-
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*", x)
         unit = m.group(2).lower() if m else None
         if m and unit in _UNITS:
