@@ -1,7 +1,8 @@
 """Non-finite gradients: which parameters, how many NaN and Inf, and the ``nonfinite`` events.
 
 The findings of a step come from its deferred check (:mod:`inspector.stats.deferred`), examined at a
-later boundary without making the host wait: a gradient is non-finite when its probe is (an
+later boundary without making the host wait (at its own, waited for, where ``checkpoint_every``
+takes a checkpoint: inspector/whatif/checkpoints.py): a gradient is non-finite when its probe is (an
 abs-max on sampled steps, a 2-norm on the others), with NaN and Inf counts where a ``nan_guard``
 took them on the device (a count of -1 is one not taken: the event says null).
 
