@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -74,7 +75,7 @@ from .step.lifecycle import StepLifecycle
 from .step.scalars import Recorder, check_scalars
 from .whatif.checkpoints import DEFAULT_KEEP, Checkpoints, parse_memory
 from .whatif.skip import BatchCursor
-from .wire.errors import AttachError, HookError, InspectorError, RewindPending, shown
+from .wire.errors import AttachError, CheckpointError, HookError, InspectorError, RewindPending, shown
 from .wrappers import Attached, enabled_scaler, is_compiled, named_tensors, param_info, real_optimizer
 
 __all__ = ["Inspector", "Options", "attach", "HIST_CAP", "HIST_BINS"]
@@ -101,6 +102,7 @@ class Options:
     checkpoints: int = DEFAULT_KEEP  # checkpoints kept in host memory; 0 turns them off
     checkpoint_every: int | None = None  # an automatic checkpoint every N steps; None: none
     checkpoint_memory: int | str | None = None  # the kept checkpoints' host memory at most ("2GB")
+    checkpoint_dir: str | os.PathLike[str] | None = None  # checkpoints' state on disk (DCP), not in memory
     # {parameter glob: group name}, in order (first match wins; the rest is "other"); None: the default
     groups: Mapping[str, str] | None = None
     noise_scale: bool = True  # the gradient noise scale (inspector.stats.noise_scale)
@@ -246,6 +248,7 @@ class Inspector:
             data=cursor,
             every=opts.checkpoint_every,
             memory=opts.checkpoint_memory,
+            directory=opts.checkpoint_dir,
         )
         self._lifecycle = steps = StepLifecycle(
             at,
@@ -855,7 +858,9 @@ class Inspector:
         """
         return self._branches.checkpoint(label, origin="loop")
 
-    def rewind(self, checkpoint: str, skip: Any = None) -> dict[str, Any]:
+    def rewind(
+        self, checkpoint: str | os.PathLike[str], skip: Any = None, *, step: int | None = None
+    ) -> dict[str, Any]:
         """Go back to a checkpoint: state, step counter and hook config become the checkpoint's.
 
         Carried out by the training thread at the next step boundary (at once from the training
@@ -863,8 +868,17 @@ class Inspector:
         batches are not those that followed the checkpoint the first time. Subscribers get a
         ``rewind`` event (the server keeps the abandoned steps as a branch run of their own).
 
+        Or to a checkpoint the loop wrote itself: ``checkpoint`` a ``torch.distributed.checkpoint``
+        directory (a ``pathlib.Path``, or a string other than an id ``c1``, ``c2`` ...) of
+        ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}`` (the layouts read:
+        inspector/whatif/dcp_store.py), ``step`` the step it was written at (else the one that
+        ``attach(..., checkpoint_dir=...)`` recorded beside it). Its model and optimizer state are
+        read back in place; the hook config, noise streams and scaler stay as they are. Checked
+        before anything changes: a directory missing, partial (no ``.metadata``, a data file
+        missing or short) or of another model (keys, shapes, parameter groups) is refused.
+
         Args:
-            checkpoint: the checkpoint's id.
+            checkpoint: the checkpoint's id, or a DCP directory.
             skip: batches the new branch does not receive, by their index in
                 :meth:`batches` (see inspector/whatif/skip.py): ``"since_checkpoint"`` (those
                 received since the checkpoint, up to the incident), ``N`` (the N batches from the
@@ -875,9 +889,16 @@ class Inspector:
             ``{"checkpoint", "step", "done"}``: ``done`` is true when it was carried out already.
 
         Raises:
-            CheckpointNotFound: no such checkpoint kept. CheckpointError: refused (see checkpoint()).
+            CheckpointNotFound: no such checkpoint kept. CheckpointError: refused (see checkpoint();
+                a directory: missing, partial, of another model, its step unknown).
             HookError: ``skip`` cannot be honoured (``loc`` ``("skip",)``, the reason); nothing changed.
         """
+        if isinstance(checkpoint, os.PathLike) or (
+            isinstance(checkpoint, str) and re.fullmatch(r"c\d+", checkpoint) is None
+        ):
+            return self._branches.rewind_dir(checkpoint, step, skip)
+        if step is not None:
+            raise CheckpointError("step= is for a directory: a checkpoint's step is its own")
         return self._branches.rewind(checkpoint, skip)
 
     def batches(self, iterable: Any) -> Iterator[Any]:
@@ -1040,6 +1061,7 @@ def attach(
     checkpoints: int = DEFAULT_KEEP,
     checkpoint_every: int | None = None,
     checkpoint_memory: int | str | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     groups: Mapping[str, str] | None = None,
     noise_scale: bool = True,
     batch_size: int | None = None,
@@ -1073,6 +1095,11 @@ def attach(
         checkpoint_memory: the host memory the kept checkpoints may hold, per process: bytes
             (int) or a size such as ``"2GB"`` or ``"512MiB"``; the oldest are dropped to make
             room, and one that does not fit alone is refused with the reason. None: no bound.
+        checkpoint_dir: keep each checkpoint's model and optimizer state on disk instead: one
+            ``torch.distributed.checkpoint`` directory per checkpoint under this path, written
+            by ``async_save`` (the step waits for the copy to host memory only), the newest
+            ``checkpoints`` kept, read back in place by a rewind (inspector/whatif/dcp_store.py).
+            A write that fails (a full disk) is a ``checkpoint_error`` event; training goes on.
         groups: how the parameters are grouped for the group views and each snapshot's group
             aggregates: ``{"glob": "group name", ...}``, in order; a parameter goes to the first
             glob that matches its name, the others to the group ``"other"``. None (default):
@@ -1114,6 +1141,7 @@ def attach(
         checkpoints=checkpoints,
         checkpoint_every=checkpoint_every,
         checkpoint_memory=checkpoint_memory,
+        checkpoint_dir=checkpoint_dir,
         groups=groups,
         noise_scale=noise_scale,
         batch_size=batch_size,

@@ -1,4 +1,5 @@
-"""Checkpoints in host memory, and rewinding to one: ``insp.checkpoint()``, ``insp.rewind(id)``.
+"""Checkpoints in host memory or on disk, and rewinding to one: ``insp.checkpoint()``,
+``insp.rewind(id)``, ``insp.rewind(path)``.
 
 A :class:`Checkpoint` holds what the next steps of a run depend on:
 
@@ -6,6 +7,11 @@ A :class:`Checkpoint` holds what the next steps of a run depend on:
   copied to host memory;
 - the optimizer's ``state_dict()`` (momentum, Adam's moments, the param groups' lr ...),
   deep-copied to host memory, and the ``GradScaler``'s when one is attached;
+- with ``attach(..., checkpoint_dir=PATH)`` the model's and optimizer's state go to a
+  ``torch.distributed.checkpoint`` directory under PATH instead, one per checkpoint (the newest
+  ``keep`` kept, ``path`` in its ``info()``), read back in place by a rewind: see
+  :mod:`inspector.whatif.dcp_store` (a write that fails is a ``checkpoint_error`` event; a
+  directory that is missing, partial or of another model is refused, nothing changed);
 - the inspector's own state: the step counter, the hook config in force (specs with their ids,
   the Python callables of ``python`` hooks), every ``noise`` hook's generator states, every
   ``zclip`` hook's running statistics of the norm, the
@@ -29,7 +35,7 @@ safe point; ``StepLifecycle.apply_edits`` calls it wherever it applies edits wit
 reach, and a loop that owns its thread (the demo) may call it between steps.
 
 Only the newest ``keep`` checkpoints are kept (``attach(..., checkpoints=K)``, default 3; 0
-turns checkpoints off); ``bytes`` is their host memory. The queue is bounded the same way: at most
+turns checkpoints off); ``bytes`` is their host memory (that of a state on disk not counted). The queue is bounded the same way: at most
 ``keep`` checkpoint requests and ``keep`` rewind requests wait for a boundary (one more is refused
 with :class:`~inspector.wire.errors.CheckpointBusy`; a rewind to a checkpoint that already has one
 waiting is the same request), so no client can make the training thread copy the model more
@@ -65,7 +71,7 @@ to the checkpoint's step, the hook config becomes the checkpoint's (one change, 
 of the abandoned branch leave the ring buffer, and a ``rewind`` event (``step``: the
 checkpoint's step, ``from_step``) tells subscribers (the server keeps the abandoned branch
 as a run of its own). Records made after the abandoned step's boundary are dropped.
-Checkpoints taken on the abandoned branch are dropped too: a rewind to one of them that was
+Checkpoints taken on the abandoned branch are dropped too (their directories deleted): a rewind to one of them that was
 still waiting is refused (a ``rewind_error`` event naming why), never carried out onto the
 branch just left. A rewind at the checkpoint's own step (nothing to abandon: a double click,
 a script that retries) puts state and hooks back and abandons no step (``from_step`` equals
@@ -76,11 +82,17 @@ While a rewind waits for its boundary, hook changes are refused
 would put the checkpoint's hooks back over them unseen. Changes asked for before the rewind
 request apply first, and the rewind then undoes them, as it undoes every change since its
 checkpoint.
+
+A rewind to a directory the loop wrote itself (:meth:`Checkpoints.rewind_dir`,
+``insp.rewind(path, step=N)``) puts back the model's and optimizer's state and the step counter;
+the inspector's own state (hooks, noise streams, zclip's statistics, the scaler) stays as it is,
+and the cadence restarts at the next step. Checkpoints kept of steps after ``N`` are dropped.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 import time
 from collections import OrderedDict, deque
@@ -94,6 +106,7 @@ from torch import Tensor
 from ..hooks.zclip import ZClipState
 from ..wire.errors import CheckpointBusy, CheckpointError, CheckpointNotFound, InspectorError, shown
 from ..wire.records import HookSpec
+from .dcp_store import DiskStore, check_dir, dir_step, live_state, load_dir, wait_written
 from .skip import BatchCursor, check_skip
 
 if TYPE_CHECKING:
@@ -220,10 +233,15 @@ class Checkpoint:
     cadence: dict[str, Any] = field(default_factory=dict)  # which steps are sampled next, and counted
     nonfinite: dict[str, Any] = field(default_factory=dict)  # the non-finite streak's state
     position: int | None = None  # the data position: the index of the next batch (whatif/skip.py)
+    # on disk (checkpoint_dir, or rewind(path)): the DCP directory holding the model's and the
+    # optimizer's state (model and optim are then None), and its write while under way
+    path: str | None = None
+    pending: Any = None
+    disk_bytes: int = 0
 
     def info(self) -> dict[str, Any]:
-        """``{"id", "label", "auto", "origin", "step", "time", "took", "bytes", "taken",
-        "config_version", "hooks"}``."""
+        """``{"id", "label", "auto", "origin", "step", "time", "took", "bytes", "path", "taken",
+        "config_version", "hooks"}`` (``path``: its directory on disk, else None)."""
         return {
             "id": self.id,
             "label": self.label,
@@ -233,6 +251,7 @@ class Checkpoint:
             "time": self.time,
             "took": self.took,
             "bytes": self.bytes,
+            "path": self.path,
             "taken": self.step is not None,
             "config_version": self.config_version,
             "hooks": [s.to_dict() for s in self.hooks],
@@ -267,6 +286,7 @@ class Checkpoints:
         data: BatchCursor | None = None,
         every: int | None = None,
         memory: int | str | None = None,
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         from ..wire.errors import HookError
 
@@ -279,6 +299,8 @@ class Checkpoints:
         except ValueError as e:
             raise HookError(("checkpoint_memory",), str(e)) from None
         self.every = every  # an automatic checkpoint at every step that is a multiple of it
+        if directory is not None and not isinstance(directory, str | os.PathLike):
+            raise HookError(("checkpoint_dir",), f"must be a path or None (got {shown(directory)})")
         self._at = attached
         self._gate = gate
         self._clock = clock
@@ -310,6 +332,11 @@ class Checkpoints:
         self.on_request: list[Callable[[], None]] = []  # called after a request is queued (any thread)
         self._auto_why: str | None = None  # why the last automatic checkpoint was not taken (its key)
         self.auto_refused: str | None = None  # ... and the reason as filed (summary(); the page shows it)
+        # where the model's and optimizer's state live: host memory, or a DCP directory each
+        # under ``directory`` (inspector/whatif/dcp_store.py)
+        self._disk = DiskStore(directory) if directory is not None else None
+        if self._disk is not None:
+            self._disk.on_failure = self._write_failed
 
     # ------------------------------------------------------------ refusals
     def refusal(self) -> str | None:
@@ -420,6 +447,9 @@ class Checkpoints:
                 raise InspectorError("this Inspector is closed")
             self._check()
             cp = self._find(cp_id)
+            if cp.path is not None and (cp.pending is None or cp.pending.done()):
+                wait_written(cp.path, cp.pending)  # on disk: refused now when it is not whole
+                check_dir(self._at, cp.path)
             if checked is not None:
                 self._plan(cp, checked)  # refused now, before anything is queued
             waiting = any(kind == "rewind" and c is cp for kind, c in self._queue)
@@ -515,9 +545,11 @@ class Checkpoints:
         ``keep`` and the budget (lock held); returns the ids dropped for the budget."""
         dropped = []
         while self._items and len(self._items) >= self.keep:
-            self._items.popitem(last=False)
+            self._forget_dir(self._items.popitem(last=False)[1])
         while self._items and self.budget is not None and self.bytes + size > self.budget:
-            dropped.append(self._items.popitem(last=False)[0])
+            cp_id, old = self._items.popitem(last=False)
+            self._forget_dir(old)
+            dropped.append(cp_id)
         return dropped
 
     def _seekable(self) -> bool:
@@ -596,6 +628,9 @@ class Checkpoints:
         """Forget every checkpoint and request (``close()``): their host memory goes with them,
         even while the Inspector object lives on."""
         with self._gate.cond:
+            for cp in self._items.values():  # checkpoint writes under way end first (whole or gone)
+                if cp.pending is not None:
+                    cp.pending.exception()
             self._items.clear()
             self._queue.clear()
             self._skips.clear()
@@ -693,21 +728,29 @@ class Checkpoints:
         if last is not None and last.step == cp.step and last.config_version == reg.version:
             # the stored states are never changed (a rewind loads fresh() copies of them)
             cp.model, cp.optim, cp.scaler = last.model, last.optim, last.scaler
+            cp.path, cp.pending = last.path, last.pending
+            disk_bytes = last.disk_bytes
             cp.hooks, cp.fns, cp.generators, cp.extra = last.hooks, last.fns, last.generators, last.extra
             cp.zclip = last.zclip
             cp.cadence, cp.nonfinite = last.cadence, last.nonfinite
         else:
-            # the size first, from the state_dict()s (no copy): refused, or room made, before copying
+            # the size first, from the state_dict()s (no copy): refused, or room made, before copying;
+            # on disk (checkpoint_dir) the model's and optimizer's state take no host memory
             model = at.root.state_dict() if at.root is not None else list(at.tensors)
             optim = at.optimizer.state_dict()  # type: ignore[union-attr]
             scaler = at.scaler.state_dict() if at.scaler is not None else None
-            size = nbytes([model, optim, scaler])
+            size = nbytes([scaler] if self._disk is not None else [model, optim, scaler])
             why = self._over_budget(size)
             if why is not None:
                 raise CheckpointError(why)
             dropped = self._make_room(size)
-            cp.model = host_copy(model)
-            cp.optim = host_copy(optim)
+            if self._disk is not None:  # the model's and optimizer's state to a DCP directory
+                state = live_state(at)
+                cp.path, cp.pending = self._disk.save(cp.id, cp.step, cp.label, state)
+                disk_bytes = nbytes(state)
+            else:
+                cp.model = host_copy(model)
+                cp.optim = host_copy(optim)
             cp.scaler = host_copy(scaler) if scaler is not None else None
             cp.hooks = tuple(reg.applied)
             cp.fns = {s.id: reg.fns[s.id] for s in cp.hooks if s.id in reg.fns}
@@ -745,10 +788,19 @@ class Checkpoints:
                 list(cp.extra.values()),
             ]
         )
+        if cp.path is not None:  # its state's bytes on disk, counted in its size, not in host memory
+            cp.disk_bytes = last.disk_bytes if last is not None and last.path == cp.path else disk_bytes
+            cp.bytes += cp.disk_bytes
         self._items[cp.id] = cp
         while len(self._items) > self.keep:
-            self._items.popitem(last=False)
+            _, old = self._items.popitem(last=False)
+            self._forget_dir(old)
         cp.took = time.perf_counter() - t0
+        where = (
+            f"{len(self._items)} kept, {_size(self.bytes)} in host memory"
+            if cp.path is None
+            else f"written to {cp.path}; {len(self._items)} kept"
+        )
         self._events.emit(
             "checkpoint",
             checkpoint=cp.id,
@@ -761,11 +813,11 @@ class Checkpoints:
             kept=len(self._items),
             kept_bytes=self.bytes,
             dropped=dropped,
+            path=cp.path,
             message=f"checkpoint {cp.id} at step {cp.step}"
             + (f" ({cp.label})" if cp.label else "")
             + (" (automatic)" if cp.origin == "auto" else "")
-            + f": {_size(cp.bytes)} in {cp.took * 1000:.0f} ms; {len(self._items)} kept, "
-            + f"{_size(self.bytes)} in host memory"
+            + f": {_size(cp.bytes)} in {cp.took * 1000:.0f} ms; {where}"
             + (
                 f" (dropped {', '.join(dropped)} to stay within the {_size(self.budget)} budget)"
                 if dropped and self.budget is not None
@@ -780,7 +832,11 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
         if cp.step is None:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
-        check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
+        if cp.path is not None:  # on disk: its write ended, the directory still fits (else refused)
+            wait_written(cp.path, cp.pending)
+            check_dir(self._at, cp.path)
+        else:
+            check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
         # the skipped window, against the data position now (refused before anything is changed)
         window = self._plan(cp, skip[0]) if skip is not None else None
         from_step = self._clock.step
@@ -799,7 +855,12 @@ class Checkpoints:
         self._load(cp)
         self._feed.drop_after(cp.step, (seq_after, seq_until))
         if abandoned:
-            for other in [c for c in self._items.values() if c.seq > cp.seq]:
+            for other in [
+                c
+                for c in self._items.values()
+                # (a directory of the loop's own: those taken after its step)
+                if (c.step is not None and c.step > cp.step if cp.id == cp.path else c.seq > cp.seq)
+            ]:
                 # taken on the abandoned branch: not on this one's timeline; a rewind to it that
                 # still waits in the queue is refused (above), never carried onto the old branch
                 other.dropped = (
@@ -807,6 +868,7 @@ class Checkpoints:
                     f"the rewind to {cp.id} abandoned"
                 )
                 del self._items[other.id]
+                self._forget_dir(other)
         self.rewinds += 1
         self._events.emit(
             "rewind",
@@ -848,7 +910,11 @@ class Checkpoints:
             if not self._gate.safe_point():
                 raise InspectorError("adopt() is for this Inspector's training thread, between steps")
             if cp.step is not None:
-                check_restorable(self._at, cp)
+                if cp.path is not None:
+                    wait_written(cp.path, cp.pending)
+                    check_dir(self._at, cp.path)
+                else:
+                    check_restorable(self._at, cp)
             self._load(cp, exact=False)
 
     def _load(self, cp: Checkpoint, *, exact: bool = True) -> None:
@@ -860,13 +926,13 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint {cp.id} was never taken")
         if self._update_to_come():
             # this iteration's update() would run on the restored scaler: load it after that
-            restore_state(self._at, cp, scaler=False)
+            self._restore_state(cp, scaler=False)
             if any(c is cp for c in self._scaler_later):
                 self._scaler_restore = None  # taken at this boundary: the update makes its state
             elif cp.scaler is not None:
                 self._scaler_restore, self.scaler_pending = cp.scaler, True
         else:
-            restore_state(self._at, cp)
+            self._restore_state(cp)
         clock = self._clock
         if exact and cp.cadence:
             self._cadence.load_state_dict(cp.cadence)
@@ -884,11 +950,98 @@ class Checkpoints:
             if key in cp.extra:
                 load(fresh(cp.extra[key]))
 
+    def _restore_state(self, cp: Checkpoint, *, scaler: bool = True) -> None:
+        """The model's, optimizer's (and scaler's) state of ``cp``: from host memory, or read back
+        from its DCP directory in place."""
+        if cp.path is None:
+            restore_state(self._at, cp, scaler=scaler)
+            return
+        load_dir(self._at, cp.path)
+        if scaler and cp.scaler is not None and self._at.scaler is not None:
+            self._at.scaler.load_state_dict(fresh(cp.scaler))
+
+    # ------------------------------------------------------------ on disk
+    def _forget_dir(self, cp: Checkpoint) -> None:
+        """Delete ``cp``'s directory once no kept checkpoint shares it (lock held)."""
+        if self._disk is None or cp.path is None or any(c.path == cp.path for c in self._items.values()):
+            return
+        self._disk.forget(cp.path, cp.pending)
+
+    def _write_failed(self, path: str, why: str) -> None:
+        """A checkpoint's write failed (DCP's thread; its directory is gone): no longer kept, and
+        a ``checkpoint_error`` event says why. Training goes on."""
+        with self._gate.cond:
+            lost = [c for c in self._items.values() if c.path == path]
+            for c in lost:
+                del self._items[c.id]
+                c.dropped = why
+        for c in lost or [None]:
+            self._events.emit(
+                "checkpoint_error",
+                message=f"checkpoint {c.id if c else ''} at step {c.step if c else '?'}: {why}; "
+                "not kept, training goes on",
+                checkpoint=c.id if c else None,
+                step=c.step if c else self._clock.step,
+                path=path,
+            )
+
+    def rewind_dir(
+        self, path: str | os.PathLike[str], step: int | None = None, skip: Any = None
+    ) -> dict[str, Any]:
+        """Request a rewind to a DCP directory the loop wrote itself (see
+        inspector/whatif/dcp_store.py for the layouts read): its model and optimizer state, with
+        ``step`` (else the step recorded beside it). Refused, nothing changed, with the reason:
+        the directory missing, partial or of another model, the step unknown. The hook config,
+        noise streams and scaler stay as they are; the cadence restarts at the next step."""
+        checked = check_skip(skip)
+        path = os.fspath(path)
+        if step is None:
+            step = dir_step(path)
+            if step is None:
+                raise CheckpointError(
+                    f"the step of {path} is unknown: give it (rewind(path, step=N)); no {path}/inspector.json names it"
+                )
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"step must be a non-negative integer (got {shown(step)})")
+        with self._gate.cond:
+            if self._gate.closed:
+                raise InspectorError("this Inspector is closed")
+            self._check()
+            check_dir(self._at, path)  # refused now, before anything is queued
+            cp = Checkpoint(path, None, False, time.time(), path=path)  # its id: the path
+            cp.step, cp.time = step, time.time()
+            reg = self._reg
+            cp.hooks = tuple(reg.applied)
+            cp.fns = {s.id: reg.fns[s.id] for s in cp.hooks if s.id in reg.fns}
+            cp.generators = {
+                hid: {key: gen.get_state() for key, gen in st.generators.items()}
+                for hid, st in self._hooks.states.items()
+                if st.generators
+            }
+            cp.zclip = {
+                hid: host_copy(st.zclip.state_dict())
+                for hid, st in self._hooks.states.items()
+                if st.zclip is not None
+            }
+            cp.nonfinite = self._nonfinite.state_dict()
+            cp.seq = self._events.seq
+            cp.config_version = reg.version
+            if checked is not None:
+                self._plan(cp, checked)
+            self._bound("rewind")
+            if checked is not None:
+                self._skips[cp.id] = (checked, skip)
+            self._queue.append(("rewind", cp))
+            before = self.rewinds
+            self._kick()
+            return {"checkpoint": None, "path": path, "step": step, "done": self.rewinds > before}
+
     # ------------------------------------------------------------ reading
     @property
     def bytes(self) -> int:
-        """Host memory of the checkpoints kept (a copy shared by several counted once)."""
-        return sum({id(c.model): c.bytes for c in self._items.values()}.values())
+        """Host memory of the checkpoints kept (a copy shared by several counted once; the state
+        of one on disk is not counted)."""
+        return sum({(c.path or id(c.model)): c.bytes - c.disk_bytes for c in self._items.values()}.values())
 
     def get(self, cp_id: str) -> Checkpoint:
         with self._gate.cond:
