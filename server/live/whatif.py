@@ -81,7 +81,19 @@ def rewind(src: LiveSource, cp_id: str, skip: Any = None) -> dict[str, Any]:
     honoured; inspector/whatif/skip.py)."""
     if isinstance(skip, list):
         skip = tuple(skip)
-    return _call(src.insp.rewind, cp_id, skip)  # type: ignore[no-any-return]
+    # a checkpoint's id only: `Inspector.rewind` also takes a directory, which a client on the
+    # network never names (its files would be unpickled by the training process)
+    return _call(_rewind_by_id, src, cp_id, skip)  # type: ignore[no-any-return]
+
+
+def _rewind_by_id(src: LiveSource, cp_id: str, skip: Any) -> dict[str, Any]:
+    import re
+
+    from inspector.wire.errors import CheckpointNotFound
+
+    if re.fullmatch(r"c[0-9]+", cp_id) is None:
+        raise CheckpointNotFound(cp_id, src.insp.checkpoints.keep)
+    return src.insp.rewind(cp_id, skip)  # type: ignore[no-any-return]
 
 
 def shadow_state(src: LiveSource, points: bool) -> dict[str, Any] | None:

@@ -310,6 +310,33 @@ def test_get_checkpoints_lists_the_automatic_ones_as_the_core_does():
         assert r.status_code == 202 and r.json()["origin"] == "page"
         loop.step(40)
         assert c.get("/api/checkpoints").json()["checkpoints"][-1]["origin"] == "page"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is .*single process:UserWarning")
+def test_the_rewind_route_takes_a_checkpoint_id_never_a_directory(tmp_path, monkeypatch):
+    """``insp.rewind`` also takes a DCP directory; the route never does (a client on the network
+    would make the training process unpickle files it names): 404, nothing changed."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+
+    loop = Loop()
+    insp = loop.insp
+    url = insp.serve(port=0, db=str(tmp_path / "user.sqlite"))
+    c = httpx.Client(base_url=f"http://127.0.0.1:{urlsplit(url).port}", trust_env=False, timeout=30)
+    try:
+        loop.run(range(5))
+        monkeypatch.chdir(tmp_path)
+        dcp.save({"model": loop.model.state_dict(), "optimizer": loop.opt.state_dict()}, checkpoint_id="own")
+        (tmp_path / "own" / "inspector.json").write_text(json.dumps({"step": 5}))
+        loop.run(range(5, 10))
+        before = copy.deepcopy(loop.model.state_dict())
+        r = c.post("/api/checkpoints/own/rewind")
+        assert r.status_code == 404 and "no checkpoint 'own'" in r.json()["detail"]
+        loop.step(10)  # a boundary: nothing was queued
+        assert insp.step == 11 and not any(e["kind"] == "rewind" for e in insp.events())
+        assert not same_tensors(loop.model.state_dict(), before)  # it trained on, not rewound
+        insp.finish()
     finally:
         c.close()
         insp.close()
