@@ -220,3 +220,24 @@ def test_a_full_disk_is_a_checkpoint_error_event_and_training_goes_on(tmp_path, 
     loop.run(range(15, 17))
     assert insp.rewind(cp2)["done"] and insp.step == 15
     insp.close()
+
+
+class NoRoom(dcp.FileSystemWriter):
+    """A full disk met before the write starts (the writer's set-up)."""
+
+    def __init__(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_when_the_write_starts_is_a_checkpoint_error_event_too(tmp_path, monkeypatch):
+    loop = Loop(checkpoint_dir=tmp_path)
+    insp = loop.insp
+    loop.run(range(3))
+    monkeypatch.setattr(dcp, "FileSystemWriter", NoRoom)
+    cp = insp.checkpoint()
+    (err,) = kinds(insp, "checkpoint_error")
+    assert err["checkpoint"] == cp and "No space left on device" in err["message"]
+    assert insp.checkpoints.list() == [] and dirs(tmp_path) == []
+    loop.run(range(3, 6))
+    assert insp.step == 6
+    insp.close()
