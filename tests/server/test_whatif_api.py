@@ -310,6 +310,9 @@ def test_get_checkpoints_lists_the_automatic_ones_as_the_core_does():
         assert r.status_code == 202 and r.json()["origin"] == "page"
         loop.step(40)
         assert c.get("/api/checkpoints").json()["checkpoints"][-1]["origin"] == "page"
+    finally:
+        c.close()
+        insp.close()
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is .*single process:UserWarning")
