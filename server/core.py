@@ -48,6 +48,7 @@ class CoreCheckpoints(Protocol):
     """`Core.checkpoints`: the checkpoints and the queue of checkpoint and rewind requests."""
 
     on_request: list[Callable[[], None]]  # called after a request is queued (any thread)
+    keep: int  # the newest this many are kept (a 404 names it)
 
     def refusal(self) -> str | None:
         """Why checkpoints cannot be taken here, or None."""
