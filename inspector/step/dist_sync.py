@@ -72,6 +72,10 @@ class DistributedSync:
         # the rules (inspector.rules): rank 0's decisions travel with its pending changes, and every
         # rank receives them at the same exchange (set by the Inspector; None: none)
         self.rules: Any = None
+        # the checkpoints (inspector.whatif.checkpoints): rank 0's checkpoint and rewind requests from
+        # other threads travel with its pending changes, and every rank carries them out after the
+        # exchange that brought them, before the changes apply (set by the lifecycle; None: none)
+        self.branches: Any = None
 
     @property
     def active(self) -> bool:
@@ -111,7 +115,8 @@ class DistributedSync:
         with gate.cond:
             hold = rank0 and gate.decide_hold()
             outbox = self.rules.outbox if rank0 and self.rules is not None else []
-            payload = rank0 and (bool(self._reg.pending) or bool(outbox))
+            requests = self.branches.outbox if rank0 and self.branches is not None else []
+            payload = rank0 and (bool(self._reg.pending) or bool(outbox) or bool(requests))
             next_sampled = self._cadence.is_sampled(step + 1)
             if first and rank0 and self._sharded:
                 self._hist_next = self._hist.due(self._clock.sampled_count + 1) if next_sampled else []
@@ -134,10 +139,11 @@ class DistributedSync:
             )
             changes = None
             fired: list[dict[str, Any]] = []
+            sent = None
             if rows.payload:
                 with gate.cond:
-                    mine = (list(self._reg.pending), list(outbox)) if rank0 else None
-                changes, fired = plane.broadcast(mine)
+                    mine = (list(self._reg.pending), list(outbox), self._outgoing()) if rank0 else None
+                changes, fired, sent = plane.broadcast(mine)
                 if rank0:
                     del outbox[: len(fired)]
         except Exception as e:
@@ -146,9 +152,13 @@ class DistributedSync:
         with gate.cond:
             if fired and self.rules is not None:
                 self.rules.receive(fired)
+            if sent is not None and self.branches is not None:
+                self.branches.receive(sent)  # carried out below, on every rank, before the changes
             if changes is not None:
                 if not rank0:
                     self._reg.adopt(changes)
+                self._apply_edits()
+            elif self.branches is not None and self.branches.queued:
                 self._apply_edits()
             if self._sharded:
                 self._hist_next = rows.hist
@@ -171,16 +181,25 @@ class DistributedSync:
         members = self.group_members() if self.group_members is not None else None
         return (rows.spread(self._n, members) if with_norms else None), rows.hold
 
+    def _outgoing(self) -> Any:
+        """Rank 0's checkpoint and rewind requests for the other ranks (lock held), or None."""
+        return self.branches.outgoing() if self.branches is not None else None
+
     def sync_edits(self) -> None:
         """A script edit under torch.distributed (every rank makes it at the same point of the
-        script): one broadcast of rank 0's pending changes, then every rank applies them (lock held)."""
+        script): one broadcast of rank 0's pending changes (and its waiting checkpoint requests: a
+        change's automatic checkpoint is taken before it), then every rank applies them (lock held)."""
         plane = self.plane
         try:
-            changes = plane.broadcast(list(self._reg.pending) if plane.rank == 0 else None)
+            changes, sent = plane.broadcast(
+                (list(self._reg.pending), self._outgoing()) if plane.rank == 0 else None
+            )
         except Exception as e:
             self._failed(e, self._clock.step)
             self._apply_edits()
             return
+        if sent is not None and self.branches is not None:
+            self.branches.receive(sent)
         if plane.rank != 0:
             self._reg.replace_pending(changes)
         self._apply_edits()
@@ -191,6 +210,12 @@ class DistributedSync:
         while hold and not plane.broken and not gate.closed:
             if plane.rank == 0:
                 with gate.cond:
-                    gate.wait_held(lambda: bool(self._reg.pending), distributed.HEARTBEAT)
+                    gate.wait_held(
+                        lambda: (
+                            bool(self._reg.pending)
+                            or (self.branches is not None and bool(self.branches.outbox))
+                        ),
+                        distributed.HEARTBEAT,
+                    )
             _, hold = self.exchange(step, False, first=False)
         gate.release()

@@ -151,6 +151,10 @@ class StepLifecycle:
                 events=events,
                 apply_edits=lambda: self.apply_edits(torch_ok=True),
             )
+            # checkpoints and rewinds: rank 0's requests ride in the exchange; every rank carries them out
+            self.sync.branches = branches
+            sync = self.sync
+            branches.sync_failed = lambda err: sync._failed(err, clock.step)
         self._handles: list[Any] = []  # the step hooks (optimizer pre/post, root forward pre/post)
         # one step's scratch
         self._unmarked = 0  # backward passes before the first boundary, without an optimizer

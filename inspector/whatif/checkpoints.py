@@ -60,9 +60,26 @@ files a ``checkpoint_error`` event (once for each reason in a row, not every N s
 goes on.
 
 Checkpoints are refused, with the reason, where a
-restore cannot be right: under ``torch.distributed`` (every rank would have to restore at the
-same boundary), under FSDP2, without a torch optimizer (a ``mark_step()`` loop: the update's
-state is the user's), with an optimizer or a scaler that has no ``state_dict()``.
+restore cannot be right: without a torch optimizer (a ``mark_step()`` loop: the update's
+state is the user's), with an optimizer or a scaler that has no ``state_dict()``, under FSDP2
+without a process group, once the control collective failed under ``torch.distributed``, and
+with ``checkpoint_dir`` under ``torch.distributed`` (the disk store is one process's for now).
+
+Under ``torch.distributed`` (DDP, FSDP2) every rank keeps its own checkpoints, taken and restored
+at the same boundary (:func:`capture_state`, :func:`restore_state`: DDP, each rank's
+``state_dict()``; FSDP2, its shards through ``get_state_dict``/``set_state_dict``). A request
+from the training thread (the script, a rule's action: made on every rank alike) is carried out
+at once on every rank, after one broadcast that brings rank 0's waiting requests along and gives
+every rank the same next id. A request from another thread (rank 0's server, the agent; another
+rank's are refused) waits in ``outbox`` until the next boundary's exchange carries it to every
+rank (:mod:`inspector.step.dist_sync`), where every rank carries it out. A rewind is first checked
+on every rank (the checkpoint kept there, its state fitting, its skip window), the verdicts are
+exchanged (one ``all_gather_object`` on the control plane's gloo group), and then carried out on
+every rank or refused on every rank (a ``rewind_error`` naming the first rank that refused; from
+the script, ``CheckpointError``), nothing changed. A rank that dies or does not answer makes that
+exchange fail within the group's timeout (``attach(..., dist_timeout=60)``): the other ranks
+refuse the rewind there (``rewind_error`` and ``distributed_error``), their state unchanged, and
+stop coordinating.
 
 A rewind: the model, optimizer and scaler get the checkpoint's state in place (the same
 objects, so every hook stays valid; gradients are set to None), the step counter goes back
@@ -104,7 +121,14 @@ import torch
 from torch import Tensor
 
 from ..hooks.zclip import ZClipState
-from ..wire.errors import CheckpointBusy, CheckpointError, CheckpointNotFound, InspectorError, shown
+from ..wire.errors import (
+    CheckpointBusy,
+    CheckpointError,
+    CheckpointNotFound,
+    InspectorError,
+    describe_error,
+    shown,
+)
 from ..wire.records import HookSpec
 from .dcp_store import DiskStore, check_dir, dir_step, live_state, load_dir, wait_written
 from .skip import BatchCursor, check_skip
@@ -123,7 +147,18 @@ if TYPE_CHECKING:
     from ..step.scalars import Recorder
     from ..wrappers import Attached
 
-__all__ = ["Checkpoint", "Checkpoints", "host_copy", "nbytes", "parse_memory", "DEFAULT_KEEP", "ORIGINS"]
+__all__ = [
+    "Checkpoint",
+    "Checkpoints",
+    "HostShard",
+    "capture_state",
+    "restore_state",
+    "host_copy",
+    "nbytes",
+    "parse_memory",
+    "DEFAULT_KEEP",
+    "ORIGINS",
+]
 
 DEFAULT_KEEP = 3
 # who asked for a checkpoint: checkpoint_every, a rule, the server (page, agent, HTTP), the loop
@@ -167,9 +202,50 @@ def parse_memory(x: Any) -> int | None:
     )
 
 
+@dataclass
+class HostShard:
+    """This rank's shard of a ``DTensor`` (FSDP2), on the host: its local tensor, and what gives it
+    back as a ``DTensor`` on its device (:func:`fresh`). ``shape``: the full tensor's."""
+
+    local: Tensor
+    mesh: Any
+    placements: tuple[Any, ...]
+    shape: torch.Size
+    stride: tuple[int, ...]
+    device: torch.device
+
+    def dtensor(self) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(
+            self.local.to(self.device, copy=True),
+            self.mesh,
+            self.placements,
+            run_check=False,
+            shape=self.shape,
+            stride=self.stride,
+        )
+
+
+def _is_dtensor(x: Any) -> bool:
+    cls = type(x)
+    return cls.__name__ == "DTensor" and cls.__module__.startswith("torch.distributed")
+
+
 def host_copy(x: Any) -> Any:
     """``x`` with every tensor copied (detached) to host memory; containers rebuilt, other values
-    deep-copied. Nothing of the result shares storage with ``x``."""
+    deep-copied. Nothing of the result shares storage with ``x``. A ``DTensor`` keeps this rank's
+    shard only (:class:`HostShard`)."""
+    if _is_dtensor(x):
+        local = x.to_local()
+        return HostShard(
+            local.detach().to("cpu", copy=True),
+            x.device_mesh,
+            tuple(x.placements),
+            x.shape,
+            tuple(x.stride()),
+            local.device,
+        )
     if isinstance(x, Tensor):
         return x.detach().to("cpu", copy=True)
     if isinstance(x, dict):
@@ -183,7 +259,10 @@ def host_copy(x: Any) -> Any:
 
 def fresh(x: Any) -> Any:
     """A copy of a stored state to hand to ``load_state_dict`` (which may keep the tensors it is
-    given: training would then change the checkpoint)."""
+    given: training would then change the checkpoint). A :class:`HostShard` becomes a ``DTensor``
+    on its device again."""
+    if isinstance(x, HostShard):
+        return x.dtensor()
     if isinstance(x, Tensor):
         return x.clone()
     if isinstance(x, dict):
@@ -196,7 +275,9 @@ def fresh(x: Any) -> Any:
 
 
 def nbytes(x: Any) -> int:
-    """Bytes of the tensors in ``x`` (nested containers)."""
+    """Bytes of the tensors in ``x`` (nested containers; of a shard, this rank's part)."""
+    if isinstance(x, HostShard):
+        return nbytes(x.local)
     if isinstance(x, Tensor):
         return x.numel() * x.element_size()
     if isinstance(x, dict):
@@ -316,6 +397,7 @@ class Checkpoints:
         self.keep = keep
         self._items: OrderedDict[str, Checkpoint] = OrderedDict()
         self._queue: deque[tuple[str, Checkpoint]] = deque()  # ("checkpoint" | "rewind", cp)
+        self._refused: dict[str, str] = {}  # a rewind refused as it was carried out: why
         self._next = 1
         self.rewinds = 0  # rewinds carried out so far
         self._states: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
@@ -337,6 +419,13 @@ class Checkpoints:
         self._disk = DiskStore(directory) if directory is not None else None
         if self._disk is not None:
             self._disk.on_failure = self._write_failed
+        # under torch.distributed: the job's control plane. Every rank holds the same queue: a
+        # request from another thread (rank 0's server) waits in ``outbox`` until an exchange carries
+        # it to every rank (:meth:`outgoing`, :meth:`receive`); one from the training thread (the
+        # script or a rule, on every rank alike) first takes rank 0's outbox along (:meth:`_sync`)
+        self._plane = attached.dist
+        self.outbox: list[tuple[str, Checkpoint]] = []
+        self.sync_failed: Callable[[BaseException], None] | None = None  # the control plane failed
 
     # ------------------------------------------------------------ refusals
     def refusal(self) -> str | None:
@@ -344,10 +433,18 @@ class Checkpoints:
         at = self._at
         if self.keep == 0:
             return "checkpoints are off for this Inspector (attach(..., checkpoints=0))"
-        if at.dist is not None or at.layout is not None:
+        if at.layout is not None and at.dist is None:
+            return "under FSDP2 checkpoints need the job's process group (torch.distributed, 2 ranks or more)"
+        if at.dist is not None and self._disk is not None:
             return (
-                "under torch.distributed (DDP, FSDP) every rank would have to restore at the same step "
-                "boundary: checkpoints and rewind are single-process only for now"
+                "checkpoint_dir under torch.distributed: the disk store writes one process's state "
+                "for now; leave checkpoint_dir out to keep each rank's checkpoints in host memory "
+                "(checkpoint_memory bounds them)"
+            )
+        if at.dist is not None and at.dist.broken:
+            return (
+                f"the control collective failed ({at.dist.broken}): a checkpoint or a rewind needs "
+                "every rank at the same step boundary"
             )
         opt = at.optimizer
         if opt is None:
@@ -419,6 +516,9 @@ class Checkpoints:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
+            remote = self._remote()
+            if remote is False:
+                self._sync()  # rank 0's waiting requests first, and its next id
             if self.budget is not None:
                 try:
                     size = self._state_size()
@@ -430,6 +530,10 @@ class Checkpoints:
             self._bound("checkpoint")
             cp = Checkpoint(f"c{self._next}", label[:200] if label else None, auto, time.time(), origin)
             self._next += 1
+            if remote:
+                self.outbox.append(("checkpoint", cp))
+                self._wake()
+                return cp.info()
             self._queue.append(("checkpoint", cp))
             self._kick()
             return cp.info()
@@ -446,12 +550,25 @@ class Checkpoints:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
+            remote = self._remote()
+            if remote is False:
+                return self._dist_rewind(cp_id, checked, skip)
             cp = self._find(cp_id)
             if cp.path is not None and (cp.pending is None or cp.pending.done()):
                 wait_written(cp.path, cp.pending)  # on disk: refused now when it is not whole
                 check_dir(self._at, cp.path)
             if checked is not None:
                 self._plan(cp, checked)  # refused now, before anything is queued
+            if remote:
+                waiting = any(kind == "rewind" and c is cp for kind, c in self.outbox)
+                if not waiting:
+                    self._bound("rewind")
+                    self.outbox.append(("rewind", cp))
+                self._skips.pop(cp.id, None)
+                if checked is not None:
+                    self._skips[cp.id] = (checked, skip)
+                self._wake()
+                return {"checkpoint": cp.id, "step": cp.step, "done": False}
             waiting = any(kind == "rewind" and c is cp for kind, c in self._queue)
             if not waiting:
                 self._bound("rewind")
@@ -552,6 +669,133 @@ class Checkpoints:
             dropped.append(cp_id)
         return dropped
 
+    # ------------------------------------------------------------ under torch.distributed
+    def _remote(self) -> bool | None:
+        """None: one process. False: the training thread under torch.distributed (the script or a
+        rule, every rank alike: carried out now, on every rank). True: another thread (rank 0's
+        server, the agent): it waits in the outbox for the next exchange (lock held)."""
+        if self._plane is None:
+            return None
+        if self._gate.on_training_thread():
+            return False
+        if self._plane.rank != 0:
+            raise InspectorError(
+                "under torch.distributed, checkpoint and rewind requests from another thread go to "
+                f"rank 0 (which serves the dashboard); this is rank {self._plane.rank}"
+            )
+        if self._gate.finished:
+            raise CheckpointError(
+                "training has finished: under torch.distributed a checkpoint or a rewind needs every "
+                "rank at a step boundary, and the ranks no longer meet at one"
+            )
+        return True
+
+    def _wake(self) -> None:
+        self._gate.cond.notify_all()  # a held rank 0 exchanges at once
+        for fn in list(self.on_request):
+            try:
+                fn()
+            except Exception:  # a waker's bug must not fail the request
+                pass
+
+    def outgoing(self) -> tuple[list[tuple[Any, ...]], int]:
+        """Rank 0's requests waiting for the exchange, as plain values, and its next id (lock held)."""
+        out = []
+        for kind, cp in self.outbox:
+            skip = self._skips.get(cp.id, (None, None))[1] if kind == "rewind" else None
+            out.append((kind, cp.id, cp.label, cp.auto, skip))
+        return out, self._next
+
+    def receive(self, sent: tuple[list[tuple[Any, ...]], int]) -> None:
+        """Every rank (rank 0 included) queues the requests an exchange carried from rank 0, in its
+        order, with its ids (lock held); they are carried out at that boundary, on every rank."""
+        requests, next_id = sent
+        rank0 = self._plane is not None and self._plane.rank == 0
+        sent_keys = {(kind, cid) for kind, cid, *_ in requests}
+        mine = {(kind, cp.id): cp for kind, cp in self.outbox if (kind, cp.id) in sent_keys}
+        if rank0:  # (one cancelled since it was sent is every rank's now)
+            self.outbox = [(kind, cp) for kind, cp in self.outbox if (kind, cp.id) not in sent_keys]
+        for kind, cid, label, auto, skip in requests:
+            if kind == "checkpoint":
+                cp = mine.get((kind, cid)) or Checkpoint(cid, label, auto, time.time())
+            else:
+                cp = self._lookup(cid)
+                if skip is not None and cp.id not in self._skips:
+                    try:
+                        self._skips[cp.id] = (check_skip(skip), skip)
+                    except InspectorError as e:  # (rank 0 accepted it: the verdict will say)
+                        cp = self._missing(cid, describe_error(e))
+            self._queue.append((kind, cp))
+        if not rank0:
+            self._next = next_id
+
+    def _sync(self) -> None:
+        """The training thread under torch.distributed, on every rank at the same point of the
+        script: one broadcast brings rank 0's waiting requests (queued on every rank, before this
+        one) and its next id, so every rank names the next checkpoint alike (lock held)."""
+        plane = self._plane
+        try:
+            sent = plane.broadcast(self.outgoing() if plane.rank == 0 else None)
+        except Exception as e:
+            if self.sync_failed is not None:
+                self.sync_failed(e)
+            raise CheckpointError(
+                f"the control collective failed ({describe_error(e)}): nothing changed"
+            ) from e
+        self.receive(sent)
+
+    def _lookup(self, cp_id: str) -> Checkpoint:
+        """``cp_id`` on this rank, or a stand-in whose rewind every rank refuses (the verdict)."""
+        try:
+            return self._find(cp_id)
+        except CheckpointNotFound as e:
+            return self._missing(cp_id, f"{e} on rank {self._plane.rank}")
+
+    def _missing(self, cp_id: str, why: str) -> Checkpoint:
+        cp = Checkpoint(cp_id, None, False, time.time())
+        cp.dropped = why
+        return cp
+
+    def _dist_rewind(self, cp_id: str, checked: Any, skip: Any) -> dict[str, Any]:
+        """A rewind asked for by the training thread on every rank (the script, a rule): carried out
+        now on every rank, or refused on every rank (lock held)."""
+        self._sync()
+        cp = self._lookup(cp_id)
+        waiting = any(kind == "rewind" and c.id == cp.id for kind, c in self._queue)
+        if not waiting:
+            self._bound("rewind")
+            self._queue.append(("rewind", cp))
+        self._skips.pop(cp.id, None)
+        if checked is not None:
+            self._skips[cp.id] = (checked, skip)
+        before = self.rewinds
+        self._refused.pop(cp.id, None)
+        self._kick()
+        why = self._refused.pop(cp.id, None)
+        if why is not None:
+            raise CheckpointError(why)
+        return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+
+    def _agree(self, why: str | None) -> None:
+        """Every rank's verdict on the rewind at hand (None: it can be carried out here): carried out
+        on every rank, or refused on every rank with the first refusal (lock held)."""
+        plane = self._plane
+        try:
+            verdicts = [None] * plane.world
+            import torch.distributed as tdist
+
+            tdist.all_gather_object(verdicts, why, group=plane.group)
+        except Exception as e:
+            if self.sync_failed is not None:
+                self.sync_failed(e)
+            raise CheckpointError(
+                f"the ranks could not agree on it ({describe_error(e)}): nothing changed on this rank"
+            ) from e
+        refused = [(r, v) for r, v in enumerate(verdicts) if v is not None]
+        if refused:
+            r, v = refused[0]
+            raise CheckpointError(f"refused on every rank: rank {r} cannot carry it out: {v}")
+
     def _seekable(self) -> bool:
         """Whether a rewind puts the data stream back too (a state registered with ``data=True``)."""
         return bool(self._data_keys)
@@ -567,7 +811,7 @@ class Checkpoints:
 
     def _bound(self, kind: str) -> None:
         """Refuse a request of ``kind`` when ``keep`` of them wait already (lock held)."""
-        waiting = sum(1 for k, _ in self._queue if k == kind)
+        waiting = sum(1 for k, _ in (*self._queue, *self.outbox) if k == kind)
         if waiting >= self.keep:
             raise CheckpointBusy(
                 f"{waiting} {kind} requests wait for the next step boundary already (at most "
@@ -577,12 +821,15 @@ class Checkpoints:
     def pending_rewind(self) -> Checkpoint | None:
         """The checkpoint of the first rewind waiting for a boundary, or None."""
         with self._gate.cond:
-            return next((cp for kind, cp in self._queue if kind == "rewind"), None)
+            return next((cp for kind, cp in (*self._queue, *self.outbox) if kind == "rewind"), None)
 
     def _find(self, cp_id: Any) -> Checkpoint:
         cp = self._items.get(cp_id) if isinstance(cp_id, str) else None
         if cp is None:
-            cp = next((c for kind, c in self._queue if kind == "checkpoint" and c.id == cp_id), None)
+            cp = next(
+                (c for kind, c in (*self._queue, *self.outbox) if kind == "checkpoint" and c.id == cp_id),
+                None,
+            )
         if cp is None:
             raise CheckpointNotFound(cp_id, self.keep)
         return cp
@@ -607,7 +854,7 @@ class Checkpoints:
                 cond.wait_for(
                     lambda: (
                         (cp_id in self._items and self._items[cp_id].step is not None)
-                        or not any(c.id == cp_id for _, c in self._queue)
+                        or not any(c.id == cp_id for _, c in (*self._queue, *self.outbox))
                     ),
                     timeout,
                 )
@@ -617,6 +864,10 @@ class Checkpoints:
         """Forget a checkpoint request not carried out yet (a waiter gave up on it)."""
         with self._gate.cond:
             self._queue = deque((k, c) for k, c in self._queue if not (k == "checkpoint" and c.id == cp_id))
+            if self._plane is None or self._plane.rank != 0:
+                return
+            # rank 0: one still in the outbox has reached no rank; one carried already is every rank's
+            self.outbox = [(k, c) for k, c in self.outbox if not (k == "checkpoint" and c.id == cp_id)]
 
     def discard(self, cp_id: str) -> None:
         """Forget a checkpoint (taken or not): the change it was taken for was refused."""
@@ -633,6 +884,7 @@ class Checkpoints:
                     cp.pending.exception()
             self._items.clear()
             self._queue.clear()
+            self.outbox.clear()
             self._skips.clear()
             self._scaler_later, self._scaler_restore, self.scaler_pending = [], None, False
             self._gate.cond.notify_all()  # a wait() for a request gives up on it
@@ -672,8 +924,8 @@ class Checkpoints:
                     last = None
                     self._restore(cp, self._skips.pop(cp.id, None))
             except Exception as e:  # never take training down: report it
-                from ..wire.errors import describe_error
-
+                if kind == "rewind":
+                    self._refused[cp.id] = str(e) if isinstance(e, CheckpointError) else describe_error(e)
                 if kind == "checkpoint" and cp.origin == "auto":
                     self._auto_refused("error", self._clock.step, describe_error(e))
                 else:
@@ -748,9 +1000,8 @@ class Checkpoints:
                 state = live_state(at)
                 cp.path, cp.pending = self._disk.save(cp.id, cp.step, cp.label, state)
                 disk_bytes = nbytes(state)
-            else:
-                cp.model = host_copy(model)
-                cp.optim = host_copy(optim)
+            else:  # this process's (under FSDP2, this rank's shards)
+                cp.model, cp.optim = capture_state(at)
             cp.scaler = host_copy(scaler) if scaler is not None else None
             cp.hooks = tuple(reg.applied)
             cp.fns = {s.id: reg.fns[s.id] for s in cp.hooks if s.id in reg.fns}
@@ -828,17 +1079,25 @@ class Checkpoints:
 
     # ------------------------------------------------------------ restoring
     def _restore(self, cp: Checkpoint, skip: tuple[Any, Any] | None = None) -> None:
-        if cp.dropped is not None:
-            raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
-        if cp.step is None:
-            raise CheckpointError(f"checkpoint {cp.id} was never taken")
-        if cp.path is not None:  # on disk: its write ended, the directory still fits (else refused)
-            wait_written(cp.path, cp.pending)
-            check_dir(self._at, cp.path)
-        else:
-            check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
-        # the skipped window, against the data position now (refused before anything is changed)
-        window = self._plan(cp, skip[0]) if skip is not None else None
+        try:
+            if cp.dropped is not None:
+                raise CheckpointError(f"checkpoint {cp.id} is gone: {cp.dropped}")
+            if cp.step is None:
+                raise CheckpointError(f"checkpoint {cp.id} was never taken")
+            if cp.path is not None:  # on disk: its write ended, the directory still fits (else refused)
+                wait_written(cp.path, cp.pending)
+                check_dir(self._at, cp.path)
+            else:
+                check_restorable(self._at, cp)  # all or nothing: refused before anything is changed
+            # the skipped window, against the data position now (refused before anything is changed)
+            window = self._plan(cp, skip[0]) if skip is not None else None
+        except Exception as e:
+            if self._plane is None:
+                raise
+            self._agree(describe_error(e))  # every rank refuses, with the first refusal
+            raise
+        if self._plane is not None:
+            self._agree(None)  # under torch.distributed: carried out on every rank, or on none
         from_step = self._clock.step
         abandoned = from_step > cp.step  # at the checkpoint's own step no step is abandoned
         # the abandoned branch's records go out as its own first; later late ones are dropped
@@ -991,7 +1250,8 @@ class Checkpoints:
         """Request a rewind to a DCP directory the loop wrote itself (see
         inspector/whatif/dcp_store.py for the layouts read): its model and optimizer state, with
         ``step`` (else the step recorded beside it). Refused, nothing changed, with the reason:
-        the directory missing, partial or of another model, the step unknown. The hook config,
+        the directory missing, partial or of another model, the step unknown, and under
+        ``torch.distributed`` (one process only for now). The hook config,
         noise streams and scaler stay as they are; the cadence restarts at the next step."""
         checked = check_skip(skip)
         path = os.fspath(path)
@@ -1003,6 +1263,11 @@ class Checkpoints:
                 )
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"step must be a non-negative integer (got {shown(step)})")
+        if self._plane is not None:  # (its checks read files a rank may see differently: no verdict)
+            raise CheckpointError(
+                "rewind(path) under torch.distributed: a DCP directory is read back on one process "
+                "only for now; rewind to a checkpoint the inspector took (its id) instead"
+            )
         with self._gate.cond:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
@@ -1098,7 +1363,7 @@ def check_restorable(at: Attached, cp: Checkpoint) -> None:
             )
         pairs = [(str(i), t, saved) for i, (t, saved) in enumerate(zip(at.tensors, cp.model, strict=True))]
     for key, t, saved in pairs:
-        if isinstance(t, Tensor) and isinstance(saved, Tensor) and t.shape != saved.shape:
+        if isinstance(t, Tensor) and isinstance(saved, Tensor | HostShard) and t.shape != saved.shape:
             raise CheckpointError(
                 f"checkpoint {cp.id} no longer fits the model: {key} is {tuple(t.shape)}, "
                 f"{tuple(saved.shape)} in the checkpoint"
@@ -1117,21 +1382,79 @@ def check_restorable(at: Attached, cp: Checkpoint) -> None:
             )
 
 
+def capture_state(at: Attached) -> tuple[Any, Any]:
+    """The model's and the optimizer's state, copied to host memory: ``(model, optim)``.
+
+    One process and DDP: ``state_dict()`` of each (every rank its own copy). FSDP2: this rank's
+    shards, through ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keyed by the
+    parameters' names, the optimizer's state included), each ``DTensor`` kept as a
+    :class:`HostShard`. Every rank calls it at the same boundary (the control plane's requests)."""
+    if at.layout is not None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        with _no_init_step(at):
+            model, optim = get_state_dict(at.root, at.optimizer)
+        return host_copy(model), host_copy(optim)
+    if at.root is not None:
+        model = host_copy(at.root.state_dict())
+    else:
+        model = [host_copy(t) for t in at.tensors]
+    return model, host_copy(at.optimizer.state_dict())  # type: ignore[union-attr]
+
+
 def restore_state(at: Attached, cp: Checkpoint, *, scaler: bool = True) -> None:
     """Load ``cp``'s model, optimizer and scaler state into ``at``'s (in place; gradients None).
     The optimizer's first: ``Optimizer.load_state_dict`` checks its input before it changes
-    anything, and the model's was checked (:func:`check_restorable`)."""
-    at.optimizer.load_state_dict(fresh(cp.optim))
-    with torch.no_grad():
-        if at.root is not None:
-            at.root.load_state_dict(fresh(cp.model))
-        else:
-            for t, saved in zip(at.tensors, cp.model, strict=True):
-                t.copy_(saved)
+    anything, and the model's was checked (:func:`check_restorable`). FSDP2: this rank's shards,
+    through ``set_state_dict`` (see :func:`capture_state`)."""
+    if at.layout is not None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        with _no_init_step(at):
+            set_state_dict(
+                at.root, at.optimizer, model_state_dict=fresh(cp.model), optim_state_dict=fresh(cp.optim)
+            )
         for t in at.tensors:
             t.grad = None
+    else:
+        at.optimizer.load_state_dict(fresh(cp.optim))
+        with torch.no_grad():
+            if at.root is not None:
+                at.root.load_state_dict(fresh(cp.model))
+            else:
+                for t, saved in zip(at.tensors, cp.model, strict=True):
+                    t.copy_(saved)
+            for t in at.tensors:
+                t.grad = None
     if scaler and cp.scaler is not None and at.scaler is not None:
         at.scaler.load_state_dict(fresh(cp.scaler))
+
+
+class _no_init_step:
+    """``get_state_dict``/``set_state_dict`` give an optimizer with no state yet (SGD without
+    momentum, a run before its first step) a state by calling its ``step()`` on zero gradients, unless
+    a parameter has a gradient: that step would be a step boundary of ours, and would start Adam's
+    moments. While one is lent a zero gradient, none is taken (the state is read as it is)."""
+
+    def __init__(self, at: Attached) -> None:
+        self._opt = at.optimizer
+        self._lent: Tensor | None = None
+
+    def __enter__(self) -> None:
+        opt = self._opt
+        if opt.state:
+            return
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if any(p.grad is not None for p in params):
+            return
+        first = next((p for p in params if p.requires_grad), None)
+        if first is not None:
+            first.grad = torch.zeros_like(first)
+            self._lent = first
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._lent is not None:
+            self._lent.grad = None
 
 
 def set_generators(states: dict[str, Any], saved: dict[str, dict[Any, Tensor]]) -> None:

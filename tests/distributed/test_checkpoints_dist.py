@@ -1,0 +1,166 @@
+"""Checkpoints and rewind under torch.distributed (two gloo ranks): every rank takes and restores its
+own state (DDP: its state_dict; FSDP2: its shards through get_state_dict/set_state_dict) at the same
+boundary; a rewind that cannot be carried out on one rank is carried out on none; "safe overnight"
+rewinds every rank and skips the same batches; a rank that dies during a rewind leaves the other at a
+boundary with the reason, within the control plane's timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_fsdp import run_ranks
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+# The loop trains on the batch of index insp.step + 1 (different on each rank): a rewind replays
+# the same batches. Phases: a checkpoint after step 3 (the script, every rank); steps to 6; a rewind
+# from the script (every rank); steps 4-6 again; a rewind asked for by another thread on rank 0 (as
+# the page's, the agent's), which the next exchange carries to every rank; steps again; then a
+# rewind to a checkpoint that rank 1 no longer holds: refused on every rank, nothing changed.
+COMMON = r"""
+import hashlib, json, sys, threading, torch, torch.distributed as dist
+from torch import nn
+import inspector
+from inspector import CheckpointError
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+
+
+def batch(i):
+    g = torch.Generator().manual_seed(1000 * rank + i)
+    return torch.randn(8, 4, generator=g)
+
+
+def train(i):
+    loss = model(batch(i)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+CHECKS = r"""
+def run():
+    first, second, third = {}, {}, {}
+    for i in range(1, 7):
+        train(i)
+        first[insp.step] = checksum()
+        if insp.step == 3:
+            cp = insp.checkpoint("k")
+    out = insp.rewind(cp)
+    assert insp.step == 3, insp.step
+    for _ in range(3):
+        train(insp.step + 1)
+        second[insp.step] = checksum()
+    if rank == 0:  # another thread (the server's): rank 0 only; it travels in the next exchange
+        t = threading.Thread(target=lambda: insp.rewind(cp))
+        t.start()
+        t.join()
+    for _ in range(4):  # step 7, at whose boundary every rank rewinds to step 3; then 4-6
+        train(insp.step + 1)
+        third[insp.step] = checksum()
+    before, step = checksum(), insp.step
+    if rank == 1:
+        insp.checkpoints.discard(cp)  # rank 1 no longer holds it
+    try:
+        insp.rewind(cp)
+        refused = None
+    except CheckpointError as e:
+        refused = str(e)
+    events = [
+        {k: e.get(k) for k in ("kind", "step", "from_step", "checkpoint", "message")}
+        for e in insp.events()
+        if e["kind"] in ("checkpoint", "rewind", "rewind_error")
+    ]
+    print("RESULT " + json.dumps({
+        "rank": rank, "first": first, "second": second, "third": third, "out": out,
+        "refused": refused, "unchanged": checksum() == before and insp.step == step,
+        "events": events,
+    }))
+
+
+run()
+insp.close()
+dist.destroy_process_group()
+"""
+
+DDP = (
+    COMMON
+    + r"""
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1)
+
+
+def checksum():
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    for st in opt.state.values():  # Adam's moments too
+        for v in st.values():
+            h.update(v.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+"""
+    + CHECKS
+)
+
+FSDP = (
+    COMMON
+    + r"""
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+fully_shard(model[0])
+fully_shard(model)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1)
+
+
+def checksum():
+    # the full tensors (gathered from every rank's shards: a collective, for the test only)
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().full_tensor().contiguous().numpy().tobytes())
+    for st in opt.state.values():
+        for v in st.values():
+            v = v.full_tensor() if isinstance(v, DTensor) else v
+            h.update(v.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+"""
+    + CHECKS
+)
+
+
+def _check(r0: dict, r1: dict) -> None:
+    for r in (r0, r1):
+        # a rewind from the script, then one from rank 0's other thread: the steps after the
+        # checkpoint replayed on the same batches are bitwise those of the first pass
+        assert r["second"] == {k: r["first"][k] for k in ("4", "5", "6")}, r
+        assert r["third"]["3"] == r["first"]["3"], r  # step 7's boundary rewound to step 3
+        assert {k: r["third"][k] for k in ("4", "5", "6")} == r["second"], r
+        assert r["out"] == {"checkpoint": "c1", "step": 3, "done": True}, r
+        # refused on every rank (rank 1 no longer holds c1), with the same reason; nothing changed
+        assert r["refused"] and "rank 1" in r["refused"] and "c1" in r["refused"], r
+        assert r["unchanged"], r
+    assert r0["first"] == r1["first"] and r0["third"] == r1["third"], (r0, r1)  # ranks equal
+    assert r0["refused"] == r1["refused"], (r0["refused"], r1["refused"])
+    # every rank's events alike: the checkpoint, the last rewind (from step 7; the first one's event
+    # is on the branch it abandoned, dropped from the log), the refusal
+    # (a checkpoint's message gives this rank's bytes: under FSDP2 its shards', uneven across ranks)
+    alike = [
+        [{**e, "message": None} if e["kind"] == "checkpoint" else e for e in r["events"]] for r in (r0, r1)
+    ]
+    assert alike[0] == alike[1], (r0["events"], r1["events"])
+    kinds = [(e["kind"], e["step"], e["from_step"]) for e in r0["events"]]
+    assert kinds == [("checkpoint", 3, None), ("rewind", 3, 7), ("rewind_error", 6, None)], kinds
+
+
+def test_ddp_rewind_is_carried_out_on_every_rank_and_replays_bitwise_or_is_refused_on_every_rank():
+    _check(*run_ranks(DDP))
+
+
+def test_fsdp2_rewind_restores_every_ranks_shards_and_replays_bitwise_or_is_refused_on_every_rank():
+    _check(*run_ranks(FSDP))
