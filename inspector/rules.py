@@ -48,7 +48,9 @@ at the ``quantile`` of the recent sampled global raw norms: a host-side window o
 
 Under torch.distributed rank 0 decides (its loss and spike detector are the run's) and the
 decision travels in the next boundary's exchange (inspector.step.dist_sync): every rank acts on it
-at that same boundary, with the rule as rank 0 sent it.
+at that same boundary, with the rule as rank 0 sent it: a ``checkpoint`` or ``rewind_skip`` is
+then carried out on every rank at that boundary (inspector.whatif.checkpoints), and every rank's log
+has the same ``rule_fired``, ``rewind`` and ``batches_skipped``.
 """
 
 from __future__ import annotations

@@ -164,3 +164,65 @@ def test_ddp_rewind_is_carried_out_on_every_rank_and_replays_bitwise_or_is_refus
 
 def test_fsdp2_rewind_restores_every_ranks_shards_and_replays_bitwise_or_is_refused_on_every_rank():
     _check(*run_ranks(FSDP))
+
+
+# "safe overnight" under DDP: rank 1's batch of index 12 (step 13's) is all inf. The loop checkpoints
+# every 5 steps (insp.checkpoint(), every rank); the rule, decided on rank 0, rewinds every rank to the
+# newest checkpoint and skips the batches since it; the loader goes on to its end.
+OVERNIGHT = r"""
+import hashlib, json, math, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import inspector
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1, rules="safe overnight")
+data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + i)) for i in range(30)]
+if rank == 1:
+    data[12] = torch.full((8, 4), math.inf)
+for x in insp.batches(data):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if insp.step % 5 == 0:
+        insp.checkpoint()
+h = hashlib.sha1()
+for p in model.parameters():
+    h.update(p.detach().contiguous().numpy().tobytes())
+keep = ("kind", "step", "from_step", "checkpoint", "first", "last", "count", "result", "at", "action")
+events = [
+    {k: e[k] for k in keep if k in e}
+    for e in insp.events()
+    if e["kind"] in ("rule_fired", "rule_failed", "rewind", "rewind_error", "batches_skipped", "distributed_error")
+]
+print("RESULT " + json.dumps({
+    "rank": rank, "step": insp.step, "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+    "checksum": h.hexdigest(), "events": events,
+}))
+insp.close()
+dist.destroy_process_group()
+"""
+
+
+def test_safe_overnight_under_ddp_rewinds_every_rank_skips_the_same_window_and_reaches_the_end():
+    r0, r1 = run_ranks(OVERNIGHT)
+    for r in (r0, r1):
+        assert r["finite"], r
+        kinds = [e["kind"] for e in r["events"]]
+        # (the rule's firing is logged with its result, after the rewind it made)
+        assert kinds == ["rewind", "batches_skipped", "rule_fired"], r["events"]
+        rewind, skipped, fired = r["events"]
+        assert fired["action"] == "rewind_skip" and fired["result"]["rewound"] is True, fired
+        assert rewind["step"] == 10 and rewind["checkpoint"] == fired["result"]["checkpoint"], rewind
+        # the window: the batches since the checkpoint of step 10 (indices 10...), the inf one among them
+        assert skipped["first"] == 10 and skipped["first"] <= 12 <= skipped["last"], skipped
+        # the loader went on to its end: 30 batches, those skipped made no step
+        assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
+    assert r0["checksum"] == r1["checksum"], (r0, r1)  # ranks in lockstep, bitwise
+    assert r0["events"] == r1["events"], (r0["events"], r1["events"])  # every rank's log alike
