@@ -101,6 +101,9 @@ class DistributedSync:
             message=f"the control collective failed ({plane.broken}); this rank stops coordinating "
             "hook edits and pauses with the others",
         )
+        if self.branches is not None:
+            with self._gate.cond:
+                self.branches.plane_failed()  # its waiting checkpoints and rewinds: refused, with why
 
     def exchange(
         self, step: int, sampled: bool, *, first: bool, local_norms: list[float] | None = None

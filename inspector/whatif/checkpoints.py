@@ -759,7 +759,13 @@ class Checkpoints:
     def _dist_rewind(self, cp_id: str, checked: Any, skip: Any) -> dict[str, Any]:
         """A rewind asked for by the training thread on every rank (the script, a rule): carried out
         now on every rank, or refused on every rank (lock held)."""
-        self._sync()
+        try:
+            self._sync()
+        except CheckpointError as e:  # the others cannot be reached: refused here, said as any refusal
+            self._events.emit(
+                "rewind_error", message=describe_error(e), checkpoint=cp_id, step=self._clock.step
+            )
+            raise
         cp = self._lookup(cp_id)
         waiting = any(kind == "rewind" and c.id == cp.id for kind, c in self._queue)
         if not waiting:
@@ -776,10 +782,28 @@ class Checkpoints:
             raise CheckpointError(why)
         return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
 
+    def plane_failed(self) -> None:
+        """The control collective failed (a rank died or did not answer in time): the requests that
+        wait for it can reach no other rank; each is refused here with the reason (lock held)."""
+        why = self.refusal() or "the control collective failed"
+        waiting, self.outbox = [*self._queue, *self.outbox], []
+        self._queue.clear()
+        for kind, cp in waiting:
+            self._skips.pop(cp.id, None)
+            self._events.emit(
+                f"{kind}_error",
+                message=f"CheckpointError: {why}; nothing changed",
+                checkpoint=cp.id,
+                step=self._clock.step,
+            )
+        self._gate.cond.notify_all()  # a wait() for one gives up on it
+
     def _agree(self, why: str | None) -> None:
         """Every rank's verdict on the rewind at hand (None: it can be carried out here): carried out
         on every rank, or refused on every rank with the first refusal (lock held)."""
         plane = self._plane
+        if plane.broken:
+            raise CheckpointError(f"the control collective failed earlier ({plane.broken}): nothing changed")
         try:
             verdicts = [None] * plane.world
             import torch.distributed as tdist

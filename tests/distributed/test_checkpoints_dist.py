@@ -226,3 +226,85 @@ def test_safe_overnight_under_ddp_rewinds_every_rank_skips_the_same_window_and_r
         assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
     assert r0["checksum"] == r1["checksum"], (r0, r1)  # ranks in lockstep, bitwise
     assert r0["events"] == r1["events"], (r0["events"], r1["events"])  # every rank's log alike
+
+
+# A rank that dies during a rewind: rank 1 exits after step 5, while rank 0 rewinds to the checkpoint
+# of step 3, either from the script ("script") or from another thread ("page", as the server's: the
+# request waits for the next boundary's exchange). No DDP (its all-reduce would fail first, with its
+# own error): the control plane's collectives are the only ones. Rank 0 must come back from the
+# collective with the reason (within dist_timeout; at once where the peer's socket closes), its state
+# unchanged, the request refused, and no request left waiting.
+DIES = r"""
+import hashlib, json, os, sys, threading, torch, torch.distributed as dist
+from torch import nn
+import inspector
+from inspector import CheckpointError
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1, dist_timeout=20)
+how = sys.argv[1]
+
+
+def train():
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + insp.step))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def checksum():
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+for _ in range(5):
+    train()
+    if insp.step == 3:
+        cp = insp.checkpoint()
+if rank == 1:
+    print("RESULT " + json.dumps({"rank": 1}), flush=True)
+    os._exit(0)  # gone, without a word to the others
+before, step, raised = checksum(), insp.step, None
+if how == "script":
+    try:
+        insp.rewind(cp)
+    except CheckpointError as e:
+        raised = str(e)
+else:
+    threading.Thread(target=lambda: insp.rewind(cp)).start()
+    train()  # its boundary's exchange fails: the rewind waiting for it is refused
+    before, step = None, 5  # (this step trained: the state is step 6's, not the checkpoint's)
+events = [
+    {k: e.get(k) for k in ("kind", "checkpoint", "message")}
+    for e in insp.events()
+    if e["kind"] in ("rewind", "rewind_error", "distributed_error")
+]
+print("RESULT " + json.dumps({
+    "rank": 0, "raised": raised, "step": insp.step, "unchanged": before in (None, checksum()),
+    "pending": insp.checkpoints.pending_rewind() is not None, "events": events,
+    "refused": insp.checkpoints.refusal(),
+}), flush=True)
+os._exit(0)  # (no destroy_process_group: its peer is gone)
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "page"])
+def test_a_rank_that_dies_during_a_rewind_leaves_the_other_at_a_boundary_with_the_reason(how):
+    r0, _ = run_ranks(DIES, how)
+    kinds = [e["kind"] for e in r0["events"]]
+    # the collective failed on rank 0: a distributed_error, then the rewind refused, nothing changed
+    assert "rewind" not in kinds and "distributed_error" in kinds and kinds[-1] == "rewind_error", r0
+    assert r0["unchanged"] and r0["step"] == (5 if how == "script" else 6), r0
+    assert r0["events"][-1]["checkpoint"] == "c1", r0
+    if how == "script":
+        assert r0["raised"] and "nothing changed" in r0["raised"], r0
+    assert not r0["pending"], r0  # no rewind left waiting (hook changes are not refused for ever)
+    assert r0["refused"] and "control collective failed" in r0["refused"], r0  # and say why from now
