@@ -153,6 +153,9 @@ class DistributedSync:
             self._failed(e, step)
             return None, False
         with gate.cond:
+            # the next step's sampling first: a checkpoint taken below holds it, and a rewind below
+            # restores it, nothing deciding again after it (as between steps on one process)
+            self._clock.decide_next(rows.next_sampled)
             if fired and self.rules is not None:
                 self.rules.receive(fired)
             if sent is not None and self.branches is not None:
@@ -165,7 +168,6 @@ class DistributedSync:
                 self._apply_edits()
             if self._sharded:
                 self._hist_next = rows.hist
-            self._clock.decide_next(rows.next_sampled)
         if first:
             bad_ranks = rows.bad_ranks()
             self._checks = []

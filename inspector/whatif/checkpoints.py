@@ -118,6 +118,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as tdist
 from torch import Tensor
 
 from ..hooks.zclip import ZClipState
@@ -805,9 +806,7 @@ class Checkpoints:
         if plane.broken:
             raise CheckpointError(f"the control collective failed earlier ({plane.broken}): nothing changed")
         try:
-            verdicts = [None] * plane.world
-            import torch.distributed as tdist
-
+            verdicts: list[str | None] = [None] * plane.world
             tdist.all_gather_object(verdicts, why, group=plane.group)
         except Exception as e:
             if self.sync_failed is not None:
@@ -1337,10 +1336,11 @@ class Checkpoints:
             return self._find(cp_id)
 
     def list(self) -> list[dict[str, Any]]:
-        """The checkpoints kept, oldest first, then the requested ones not taken yet."""
+        """The checkpoints kept, oldest first, then the requested ones not taken yet (under
+        torch.distributed, rank 0's waiting for the exchange last)."""
         with self._gate.cond:
             out = [c.info() for c in self._items.values()]
-            return out + [c.info() for kind, c in self._queue if kind == "checkpoint"]
+            return out + [c.info() for kind, c in (*self._queue, *self.outbox) if kind == "checkpoint"]
 
     def summary(self) -> dict[str, Any]:
         """``{"checkpoints": [...], "bytes", "keep", "rewinds", "refused", "every", "budget",
