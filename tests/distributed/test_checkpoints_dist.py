@@ -308,3 +308,77 @@ def test_a_rank_that_dies_during_a_rewind_leaves_the_other_at_a_boundary_with_th
         assert r0["raised"] and "nothing changed" in r0["raised"], r0
     assert not r0["pending"], r0  # no rewind left waiting (hook changes are not refused for ever)
     assert r0["refused"] and "control collective failed" in r0["refused"], r0  # and say why from now
+
+
+# The page's path while paused: rank 0 pauses from another thread (every rank holds at the same
+# boundary), asks for a checkpoint there (its heartbeat exchange carries it: every rank takes it
+# while held) and resumes; later the script rewinds to it on every rank, and the replay is bitwise.
+HELD = r"""
+import hashlib, json, threading, time, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import inspector
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1)
+
+
+def train():
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + insp.step))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def checksum():
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def page():  # rank 0's server thread, as the dashboard's buttons drive it
+    insp.pause()
+    while not insp.state["held"]:
+        time.sleep(0.01)
+    cid = insp.checkpoints.checkpoint("from the page")
+    got["taken"] = insp.checkpoints.wait(cid, 60)
+    got["id"] = cid
+    insp.resume()
+
+
+got, first, again = {}, {}, {}
+t = threading.Thread(target=page) if rank == 0 else None
+for _ in range(8):
+    train()
+    first[insp.step] = checksum()
+    if insp.step == 2 and t is not None:
+        t.start()
+if t is not None:
+    t.join()
+out = insp.rewind("c1")  # the script, every rank: the id is the same everywhere
+while insp.step < 8:
+    train()
+    again[insp.step] = checksum()
+cps = [(c["id"], c["step"], c["label"]) for c in insp.checkpoints.list()]
+print("RESULT " + json.dumps({"rank": rank, "got": got, "first": first, "again": again, "out": out, "cps": cps}))
+insp.close()
+dist.destroy_process_group()
+"""
+
+
+def test_a_checkpoint_asked_for_on_rank_0_while_paused_is_taken_on_every_rank_and_rewinds_bitwise():
+    r0, r1 = run_ranks(HELD)
+    assert r0["got"] == {"taken": True, "id": "c1"}, r0["got"]
+    assert r0["cps"] == r1["cps"] and r0["cps"][0][2] == "from the page", (r0["cps"], r1["cps"])
+    step = r0["out"]["step"]
+    assert r0["out"] == r1["out"] and r0["out"]["done"] and 2 <= step < 8, (r0["out"], r1["out"])
+    for r in (r0, r1):
+        assert r["again"] and r["again"] == {k: v for k, v in r["first"].items() if int(k) > step}, r
+    assert r0["first"] == r1["first"] and r0["again"] == r1["again"], (r0, r1)
