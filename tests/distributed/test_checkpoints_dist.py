@@ -382,3 +382,86 @@ def test_a_checkpoint_asked_for_on_rank_0_while_paused_is_taken_on_every_rank_an
     for r in (r0, r1):
         assert r["again"] and r["again"] == {k: v for k, v in r["first"].items() if int(k) > step}, r
     assert r0["first"] == r1["first"] and r0["again"] == r1["again"], (r0, r1)
+
+
+# "safe overnight" under the Lightning callback with DDP (two gloo ranks, launched as torchrun
+# would: LOCAL_RANK set, Lightning creates no process). Each rank its own 30 batches in order
+# (no distributed sampler); rank 1's batch 12 is all inf; a callback checkpoints every 5 steps.
+LIGHTNING = r"""
+import os
+os.environ["LOCAL_RANK"] = os.environ["RANK"]
+import hashlib, json, math, warnings, torch
+from torch import nn
+import lightning.pytorch as pl
+from inspector.integrations.lightning import GradientInspectorCallback
+
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+rank = int(os.environ["RANK"])
+state = {}
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        x = torch.randn(120, 4, generator=torch.Generator().manual_seed(1000 + rank))
+        if rank == 1:
+            x[48:52] = math.inf  # batch 12
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)
+
+
+class Every5(pl.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        insp = state["insp"]
+        if insp.step % 5 == 0:
+            insp.checkpoint()
+
+
+cb = GradientInspectorCallback(every=1, rules="safe overnight", on_attach=lambda insp: state.setdefault("insp", insp))
+model = Net()
+trainer = pl.Trainer(
+    accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, use_distributed_sampler=False,
+    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    num_sanity_val_steps=0, callbacks=[cb, Every5()],
+)
+trainer.fit(model)
+insp = state["insp"]
+h = hashlib.sha1()
+for p in model.parameters():
+    h.update(p.detach().contiguous().numpy().tobytes())
+keep = ("kind", "step", "from_step", "checkpoint", "first", "last", "count", "result", "at", "action")
+events = [
+    {k: e[k] for k in keep if k in e}
+    for e in insp.events()
+    if e["kind"] in ("rule_fired", "rule_failed", "rewind", "rewind_error", "batches_skipped", "distributed_error")
+]
+print("RESULT " + json.dumps({
+    "rank": rank, "step": insp.step, "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+    "checksum": h.hexdigest(), "events": events,
+}), flush=True)
+"""
+
+
+def test_safe_overnight_under_the_lightning_callback_with_ddp_rewinds_every_rank_alike():
+    pytest.importorskip("lightning.pytorch")
+    r0, r1 = run_ranks(LIGHTNING)
+    for r in (r0, r1):
+        assert r["finite"], r
+        kinds = [e["kind"] for e in r["events"]]
+        assert kinds == ["rewind", "batches_skipped", "rule_fired"], r["events"]
+        rewind, skipped, fired = r["events"]
+        assert fired["action"] == "rewind_skip" and fired["result"]["rewound"] is True, fired
+        assert skipped["first"] == rewind["step"] == 10 and skipped["first"] <= 12 <= skipped["last"], r
+        assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
+    assert r0["checksum"] == r1["checksum"], (r0, r1)
+    assert r0["events"] == r1["events"], (r0["events"], r1["events"])
