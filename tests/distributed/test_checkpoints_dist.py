@@ -465,3 +465,92 @@ def test_safe_overnight_under_the_lightning_callback_with_ddp_rewinds_every_rank
         assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
     assert r0["checksum"] == r1["checksum"], (r0, r1)
     assert r0["events"] == r1["events"], (r0["events"], r1["events"])
+
+
+# The same under the Hugging Face Trainer with DDP (two gloo ranks, launched as torchrun would): rank
+# 1's 13th forward (its batch of index 12) returns an inf loss; a callback checkpoints every 5 steps.
+HF = r"""
+import os
+os.environ["LOCAL_RANK"] = os.environ["RANK"]
+import hashlib, json, math, warnings, torch
+import transformers
+from inspector.integrations.huggingface import GradientInspectorCallback
+
+warnings.filterwarnings("ignore")
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(1)
+rank = int(os.environ["RANK"])
+state = {}
+
+
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64)
+        self.calls = 0
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.embed(input_ids))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        if rank == 1 and self.calls == 12:
+            loss = loss * math.inf
+        self.calls += 1
+        return {"loss": loss, "logits": logits}
+
+
+class Every5(transformers.TrainerCallback):
+    def on_step_end(self, args, st, control, **kw):
+        insp = state["insp"]
+        if insp.step % 5 == 0:
+            insp.checkpoint()
+
+
+g = torch.Generator().manual_seed(1)
+ids = torch.randint(0, 64, (256, 16), generator=g)
+data = [{"input_ids": row, "labels": row} for row in ids]
+out = os.environ["OUT_DIR"]
+args = transformers.TrainingArguments(
+    output_dir=out, max_steps=30, per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1,
+    save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    ddp_backend="gloo",
+)
+cb = GradientInspectorCallback(every=1, rules="safe overnight", on_attach=lambda insp: state.setdefault("insp", insp))
+model = LM()
+trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[cb, Every5()])
+trainer.train()
+insp = state["insp"]
+h = hashlib.sha1()
+for p in model.parameters():
+    h.update(p.detach().contiguous().numpy().tobytes())
+keep = ("kind", "step", "from_step", "checkpoint", "first", "last", "count", "result", "at", "action")
+events = [
+    {k: e[k] for k in keep if k in e}
+    for e in insp.events()
+    if e["kind"] in ("rule_fired", "rule_failed", "rewind", "rewind_error", "batches_skipped", "distributed_error")
+]
+print("RESULT " + json.dumps({
+    "rank": rank, "step": insp.step, "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+    "checksum": h.hexdigest(), "events": events, "world": torch.distributed.get_world_size(),
+}), flush=True)
+insp.close()
+torch.distributed.destroy_process_group()  # (the Trainer leaves it: gloo's threads would abort the exit)
+"""
+
+
+def test_safe_overnight_under_the_hugging_face_callback_with_ddp_rewinds_every_rank_alike(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("OUT_DIR", str(tmp_path))
+    r0, r1 = run_ranks(HF)
+    for r in (r0, r1):
+        assert r["world"] == 2 and r["finite"], r
+        kinds = [e["kind"] for e in r["events"]]
+        assert kinds == ["rewind", "batches_skipped", "rule_fired"], r["events"]
+        rewind, skipped, fired = r["events"]
+        assert fired["action"] == "rewind_skip" and fired["result"]["rewound"] is True, fired
+        assert skipped["first"] == rewind["step"] == 10 and skipped["first"] <= 12 <= skipped["last"], r
+    assert r0["checksum"] == r1["checksum"], (r0, r1)
+    assert r0["events"] == r1["events"], (r0["events"], r1["events"])
