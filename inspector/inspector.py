@@ -846,15 +846,18 @@ class Inspector:
         Taken at the next step boundary, or at once when called from the training thread between
         steps, while training is held at a boundary (paused), or after training finished. Only the
         newest ``checkpoints`` (an ``attach`` option, default 3) are kept, within
-        ``checkpoint_memory``; ``insp.checkpoints.list()`` lists them.
+        ``checkpoint_memory``; ``insp.checkpoints.list()`` lists them. Under torch.distributed
+        call it on every rank: every rank takes its own (DDP: its state_dict; FSDP2: its shards) at
+        the same boundary, with the same id (docs/distributed.md).
 
         Returns:
             The checkpoint's id (``"c1"``, ``"c2"``, ...), for :meth:`rewind`.
 
         Raises:
-            CheckpointError: checkpoints cannot be right here (the message says why: under
-                torch.distributed, without a torch optimizer, ``checkpoints=0`` ...), or one would
-                not fit ``checkpoint_memory`` alone (the message names the budget and the sizes).
+            CheckpointError: checkpoints cannot be right here (the message says why: without a
+                torch optimizer, ``checkpoints=0``, the control collective failed, ``checkpoint_dir``
+                under torch.distributed ...), or one would not fit ``checkpoint_memory`` alone (the
+                message names the budget and the sizes).
         """
         return self._branches.checkpoint(label, origin="loop")
 
@@ -867,6 +870,9 @@ class Inspector:
         thread between steps, or while held at a boundary). Your data loader goes on: the next
         batches are not those that followed the checkpoint the first time. Subscribers get a
         ``rewind`` event (the server keeps the abandoned steps as a branch run of their own).
+        Under torch.distributed call it on every rank: it is carried out on every rank at the same
+        boundary, or refused on every rank (``CheckpointError`` naming the first rank that cannot,
+        a ``rewind_error`` event on each), nothing changed.
 
         Or to a checkpoint the loop wrote itself: ``checkpoint`` a ``torch.distributed.checkpoint``
         directory (a ``pathlib.Path``, or a string other than an id ``c1``, ``c2`` ...) of

@@ -114,7 +114,7 @@ class AttachError(InspectorError, TypeError):
 
 
 class CheckpointError(InspectorError):
-    """A checkpoint or rewind refused: ``str(err)`` says why (checkpoints off, torch.distributed ...)."""
+    """A checkpoint or rewind refused: ``str(err)`` says why (checkpoints off, a rank that refused a rewind ...)."""
 
 
 class CheckpointNotFound(CheckpointError, KeyError):
