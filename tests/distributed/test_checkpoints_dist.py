@@ -166,11 +166,11 @@ def test_fsdp2_rewind_restores_every_ranks_shards_and_replays_bitwise_or_is_refu
     _check(*run_ranks(FSDP))
 
 
-# "safe overnight" under DDP: rank 1's batch of index 12 (step 13's) is all inf. The loop checkpoints
+# "safe overnight" under DDP and FSDP2: rank 1's batch of index 12 (step 13's) is all inf. The loop checkpoints
 # every 5 steps (insp.checkpoint(), every rank); the rule, decided on rank 0, rewinds every rank to the
 # newest checkpoint and skips the batches since it; the loader goes on to its end.
 OVERNIGHT = r"""
-import hashlib, json, math, torch, torch.distributed as dist
+import hashlib, json, math, sys, torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 import inspector
@@ -179,7 +179,15 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+if sys.argv[1] == "fsdp":
+    from torch.distributed.fsdp import fully_shard
+    fully_shard(model[0])
+    fully_shard(model)
+    full = lambda t: t.full_tensor()  # a collective: the test's comparison only
+else:
+    model = DDP(model)
+    full = lambda t: t
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 insp = inspector.attach(model, opt, every=1, rules="safe overnight")
 data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + i)) for i in range(30)]
@@ -193,8 +201,9 @@ for x in insp.batches(data):
     if insp.step % 5 == 0:
         insp.checkpoint()
 h = hashlib.sha1()
-for p in model.parameters():
-    h.update(p.detach().contiguous().numpy().tobytes())
+params = [full(p.detach()) for p in model.parameters()]
+for p in params:
+    h.update(p.contiguous().numpy().tobytes())
 keep = ("kind", "step", "from_step", "checkpoint", "first", "last", "count", "result", "at", "action")
 events = [
     {k: e[k] for k in keep if k in e}
@@ -202,7 +211,7 @@ events = [
     if e["kind"] in ("rule_fired", "rule_failed", "rewind", "rewind_error", "batches_skipped", "distributed_error")
 ]
 print("RESULT " + json.dumps({
-    "rank": rank, "step": insp.step, "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+    "rank": rank, "step": insp.step, "finite": all(bool(torch.isfinite(p).all()) for p in params),
     "checksum": h.hexdigest(), "events": events,
 }))
 insp.close()
@@ -210,8 +219,9 @@ dist.destroy_process_group()
 """
 
 
-def test_safe_overnight_under_ddp_rewinds_every_rank_skips_the_same_window_and_reaches_the_end():
-    r0, r1 = run_ranks(OVERNIGHT)
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_safe_overnight_rewinds_every_rank_skips_the_same_window_and_reaches_the_end(layout):
+    r0, r1 = run_ranks(OVERNIGHT, layout)
     for r in (r0, r1):
         assert r["finite"], r
         kinds = [e["kind"] for e in r["events"]]
@@ -224,7 +234,8 @@ def test_safe_overnight_under_ddp_rewinds_every_rank_skips_the_same_window_and_r
         assert skipped["first"] == 10 and skipped["first"] <= 12 <= skipped["last"], skipped
         # the loader went on to its end: 30 batches, those skipped made no step
         assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
-    assert r0["checksum"] == r1["checksum"], (r0, r1)  # ranks in lockstep, bitwise
+    # ranks in lockstep (DDP: bitwise equal replicas; FSDP2: every rank gathers the same full tensors)
+    assert r0["checksum"] == r1["checksum"], (r0, r1)
     assert r0["events"] == r1["events"], (r0["events"], r1["events"])  # every rank's log alike
 
 
