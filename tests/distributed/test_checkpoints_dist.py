@@ -6,6 +6,12 @@ boundary with the reason, within the control plane's timeout."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.distributed.test_fsdp import run_ranks
@@ -565,3 +571,109 @@ def test_safe_overnight_under_the_hugging_face_callback_with_ddp_rewinds_every_r
         assert skipped["first"] == rewind["step"] == 10 and skipped["first"] <= 12 <= skipped["last"], r
     assert r0["checksum"] == r1["checksum"], (r0, r1)
     assert r0["events"] == r1["events"], (r0["events"], r1["events"])
+
+
+# The page's buttons under DDP, through rank 0's HTTP server: the script starts paused (rank 0's
+# pause holds both ranks at the first boundary); the test asks for a checkpoint there, resumes,
+# pauses again, asks for a rewind to it, resumes. Every rank takes it and rewinds, at the same
+# boundaries; the replayed steps are bitwise the first pass's.
+PAGE = r"""
+import hashlib, json, sys, threading, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import inspector
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+insp = inspector.attach(model, opt, every=1)
+insp.serve(port=int(sys.argv[1]), db=False)
+if rank == 0:
+    insp.pause()  # held at the first boundary, every rank with it
+tick, seen = threading.Event(), []
+while insp.step < 40 and len(seen) < 400:
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + insp.step))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    seen.append((insp.step, h.hexdigest()))
+    tick.wait(0.1)  # a rate cap so the test can act mid-run, not a synchronisation
+events = [
+    {k: e.get(k) for k in ("kind", "step", "from_step", "checkpoint")}
+    for e in insp.events()
+    if e["kind"] in ("checkpoint", "rewind", "rewind_error", "checkpoint_error")
+]
+print("RESULT " + json.dumps({"rank": rank, "seen": seen, "events": events}), flush=True)
+insp.close()
+dist.destroy_process_group()
+"""
+
+
+def test_the_pages_checkpoint_and_rewind_reach_every_rank_through_rank_0s_server():
+    import httpx
+
+    from tests.distributed.test_ddp import poll
+    from tests.distributed.test_fsdp import kill
+    from tests.support import free_port
+
+    master, port = free_port(), free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "WORLD_SIZE": "2"}
+    root = Path(__file__).resolve().parents[2]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PAGE, str(port)],
+            env={**env, "RANK": str(r)},
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+
+            def up():
+                try:
+                    return c.get("/api/health").status_code == 200
+                except httpx.TransportError:
+                    assert all(p.poll() is None for p in procs), "a worker died"
+                    return False
+
+            poll(up, what="rank 0's server")
+            held = lambda: c.get("/api/session").json()["training"]["held"]  # noqa: E731
+            poll(held, what="the first pause")
+            assert c.post("/api/checkpoints", json={"label": "page"}).status_code in (200, 201, 202)
+            taken = lambda: [x for x in c.get("/api/checkpoints").json()["checkpoints"] if x["taken"]]  # noqa: E731
+            (cp,) = poll(taken, what="the checkpoint taken while held")
+            assert c.post("/api/training/resume").status_code == 202
+            poll(lambda: c.get("/api/session").json()["training"]["step"] >= cp["step"] + 3, what="steps")
+            assert c.post("/api/training/pause").status_code == 202
+            poll(held, what="the second pause")
+            r = c.post(f"/api/checkpoints/{cp['id']}/rewind", json={})
+            assert r.status_code in (200, 202), r.text
+            poll(lambda: c.get("/api/session").json()["training"]["step"] == cp["step"], what="the rewind")
+            assert c.post("/api/training/resume").status_code == 202
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        kill(procs)
+    r0, r1 = (json.loads(next(ln for ln in o.splitlines() if ln.startswith("RESULT "))[7:]) for o in outs)
+    assert r0["events"] == r1["events"], (r0["events"], r1["events"])
+    kinds = [(e["kind"], e["step"]) for e in r0["events"]]
+    assert kinds[0] == ("checkpoint", cp["step"]) and kinds[1][0] == "rewind", kinds
+    assert r0["seen"] == r1["seen"], "the ranks went apart"
+    first: dict[int, str] = {}
+    replayed = 0
+    for step, digest in r0["seen"]:
+        if step in first:
+            assert first[step] == digest, f"step {step} replayed differently"
+            replayed += 1
+        first[step] = digest
+    assert replayed >= 3, r0["seen"]
