@@ -8,9 +8,10 @@ gloo group (CPU tensors, so an NCCL job's GPUs are never synchronised for it). E
     [hold, payload, next_sampled, local_bad, *hist (HIST_SLOTS), *local_norms (sampled steps only)]
 
 - ``hold``, ``payload``, ``next_sampled`` are rank 0's: whether every rank waits at this
-  boundary (pause / single step), whether rank 0 has pending edits to broadcast (then a
-  second collective, ``broadcast_object_list``, carries them, and every rank applies them
-  before the next step: the same change at the same step everywhere), and whether the
+  boundary (pause / single step), whether rank 0 has pending edits, rules' decisions or
+  checkpoint and rewind requests to broadcast (then a second collective,
+  ``broadcast_object_list``, carries them, and every rank applies them before the next step:
+  the same change at the same step everywhere), and whether the
   next step is sampled (the statistics' collectives must line up).
 - ``local_bad``: the first parameter whose **local** (pre-all-reduce) gradient was not
   finite on this rank, or -1: after the all-reduce every rank has the NaN, so this is how

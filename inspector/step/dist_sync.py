@@ -1,6 +1,8 @@
 """The step boundary under ``torch.distributed``: the one exchange of every boundary, the hold while
 rank 0 is paused, and edits made by the script on every rank (see :mod:`inspector.distributed` for
-the rows exchanged).
+the rows exchanged). Rank 0's checkpoint and rewind requests from other threads travel with its
+pending changes, and every rank carries them out after the exchange that brought them
+(:mod:`inspector.whatif.checkpoints`).
 
 :class:`DistributedSync` is built from the job's control plane and the parts it reads and writes:
 the pause gate (rank 0's pause holds every rank), the step clock (the job's sampling decision),
