@@ -706,7 +706,7 @@ class StepLifecycle:
         # automatic checkpoint, this step's own too, waited for (the copy to host memory waits
         # for the device anyway): a step with non-finite gradients is known before it is kept
         if self._deferred:
-            if not dist and self._branches.due(clock.step + 1):
+            if self._branches.due(clock.step + 1):
                 self.drain_deferred(before=clock.step + 2, wait=True)
             else:
                 self.drain_deferred(before=clock.step + 1, wait=dist)
@@ -752,7 +752,7 @@ class StepLifecycle:
                 with gate.cond:  # (the rules' state is shared with the server's threads)
                     if rules is not None:  # what the exchange brought from rank 0: every rank acts here
                         rules.boundary(step, self._snap, events)
-                    self._branches.scheduled(step)  # checkpoint_every (refused here: told once)
+                    self._branches.scheduled(step)  # checkpoint_every: taken here, on every rank
             self.sync.hold(step, hold)  # type: ignore[union-attr]
         else:
             if gate.should_hold():

@@ -595,9 +595,23 @@ class Checkpoints:
         with the other requests right after (``StepLifecycle.apply_edits``). Not taken where a
         rewind was asked for here (or carried out already), nor while the newest step checked has
         non-finite gradients; one that cannot be taken files ``checkpoint_error`` once for each
-        reason in a row."""
+        reason in a row. Under torch.distributed every rank is here at the same boundary (the step
+        is the same everywhere, and the exchange brought every rank's NaN/Inf findings of this
+        step): one broadcast first brings rank 0's waiting requests and its next id, so the
+        checkpoint has the same id on every rank, and it is taken here, on every rank."""
         if self.every is None or step % self.every:
             return
+        if self._plane is not None and self.refusal() is None:
+            try:
+                self._sync()  # (rank 0's requests are queued here too, carried out below)
+            except CheckpointError as e:
+                self._auto_refused("error", step, str(e))
+                return
+        self._schedule(step)
+        if self._plane is not None and self._queue:
+            self._kick()  # every rank, at this boundary
+
+    def _schedule(self, step: int) -> None:
         if self._clock.step != step or any(kind == "rewind" for kind, _ in self._queue):
             return  # a rewind takes the run elsewhere: this step's state is not where it goes on
         why = self.refusal()
@@ -612,6 +626,10 @@ class Checkpoints:
                 "not kept (the kept checkpoints are from before)",
             )
             return
+        if sum(1 for k, _ in self._queue if k == "checkpoint") >= self.keep:
+            return  # keep requests wait already: this boundary takes them
+        cp = Checkpoint(f"c{self._next}", None, False, time.time(), "auto")
+        self._next += 1  # (under torch.distributed every rank's id alike, whatever the budget says)
         if self.budget is not None:
             try:
                 why = self._over_budget(self._state_size())
@@ -622,10 +640,6 @@ class Checkpoints:
             if why is not None:
                 self._auto_refused("budget", step, why)
                 return
-        if sum(1 for k, _ in self._queue if k == "checkpoint") >= self.keep:
-            return  # keep requests wait already: this boundary takes them
-        cp = Checkpoint(f"c{self._next}", None, False, time.time(), "auto")
-        self._next += 1
         self._queue.append(("checkpoint", cp))
 
     def _auto_refused(self, key: str, step: int, why: str) -> None:

@@ -172,9 +172,10 @@ def test_fsdp2_rewind_restores_every_ranks_shards_and_replays_bitwise_or_is_refu
     _check(*run_ranks(FSDP))
 
 
-# "safe overnight" under DDP and FSDP2: rank 1's batch of index 12 (step 13's) is all inf. The loop checkpoints
-# every 5 steps (insp.checkpoint(), every rank); the rule, decided on rank 0, rewinds every rank to the
-# newest checkpoint and skips the batches since it; the loader goes on to its end.
+# "safe overnight" under DDP and FSDP2: rank 1's batch of index BAD (step BAD + 1's) is all inf. The loop
+# checkpoints every 5 steps (insp.checkpoint(), every rank: "script"), or attach(checkpoint_every=5)
+# does ("every"); the rule, decided on rank 0, rewinds every rank to the newest checkpoint and skips
+# the batches since it; the loader goes on to its end.
 OVERNIGHT = r"""
 import hashlib, json, math, sys, torch, torch.distributed as dist
 from torch import nn
@@ -195,16 +196,17 @@ else:
     model = DDP(model)
     full = lambda t: t
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
-insp = inspector.attach(model, opt, every=1, rules="safe overnight")
+auto, bad = sys.argv[2] == "every", int(sys.argv[3])
+insp = inspector.attach(model, opt, every=1, rules="safe overnight", checkpoint_every=5 if auto else None)
 data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + i)) for i in range(30)]
 if rank == 1:
-    data[12] = torch.full((8, 4), math.inf)
+    data[bad] = torch.full((8, 4), math.inf)
 for x in insp.batches(data):
     loss = model(x).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
-    if insp.step % 5 == 0:
+    if not auto and insp.step % 5 == 0:
         insp.checkpoint()
 h = hashlib.sha1()
 params = [full(p.detach()) for p in model.parameters()]
@@ -225,9 +227,22 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-def test_safe_overnight_rewinds_every_rank_skips_the_same_window_and_reaches_the_end(layout):
-    r0, r1 = run_ranks(OVERNIGHT, layout)
+@pytest.mark.parametrize(
+    ("layout", "how", "bad", "back_to"),
+    [
+        ("ddp", "script", 12, 10),
+        ("fsdp", "script", 12, 10),
+        # checkpoint_every=5 and the inf batch at step 10, a multiple of 5: that step's state is
+        # not kept (every rank knows its NaN/Inf before the boundary's checkpoint), so the run
+        # goes back to step 5's
+        ("ddp", "every", 9, 5),
+        ("fsdp", "every", 9, 5),
+    ],
+)
+def test_safe_overnight_rewinds_every_rank_skips_the_same_window_and_reaches_the_end(
+    layout, how, bad, back_to
+):
+    r0, r1 = run_ranks(OVERNIGHT, layout, how, str(bad))
     for r in (r0, r1):
         assert r["finite"], r
         kinds = [e["kind"] for e in r["events"]]
@@ -235,9 +250,9 @@ def test_safe_overnight_rewinds_every_rank_skips_the_same_window_and_reaches_the
         assert kinds == ["rewind", "batches_skipped", "rule_fired"], r["events"]
         rewind, skipped, fired = r["events"]
         assert fired["action"] == "rewind_skip" and fired["result"]["rewound"] is True, fired
-        assert rewind["step"] == 10 and rewind["checkpoint"] == fired["result"]["checkpoint"], rewind
-        # the window: the batches since the checkpoint of step 10 (indices 10...), the inf one among them
-        assert skipped["first"] == 10 and skipped["first"] <= 12 <= skipped["last"], skipped
+        assert rewind["step"] == back_to and rewind["checkpoint"] == fired["result"]["checkpoint"], rewind
+        # the window: the batches since the checkpoint (indices back_to...), the inf one among them
+        assert skipped["first"] == back_to and skipped["first"] <= bad <= skipped["last"], skipped
         # the loader went on to its end: 30 batches, those skipped made no step
         assert r["step"] == 30 - skipped["count"], (r["step"], skipped)
     # ranks in lockstep (DDP: bitwise equal replicas; FSDP2: every rank gathers the same full tensors)
