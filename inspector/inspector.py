@@ -855,8 +855,7 @@ class Inspector:
 
         Raises:
             CheckpointError: checkpoints cannot be right here (the message says why: without a
-                torch optimizer, ``checkpoints=0``, the control collective failed, ``checkpoint_dir``
-                under torch.distributed ...), or one would not fit ``checkpoint_memory`` alone (the
+                torch optimizer, ``checkpoints=0``, the control collective failed ...), or one would not fit ``checkpoint_memory`` alone (the
                 message names the budget and the sizes).
         """
         return self._branches.checkpoint(label, origin="loop")
@@ -1103,7 +1102,8 @@ def attach(
             room, and one that does not fit alone is refused with the reason. None: no bound.
         checkpoint_dir: keep each checkpoint's model and optimizer state on disk instead: one
             ``torch.distributed.checkpoint`` directory per checkpoint under this path, written
-            by ``async_save`` (the step waits for the copy to host memory only), the newest
+            by ``async_save`` (the step waits for the copy to host memory only; under
+            torch.distributed every rank writes its part with ``dcp.save``), the newest
             ``checkpoints`` kept, read back in place by a rewind (inspector/whatif/dcp_store.py).
             A write that fails (a full disk) is a ``checkpoint_error`` event; training goes on.
         groups: how the parameters are grouped for the group views and each snapshot's group

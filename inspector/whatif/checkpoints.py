@@ -62,8 +62,7 @@ goes on.
 Checkpoints are refused, with the reason, where a
 restore cannot be right: without a torch optimizer (a ``mark_step()`` loop: the update's
 state is the user's), with an optimizer or a scaler that has no ``state_dict()``, under FSDP2
-without a process group, once the control collective failed under ``torch.distributed``, and
-with ``checkpoint_dir`` under ``torch.distributed`` (the disk store is one process's for now).
+without a process group, and once the control collective failed under ``torch.distributed``.
 
 Under ``torch.distributed`` (DDP, FSDP2) every rank keeps its own checkpoints, taken and restored
 at the same boundary (:func:`capture_state`, :func:`restore_state`: DDP, each rank's
@@ -79,7 +78,10 @@ every rank or refused on every rank (a ``rewind_error`` naming the first rank th
 the script, ``CheckpointError``), nothing changed. A rank that dies or does not answer makes that
 exchange fail within the group's timeout (``attach(..., dist_timeout=60)``): the other ranks
 refuse the rewind there (``rewind_error`` and ``distributed_error``), their state unchanged, and
-stop coordinating.
+stop coordinating. With ``checkpoint_dir`` every rank writes its part of one DCP directory (rank 0
+makes it; the verdicts are exchanged before the collective write) and reads it back after the
+rewind's verdicts (:mod:`inspector.whatif.dcp_store`); ``insp.rewind(path)`` is called on every
+rank and goes through the same verdicts.
 
 A rewind: the model, optimizer and scaler get the checkpoint's state in place (the same
 objects, so every hook stays valid; gradients are set to None), the step counter goes back
@@ -108,9 +110,11 @@ and the cadence restarts at the next step. Checkpoints kept of steps after ``N``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+import shutil
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -417,7 +421,18 @@ class Checkpoints:
         self.auto_refused: str | None = None  # ... and the reason as filed (summary(); the page shows it)
         # where the model's and optimizer's state live: host memory, or a DCP directory each
         # under ``directory`` (inspector/whatif/dcp_store.py)
-        self._disk = DiskStore(directory) if directory is not None else None
+        # (under torch.distributed: written over the control plane's gloo group, rank 0 making the
+        # directory every rank writes its part of)
+        dist = attached.dist
+        self._disk = (
+            DiskStore(
+                directory,
+                group=dist.group if dist is not None else None,
+                rank=dist.rank if dist is not None else 0,
+            )
+            if directory is not None
+            else None
+        )
         if self._disk is not None:
             self._disk.on_failure = self._write_failed
         # under torch.distributed: the job's control plane. Every rank holds the same queue: a
@@ -436,12 +451,6 @@ class Checkpoints:
             return "checkpoints are off for this Inspector (attach(..., checkpoints=0))"
         if at.layout is not None and at.dist is None:
             return "under FSDP2 checkpoints need the job's process group (torch.distributed, 2 ranks or more)"
-        if at.dist is not None and self._disk is not None:
-            return (
-                "checkpoint_dir under torch.distributed: the disk store writes one process's state "
-                "for now; leave checkpoint_dir out to keep each rank's checkpoints in host memory "
-                "(checkpoint_memory bounds them)"
-            )
         if at.dist is not None and at.dist.broken:
             return (
                 f"the control collective failed ({at.dist.broken}): a checkpoint or a rewind needs "
@@ -797,6 +806,31 @@ class Checkpoints:
             raise CheckpointError(why)
         return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
 
+    def _dist_rewind_dir(self, cp: Checkpoint, checked: Any, skip: Any) -> dict[str, Any]:
+        """``rewind(path)`` on every rank under torch.distributed: queued after rank 0's waiting
+        requests and carried out now, the directory checked on every rank and the verdicts
+        exchanged before ``dcp.load`` (refused on every rank, nothing changed) (lock held)."""
+        try:
+            self._sync()
+        except CheckpointError as e:
+            self._events.emit(
+                "rewind_error", message=describe_error(e), checkpoint=cp.id, step=self._clock.step
+            )
+            raise
+        self._queue = deque((k, c) for k, c in self._queue if not (k == "rewind" and c.id == cp.id))
+        self._bound("rewind")
+        self._queue.append(("rewind", cp))
+        self._skips.pop(cp.id, None)
+        if checked is not None:
+            self._skips[cp.id] = (checked, skip)
+        before = self.rewinds
+        self._refused.pop(cp.id, None)
+        self._kick()
+        why = self._refused.pop(cp.id, None)
+        if why is not None:
+            raise CheckpointError(why)
+        return {"checkpoint": None, "path": cp.path, "step": cp.step, "done": self.rewinds > before}
+
     def plane_failed(self) -> None:
         """The control collective failed (a rank died or did not answer in time): the requests that
         wait for it can reach no other rank; each is refused here with the reason (lock held)."""
@@ -813,15 +847,17 @@ class Checkpoints:
             )
         self._gate.cond.notify_all()  # a wait() for one gives up on it
 
-    def _agree(self, why: str | None) -> None:
-        """Every rank's verdict on the rewind at hand (None: it can be carried out here): carried out
-        on every rank, or refused on every rank with the first refusal (lock held)."""
+    def _agree(self, why: str | None, payload: Any = None) -> Any:
+        """Every rank's verdict on the rewind (or disk checkpoint) at hand (None: it can be carried
+        out here): carried out on every rank, or refused on every rank with the first refusal (lock
+        held). Returns rank 0's ``payload`` (the directory of a disk checkpoint)."""
         plane = self._plane
         if plane.broken:
             raise CheckpointError(f"the control collective failed earlier ({plane.broken}): nothing changed")
         try:
-            verdicts: list[str | None] = [None] * plane.world
-            tdist.all_gather_object(verdicts, why, group=plane.group)
+            gathered: list[Any] = [None] * plane.world
+            tdist.all_gather_object(gathered, (why, payload), group=plane.group)
+            verdicts = [g[0] for g in gathered]
         except Exception as e:
             if self.sync_failed is not None:
                 self.sync_failed(e)
@@ -832,6 +868,24 @@ class Checkpoints:
         if refused:
             r, v = refused[0]
             raise CheckpointError(f"refused on every rank: rank {r} cannot carry it out: {v}")
+        return gathered[0][1]
+
+    def _dist_dir(self, cp: Checkpoint, why: str | None) -> str:
+        """Under torch.distributed with ``checkpoint_dir``, every rank at the same boundary: rank 0
+        makes ``cp``'s directory, and every rank's verdict is exchanged before the write (a
+        collective that one rank must not skip): its path, or CheckpointError on every rank."""
+        path = None
+        if why is None and self._plane.rank == 0:
+            try:
+                path = self._disk.prepare(cp.id, cp.step, cp.label)
+            except Exception as e:
+                why = describe_error(e)
+        try:
+            return self._agree(why, path)
+        except CheckpointError:
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
 
     def _seekable(self) -> bool:
         """Whether a rewind puts the data stream back too (a state registered with ``data=True``)."""
@@ -1030,12 +1084,14 @@ class Checkpoints:
             scaler = at.scaler.state_dict() if at.scaler is not None else None
             size = nbytes([scaler] if self._disk is not None else [model, optim, scaler])
             why = self._over_budget(size)
+            path = self._dist_dir(cp, why) if self._disk is not None and self._plane is not None else None
             if why is not None:
                 raise CheckpointError(why)
             dropped = self._make_room(size)
             if self._disk is not None:  # the model's and optimizer's state to a DCP directory
-                state = live_state(at)
-                cp.path, cp.pending = self._disk.save(cp.id, cp.step, cp.label, state)
+                with _no_init_step(at) if at.layout is not None else contextlib.nullcontext():
+                    state = live_state(at)  # (FSDP2: this rank's shards)
+                cp.path, cp.pending = self._disk.save(cp.id, cp.step, cp.label, state, path=path)
                 disk_bytes = nbytes(state)
             else:  # this process's (under FSDP2, this rank's shards)
                 cp.model, cp.optim = capture_state(at)
@@ -1252,7 +1308,10 @@ class Checkpoints:
         if cp.path is None:
             restore_state(self._at, cp, scaler=scaler)
             return
-        load_dir(self._at, cp.path)
+        at = self._at
+        # under torch.distributed a collective, every rank here (each checked it, then the verdict)
+        with _no_init_step(at) if at.layout is not None else contextlib.nullcontext():
+            load_dir(at, cp.path, group=self._plane.group if self._plane is not None else None)
         if scaler and cp.scaler is not None and self._at.scaler is not None:
             self._at.scaler.load_state_dict(fresh(cp.scaler))
 
@@ -1287,9 +1346,11 @@ class Checkpoints:
         """Request a rewind to a DCP directory the loop wrote itself (see
         inspector/whatif/dcp_store.py for the layouts read): its model and optimizer state, with
         ``step`` (else the step recorded beside it). Refused, nothing changed, with the reason:
-        the directory missing, partial or of another model, the step unknown, and under
-        ``torch.distributed`` (one process only for now). The hook config,
-        noise streams and scaler stay as they are; the cadence restarts at the next step."""
+        the directory missing, partial or of another model, the step unknown. Under
+        torch.distributed call it on every rank at the same point of the script: every rank checks
+        the directory, then the verdicts are exchanged (refused on every rank, or read back on
+        every rank with ``dcp.load``). The hook config, noise streams and scaler stay as they are;
+        the cadence restarts at the next step."""
         checked = check_skip(skip)
         path = os.fspath(path)
         if step is None:
@@ -1300,16 +1361,13 @@ class Checkpoints:
                 )
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"step must be a non-negative integer (got {shown(step)})")
-        if self._plane is not None:  # (its checks read files a rank may see differently: no verdict)
-            raise CheckpointError(
-                "rewind(path) under torch.distributed: a DCP directory is read back on one process "
-                "only for now; rewind to a checkpoint the inspector took (its id) instead"
-            )
         with self._gate.cond:
             if self._gate.closed:
                 raise InspectorError("this Inspector is closed")
             self._check()
-            check_dir(self._at, path)  # refused now, before anything is queued
+            if self._plane is None:
+                check_dir(self._at, path)  # refused now, before anything is queued
+            # (under torch.distributed checked at the boundary, on every rank, then the verdict)
             cp = Checkpoint(path, None, False, time.time(), path=path)  # its id: the path
             cp.step, cp.time = step, time.time()
             reg = self._reg
@@ -1328,6 +1386,8 @@ class Checkpoints:
             cp.nonfinite = self._nonfinite.state_dict()
             cp.seq = self._events.seq
             cp.config_version = reg.version
+            if self._plane is not None:
+                return self._dist_rewind_dir(cp, checked, skip)
             if checked is not None:
                 self._plan(cp, checked)
             self._bound("rewind")

@@ -7,7 +7,7 @@ With ``checkpoint_dir`` each checkpoint's model and optimizer state is written w
 label, the time). The inspector's own state (hook config, noise streams, cadence ...) and the
 scaler's few numbers stay in host memory with the checkpoint (:mod:`inspector.whatif.checkpoints`).
 
-Writing: ``dcp.async_save``: the step waits only for the state's copy to host memory (DCP's
+Writing (one process): ``dcp.async_save``: the step waits only for the state's copy to host memory (DCP's
 staging), which is held until the write ends; the write runs on DCP's thread. A write that fails
 (a full disk) is a ``checkpoint_error`` event naming why; the directory is removed and the
 checkpoint is no longer kept; training goes on. A rewind to a checkpoint whose write is still
@@ -29,6 +29,14 @@ one key (DCP's tutorial: ``{"app": AppState}`` whose ``state_dict()`` is ``{"mod
 "optim": ...}``; ``"optim"`` or ``"optimizer"``), with the optimizer's state keyed by parameter
 index (``optimizer.state_dict()``) or by parameter name
 (``torch.distributed.checkpoint.state_dict.get_state_dict``'s layout).
+
+Under torch.distributed (DDP, FSDP2; :class:`DiskStore` with ``group``): one directory per
+checkpoint, made by rank 0, every rank writing its part with ``dcp.save`` over the control plane's
+gloo group (DDP: the full ``state_dict()``, replicated entries written once; FSDP2:
+``get_state_dict``'s shards), synchronously: DCP's collectives on a writer thread would interleave
+with the control plane's. :func:`check_dir` reads on this process alone (never a collective that a
+rank could skip by refusing first); the verdicts are exchanged by the caller
+(:mod:`inspector.whatif.checkpoints`), then :func:`load_dir` is a collective over ``group``.
 
 Non-tensor values in a DCP directory (the optimizer's param groups) are unpickled by
 ``torch.load``: read only directories you trust. That is why a rewind to a path is Python-only
@@ -81,7 +89,13 @@ def _quiet() -> Iterator[None]:
 
 
 def live_state(at: Attached) -> dict[str, Any]:
-    """``{"model": ..., "optimizer": ...}`` of the live objects (their tensors, not copies)."""
+    """``{"model": ..., "optimizer": ...}`` of the live objects (their tensors, not copies). FSDP2:
+    ``get_state_dict``'s (this rank's shards as DTensors, the optimizer's state keyed by name)."""
+    if getattr(at, "layout", None) is not None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(at.root, at.optimizer)
+        return {"model": model, "optimizer": optim}
     if at.root is not None:
         model = at.root.state_dict()
     else:
@@ -95,11 +109,24 @@ class DiskStore:
     ``save(cp_id, step, label, state) -> (path, pending)`` starts the write (``pending``: DCP's
     future, or None when written already); ``forget(path)`` deletes a directory this store wrote
     (after its write ends). ``on_failure(path, why)`` is called (on the writer's thread) when an
-    asynchronous write fails, after the directory is removed."""
+    asynchronous write fails, after the directory is removed.
 
-    def __init__(self, root: str | os.PathLike[str], *, asynchronous: bool = True) -> None:
+    Under torch.distributed (``group``: the control plane's gloo group, ``rank``): every rank calls
+    ``save`` at the same boundary with the directory that rank 0 made (:meth:`prepare`), and the
+    write is ``dcp.save`` over ``group``, synchronous: DCP's collectives on a writer thread would
+    interleave with the control plane's on the same group. Each rank writes its own data file."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        asynchronous: bool = True,
+        group: Any = None,
+        rank: int = 0,
+    ) -> None:
         self.root = Path(root)
-        self.asynchronous = asynchronous
+        self.group, self.rank = group, rank
+        self.asynchronous = asynchronous and group is None
         self.written: set[str] = set()  # the directories this store wrote and has not deleted
         self._lock = threading.Lock()
         self.on_failure: Callable[[str, str], None] | None = None
@@ -112,27 +139,39 @@ class DiskStore:
             path = self.root / f"{name}-{n}"
         return path
 
-    def save(self, cp_id: str, step: int, label: str | None, state: dict[str, Any]) -> tuple[str, Any]:
-        """Write ``state`` as a new DCP directory; raises (the directory removed) when the write
-        cannot start or, synchronously, fails."""
-        dcp = _dcp()
+    def prepare(self, cp_id: str, step: int, label: str | None) -> str:
+        """Make the directory of a new checkpoint, with its ``inspector.json``; its path."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self._new_dir(cp_id, step)
         path.mkdir()
-        key = str(path)
         try:
             with open(path / SIDECAR, "w") as f:
                 json.dump({"step": step, "id": cp_id, "label": label, "time": time.time()}, f)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return str(path)
+
+    def save(
+        self, cp_id: str, step: int, label: str | None, state: dict[str, Any], path: str | None = None
+    ) -> tuple[str, Any]:
+        """Write ``state`` as a new DCP directory (``path``: one :meth:`prepare` made, under
+        torch.distributed rank 0's); raises (the directory removed) when the write cannot start
+        or, synchronously, fails."""
+        dcp = _dcp()
+        key = path if path is not None else self.prepare(cp_id, step, label)
+        try:
             writer = dcp.FileSystemWriter(key)
             with _quiet():
                 if self.asynchronous:
                     fut = dcp.async_save(state, storage_writer=writer)
                     fut = getattr(fut, "upload_completion", fut)  # AsyncSaveResponse or a Future
                 else:
-                    dcp.save(state, storage_writer=writer)
+                    dcp.save(state, storage_writer=writer, process_group=self.group)
                     fut = None
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            if self.rank == 0:
+                shutil.rmtree(key, ignore_errors=True)
             raise
         with self._lock:
             self.written.add(key)
@@ -157,7 +196,8 @@ class DiskStore:
             if path not in self.written:
                 return
             self.written.discard(path)
-        shutil.rmtree(path, ignore_errors=True)
+        if self.rank == 0:  # (under torch.distributed every rank forgets it at the same boundary)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def describe_write_error(exc: BaseException) -> str:
@@ -269,7 +309,8 @@ def check_dir(at: Attached, path: str | os.PathLike[str]) -> _Plan:
     if oroot is None:
         raise CheckpointError(f'{path} holds no optimizer state (no "optimizer" or "optim" entry)')
     plan.opt_root = oroot
-    live = live_state(at)["model"]
+    # the model's own state_dict() (FSDP2: DTensors of their global shapes): no collective here
+    live = at.root.state_dict() if at.root is not None else {str(i): t for i, t in enumerate(at.tensors)}
     saved: dict[str, str] = {}
     for fqn, q in plan.paths.items():
         if q[: len(mroot)] == mroot:
@@ -306,11 +347,18 @@ def _check_optimizer(at: Attached, plan: _Plan, path: str) -> None:
         for fqn, q in plan.paths.items()
         if q[:n] == oroot and len(q) == n + 3 and q[n] == "param_groups" and q[n + 2] == "params"
     }
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     try:
-        with _quiet():
-            read = _load_state_dict_from_keys(set(params_fqns), checkpoint_id=path) if params_fqns else {}
+        read: dict[str, Any] = {}
+        if params_fqns:  # this process alone (no_dist): never a collective that one rank could skip
+            _load_state_dict(
+                state_dict=read,
+                storage_reader=_dcp().FileSystemReader(path),
+                no_dist=True,
+                planner=_EmptyStateDictLoadPlanner(keys=set(params_fqns)),
+            )
     except Exception as e:
         raise CheckpointError(f"{path}: its optimizer's parameter groups cannot be read ({e})") from e
     from torch.distributed.checkpoint._traverse import get_element
@@ -364,11 +412,34 @@ def _check_optimizer(at: Attached, plan: _Plan, path: str) -> None:
             plan.state_key[k] = index[k]
 
 
-def load_dir(at: Attached, path: str | os.PathLike[str], plan: _Plan | None = None) -> None:
+def load_dir(
+    at: Attached, path: str | os.PathLike[str], plan: _Plan | None = None, group: Any = None
+) -> None:
     """Load a checked DCP directory into the live model and optimizer, in place (gradients
-    None). Checked first (:func:`check_dir`) unless ``plan`` is given: refused, nothing changed."""
+    None). Checked first (:func:`check_dir`) unless ``plan`` is given: refused, nothing changed.
+
+    Under torch.distributed every rank calls it at the same boundary, after every rank checked
+    the directory (``dcp.load`` over ``group`` is a collective); FSDP2: into ``get_state_dict``'s
+    DTensors (each rank reads its shards), then ``set_state_dict``."""
     dcp = _dcp()
     plan = plan or check_dir(at, path)
+    if getattr(at, "layout", None) is not None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = live_state(at)
+        target: dict[str, Any] = {}
+        cur = target
+        for k in plan.opt_root[:-1]:  # the layout checked: {"model", "optimizer"} here, or under a key
+            cur = cur.setdefault(k, {})
+        cur["model"], cur[plan.opt_root[-1]] = state["model"], state["optimizer"]
+        with _quiet():
+            dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)), process_group=group)
+        set_state_dict(
+            at.root, at.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+        for t in at.tensors:
+            t.grad = None
+        return
     md = plan.metadata
     from torch.distributed.checkpoint._traverse import set_element
 
@@ -396,7 +467,7 @@ def load_dir(at: Attached, path: str | os.PathLike[str], plan: _Plan | None = No
             value = None  # a non-tensor value: DCP puts it here
         set_element(target, q, value)
     with _quiet():
-        dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)))
+        dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)), process_group=group)
     # the optimizer's own layout: state keyed by parameter index, groups naming indices
     from torch.distributed.checkpoint._traverse import get_element
 
