@@ -1387,6 +1387,11 @@ class Checkpoints:
             cp.seq = self._events.seq
             cp.config_version = reg.version
             if self._plane is not None:
+                if self._remote():
+                    raise CheckpointError(
+                        "under torch.distributed rewind(path) is called by the script on every rank "
+                        "at the same point (the training thread), never from another thread"
+                    )
                 return self._dist_rewind_dir(cp, checked, skip)
             if checked is not None:
                 self._plan(cp, checked)
