@@ -783,43 +783,38 @@ class Checkpoints:
     def _dist_rewind(self, cp_id: str, checked: Any, skip: Any) -> dict[str, Any]:
         """A rewind asked for by the training thread on every rank (the script, a rule): carried out
         now on every rank, or refused on every rank (lock held)."""
-        try:
-            self._sync()
-        except CheckpointError as e:  # the others cannot be reached: refused here, said as any refusal
-            self._events.emit(
-                "rewind_error", message=describe_error(e), checkpoint=cp_id, step=self._clock.step
-            )
-            raise
+        self._sync_for_rewind(cp_id)
         cp = self._lookup(cp_id)
-        waiting = any(kind == "rewind" and c.id == cp.id for kind, c in self._queue)
-        if not waiting:
+        if not any(kind == "rewind" and c.id == cp.id for kind, c in self._queue):
             self._bound("rewind")
             self._queue.append(("rewind", cp))
-        self._skips.pop(cp.id, None)
-        if checked is not None:
-            self._skips[cp.id] = (checked, skip)
-        before = self.rewinds
-        self._refused.pop(cp.id, None)
-        self._kick()
-        why = self._refused.pop(cp.id, None)
-        if why is not None:
-            raise CheckpointError(why)
-        return {"checkpoint": cp.id, "step": cp.step, "done": self.rewinds > before}
+        done = self._carry_out_rewind(cp, checked, skip)
+        return {"checkpoint": cp.id, "step": cp.step, "done": done}
 
     def _dist_rewind_dir(self, cp: Checkpoint, checked: Any, skip: Any) -> dict[str, Any]:
         """``rewind(path)`` on every rank under torch.distributed: queued after rank 0's waiting
         requests and carried out now, the directory checked on every rank and the verdicts
         exchanged before ``dcp.load`` (refused on every rank, nothing changed) (lock held)."""
+        self._sync_for_rewind(cp.id)
+        self._queue = deque((k, c) for k, c in self._queue if not (k == "rewind" and c.id == cp.id))
+        self._bound("rewind")
+        self._queue.append(("rewind", cp))
+        done = self._carry_out_rewind(cp, checked, skip)
+        return {"checkpoint": None, "path": cp.path, "step": cp.step, "done": done}
+
+    def _sync_for_rewind(self, cp_id: str) -> None:
+        """:meth:`_sync` before a rewind: the others not reached, refused here as any refusal is."""
         try:
             self._sync()
         except CheckpointError as e:
             self._events.emit(
-                "rewind_error", message=describe_error(e), checkpoint=cp.id, step=self._clock.step
+                "rewind_error", message=describe_error(e), checkpoint=cp_id, step=self._clock.step
             )
             raise
-        self._queue = deque((k, c) for k, c in self._queue if not (k == "rewind" and c.id == cp.id))
-        self._bound("rewind")
-        self._queue.append(("rewind", cp))
+
+    def _carry_out_rewind(self, cp: Checkpoint, checked: Any, skip: Any) -> bool:
+        """The queued rewind to ``cp``, with its skip, carried out now on every rank (its verdicts
+        exchanged in ``_restore``); whether it was, or CheckpointError with every rank's refusal."""
         self._skips.pop(cp.id, None)
         if checked is not None:
             self._skips[cp.id] = (checked, skip)
@@ -829,7 +824,7 @@ class Checkpoints:
         why = self._refused.pop(cp.id, None)
         if why is not None:
             raise CheckpointError(why)
-        return {"checkpoint": None, "path": cp.path, "step": cp.step, "done": self.rewinds > before}
+        return self.rewinds > before
 
     def plane_failed(self) -> None:
         """The control collective failed (a rank died or did not answer in time): the requests that
