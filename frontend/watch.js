@@ -6,6 +6,7 @@
 // tensor everywhere (app.js `openTensor`); what is pinned is subscribed to (its detail).
 
 import { representative, searchNames, signature } from "./groups.js";
+import { markCuts, nameText, watchCuts } from "./names.js";
 import { byTestId } from "./selectors.js";
 import { fmt, h, num } from "./util.js";
 
@@ -60,6 +61,7 @@ export class Watch {
       }
     });
     this.presetBtn.addEventListener("click", () => this.pinRepresentative());
+    for (const el of [this.worstEl, this.results, this.pinsEl]) watchCuts(el);
   }
 
   /** The state shown (a new run or view): its model's pins, its worst list. */
@@ -146,7 +148,11 @@ export class Watch {
         h(
           "span",
           { class: "chip mono", dataset: { testid: "pin-chip", param: p }, title: p },
-          h("button", { type: "button", class: "chip-name", onclick: () => this.open(p) }, p),
+          nameText(p, {
+            tag: "button",
+            cls: "chip-name",
+            attrs: { type: "button", onclick: () => this.open(p) },
+          }),
           h(
             "button",
             { type: "button", class: "chip-x", title: `unpin ${p}`, onclick: () => this.togglePin(p) },
@@ -155,6 +161,7 @@ export class Watch {
         ),
       ),
     );
+    markCuts(this.pinsEl);
   }
 
   runSearch() {
@@ -172,11 +179,11 @@ export class Watch {
         "li",
         { dataset: { testid: "search-result", param: name } },
         this.pinButton(name, "search-pin"),
-        h(
-          "button",
-          { type: "button", class: "link mono", title: name, onclick: () => this.open(name) },
-          name,
-        ),
+        nameText(name, {
+          tag: "button",
+          cls: "link mono",
+          attrs: { type: "button", onclick: () => this.open(name) },
+        }),
       );
     });
     const more = total > indices.length ? `${total} matches: the first ${indices.length} shown` : "";
@@ -189,6 +196,7 @@ export class Watch {
       ),
     );
     this.results.hidden = false;
+    markCuts(this.results);
   }
 
   /** The newest row's `worst` list, redrawn when a newer row brings one; while the pointer is
@@ -240,12 +248,13 @@ export class Watch {
               onclick: () => this.open(name),
             },
             this.pinButton(name, "worst-pin"),
-            h("span", { class: "w-name mono" }, name),
+            nameText(name, { cls: "w-name mono" }),
             h("span", { class: "w-stat" }, STAT_WORDS[w.stat] || w.stat),
             h("span", { class: "w-val mono" }, `${fmt(w.value)} vs ${fmt(w.median)}`),
             h("span", { class: `w-z mono${z !== null && Math.abs(z) >= 5 ? " hot" : ""}` }, `z ${zText}`),
           );
         }),
     );
+    markCuts(this.worstEl);
   }
 }
