@@ -22,6 +22,7 @@ import { RulesPanel, ruleDefinition } from "./rules.js";
 import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
+import { TensorPanel } from "./tensorpanel.js";
 import { Watch } from "./watch.js";
 import { timeControls } from "./timecontrols.js";
 import { Timeline } from "./timeline.js";
@@ -70,6 +71,9 @@ class Dashboard {
       note: (text) => this.localEvent("spikes", text),
     }); // flight.js
     this.watch = new Watch({ open: (name) => this.openTensor(name), changed: () => this.subscribe() });
+    // one tensor's panel, in view: opened (and closed again) by whatever picks a tensor
+    this.tensorPanel = new TensorPanel({ view: () => this.view, open: (name) => this.openTensor(name) });
+    this.measured.params.onOpen = (name) => this.openTensor(name); // a table row: picked everywhere
     this.measured.params.pinButton = (name) => this.watch.pinButton(name, "table-pin");
     this.measured.params.onPicked = () => this.subscribe();
     this.heatmap.onExpand = () => {
@@ -400,6 +404,7 @@ class Dashboard {
   /** Cheap updates on every frame: counters, stats, hook effects. */
   everyFrame() {
     this.showStep();
+    this.tensorPanel.update();
     this.whatif.bind();
     if (!this.statsDirty) return;
     this.statsDirty = false;
@@ -526,8 +531,8 @@ class Dashboard {
   }
 
   /**
-   * Open a tensor everywhere (a worst-now or search click): the histogram and the parameter
-   * statistics pick it; in a large run the heatmap expands its group down to it and the bar
+   * Open a tensor everywhere (a click on its name in worst now, the search, a pin, the statistics
+   * table or an event): its panel opens, the histogram and the parameter statistics pick it; in a large run the heatmap expands its group down to it and the bar
    * charts drill into its group.
    */
   openTensor(name) {
@@ -567,6 +572,7 @@ class Dashboard {
     };
     for (const p of this.measured.params.picked) add(v.index.get(p));
     if (this.histParam) add(v.index.get(this.histParam));
+    if (this.tensorPanel.name) add(v.index.get(this.tensorPanel.name));
     for (const i of this.watch.pinnedIndices()) add(i);
     for (const i of this.heatmap.wanted()) add(i);
     for (const i of this.flow.wanted(v)) add(i);
@@ -629,11 +635,12 @@ class Dashboard {
   }
 
   /**
-   * A parameter picked: the histogram shows it and the parameter statistics add it. The page's own
-   * first choice (`auto`, the histogram's default) joins the statistics only while nothing is
-   * picked there: a filter typed before the first snapshot arrived keeps what it picked.
+   * A parameter picked: the histogram shows it and the parameter statistics add it; a pick by a
+   * click (`panel`) opens its tensor panel, or closes it when it shows that tensor already. The
+   * page's own first choice (`auto`, the histogram's default) joins the statistics only while
+   * nothing is picked there: a filter typed before the first snapshot arrived keeps what it picked.
    */
-  pickParam(name, { auto = false } = {}) {
+  pickParam(name, { auto = false, panel = !auto } = {}) {
     if (!name || !this.view.params.includes(name)) return;
     this.histParam = name;
     $("histParam").value = name;
@@ -642,6 +649,7 @@ class Dashboard {
     this.measured.pick(name, { stats: !auto || !this.measured.params.picked.length });
     this.subscribe();
     this.showHistStatus();
+    if (panel) this.tensorPanel.toggle(name);
   }
 
   showHistStatus() {
@@ -681,7 +689,7 @@ class Dashboard {
       this.hist.logY = v === "log";
       this.scheduler.resetNow("hist");
     });
-    $("histParam").addEventListener("change", () => this.pickParam($("histParam").value));
+    $("histParam").addEventListener("change", () => this.pickParam($("histParam").value, { panel: false }));
     const picker = $("runPicker");
     picker.addEventListener("focus", () => this.loadRuns(true));
     picker.addEventListener("change", () => {

@@ -43,7 +43,13 @@ export class EventLog {
 
   /** A server event ({seq, kind, time, ...}). */
   addServerEvent(ev) {
-    this.add(ev.kind, describeEvent(ev), ev.time, eventStep(ev));
+    this.add(
+      ev.kind,
+      describeEvent(ev),
+      ev.time,
+      eventStep(ev),
+      typeof ev.param === "string" ? ev.param : null,
+    );
   }
 
   /** A line from the page itself (connection changes and the like). */
@@ -51,7 +57,8 @@ export class EventLog {
     this.add(kind, text, Date.now() / 1000, null);
   }
 
-  add(kind, text, time, step) {
+  /** A line; `tensor`: the tensor it names (a click opens it: `data-tensor`, tensorpanel.js). */
+  add(kind, text, time, step, tensor = null) {
     const [label, tone] = LABELS[kind] || [kind, "info"];
     const item = h(
       "li",
@@ -65,6 +72,10 @@ export class EventLog {
         text,
       ),
     );
+    if (tensor) {
+      item.dataset.tensor = tensor;
+      item.title = `click to open ${tensor}`;
+    }
     // Newest first by time: backfilled history lands below what is already shown.
     item.dataset.time = String(time ?? 0);
     let before = this.el.firstElementChild;

@@ -36,6 +36,7 @@ export class ParamStats extends StepChart {
     this.state = null;
     this.onChange = () => {}; // set by app.js: redraw now
     this.onPicked = () => {}; // set by app.js: the picks changed (subscribe to their detail)
+    this.onOpen = () => {}; // set by app.js: a row clicked (the tensor panel opens it)
     this.pinButton = null; // set by app.js: (name) => a pin toggle for a table row
     this.buildStatToggles();
     const filter = debounce(() => this.applyFilter(), 300);
@@ -250,8 +251,11 @@ export class ParamStats extends StepChart {
             {
               dataset: { testid: "param-row", param: p },
               class: this.picked.includes(p) ? "picked" : "",
-              onclick: () => this.pick(p),
-              title: `show ${p}'s series`,
+              onclick: () => {
+                this.pick(p);
+                this.onOpen(p);
+              },
+              title: `show ${p}'s series and open it`,
             },
             h("td", { class: "mono name" }, this.pinButton ? this.pinButton(p) : null, p),
             ...STATS.map((s) =>
