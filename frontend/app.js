@@ -532,8 +532,9 @@ class Dashboard {
 
   /**
    * Open a tensor everywhere (a click on its name in worst now, the search, a pin, the statistics
-   * table or an event): its panel opens, the histogram and the parameter statistics pick it; in a large run the heatmap expands its group down to it and the bar
-   * charts drill into its group.
+   * table or an event): its panel opens (or closes: a second click), the histogram and the
+   * parameter statistics pick it; in a large run the heatmap expands its group down to it and
+   * the bar charts drill into its group.
    */
   openTensor(name) {
     const v = this.view;
