@@ -8,6 +8,7 @@ a second click and the close button close it, another name switches it.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,4 +150,27 @@ def test_a_chart_click_a_table_row_and_an_event_naming_a_tensor_open_it(demo: An
     page.locator('[data-testid="event-item"][data-tensor="0.weight"]').click()
     expect(panel).to_have_attribute("data-param", "0.weight")
     expect(panel).to_be_visible()
+    # The hooks on it: those whose target glob matches its name (as fnmatchcase matches them).
+    hook = demo.client.post(
+        "/api/hooks", json={"kind": "clip_norm", "target": "0.*", "params": {"max_norm": 1.0}}
+    )
+    hook.raise_for_status()
+    other = demo.client.post(
+        "/api/hooks", json={"kind": "clip_norm", "target": "2.*", "params": {"max_norm": 1.0}}
+    )
+    other.raise_for_status()
+    rows = page.get_by_test_id("tensor-panel-hook")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-hook", hook.json()["id"])
+    expect(rows.first).to_contain_text("(2 tensors)")
+    globs = ["0.*", "*.weight", "?.bias", "[02].weight", "[!0].weight", "0.w*t", "*", "0.[a-z]ias"]
+    names = ["0.weight", "0.bias", "2.weight", "0.sub.bias", "10.weight", "0.Weight"]
+    got = page.evaluate(
+        """async ([globs, names]) => { const { globRegExp } = await import("/static/tensorpanel.js");
+             return globs.map((g) => names.map((n) => globRegExp(g).test(n))); }""",
+        [globs, names],
+    )
+    assert got == [[fnmatch.fnmatchcase(n, g) for n in names] for g in globs]
+    for h in (hook, other):
+        demo.client.delete(f"/api/hooks/{h.json()['id']}").raise_for_status()
     assert log.errors == []
