@@ -123,3 +123,25 @@ def test_worst_of_a_stored_run_ranks_its_last_row():
     hist[-1][4] *= 1000
     worst = worst_of(snap(row) for row in hist)
     assert worst[0]["param"] == 4
+
+
+def test_non_finite_tensors_rank_by_origin_then_by_their_rise_before_it():
+    tracker = WorstNow()
+    hist = noisy_history(20, seed=2)
+    for s, row in enumerate(hist, start=1):
+        tracker.update({**snap(row), "step": s})
+    rising = list(hist[-1])
+    rising[15] *= 1000  # three decades up at step 21: the lead
+    tracker.update({**snap(rising), "step": 21})
+    now: list = list(rising)
+    now[11] = "inf"  # step 22: tensor 11 goes first
+    first = tracker.update({**snap(now), "step": 22})
+    assert (first[0]["param"], first[0]["since"], first[0]["before"]) == (11, 22, None)
+    everything = tracker.update({**snap(["nan"] * N), "step": 23})  # step 23: every tensor
+    assert [w["param"] for w in everything[:2]] == [11, 15], "the origin, then the tensor that rose"
+    assert everything[1]["since"] == 23 and everything[1]["before"]["step"] == 21
+    assert everything[1]["before"]["z"] > 20
+    assert [w["param"] for w in everything[2:]] == list(range(TOP - 2)), "then parameter order"
+    again = tracker.update({**snap(hist[-1]), "step": 24})  # finite again: no streak left
+    assert all("since" not in w for w in again)
+    assert tracker.update({**snap(["nan"] * N), "step": 25})[0]["since"] == 25
