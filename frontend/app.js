@@ -12,6 +12,7 @@ import { LossChart } from "./losschart.js";
 import { EventLog } from "./eventlog.js";
 import { addExport } from "./exporting.js";
 import { FlightCard } from "./flight.js";
+import { HealthLine } from "./health.js";
 import { HookPanel } from "./hookpanel.js";
 import { MeasuredCards } from "./measuredcards.js";
 import { NoiseChart } from "./noise.js";
@@ -74,6 +75,7 @@ class Dashboard {
     // one tensor's panel, in view: opened (and closed again) by whatever picks a tensor
     this.tensorPanel = new TensorPanel({ view: () => this.view, open: (name) => this.openTensor(name) });
     this.measured.params.onOpen = (name) => this.openTensor(name); // a table row: picked everywhere
+    this.health = new HealthLine(byTestId("health"), { open: (name) => this.openTensor(name) }); // health.js
     this.measured.params.pinButton = (name) => this.watch.pinButton(name, "table-pin");
     this.measured.params.onPicked = () => this.subscribe();
     this.heatmap.onExpand = () => {
@@ -406,6 +408,7 @@ class Dashboard {
     this.showStep();
     this.tensorPanel.update();
     this.whatif.bind();
+    this.health.show(this.view, this.view === this.live);
     if (!this.statsDirty) return;
     this.statsDirty = false;
     this.showStats();

@@ -27,6 +27,7 @@ import { decadeTicks, logTicks, shortName, sparseTicks } from "./ticks.js";
 import { childrenOf, commonPrefix } from "./groups.js";
 import { MAX_SNAPSHOTS, statOf } from "./state.js";
 import { markerShapes } from "./timeline.js";
+import { drawsNothing, markNote, nonfiniteNote } from "./health.js";
 import { h, log10OrNull, num, plotlyText, plottable, positive, quantileRange } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -561,6 +562,9 @@ export class HeatmapChart {
 // {traces, title (of the y axis), values (the log range shows
 // them), top (margin, px; 8 by default), layout (more layout keys)}.
 
+/** Whether a row's gradients were finite (a step the bar charts and the histogram could draw). */
+const finiteRow = (row) => plottable(row.total_norm_raw) !== null;
+
 const MAX_BARS = 128; // a drilled-into group's tensors shown, at most
 const BLOCK = "(block)"; // the "by depth" kind that shows whole blocks (their groups' aggregates)
 
@@ -741,6 +745,8 @@ class ParamBarChart {
     this.byLabel = new Map(labels.map((l, j) => [l, j]));
     const { traces, title, values, top = 8, layout = {} } = this.figure(row, bars, labels);
     this.el.dataset.bars = String(names.length);
+    const note = nonfiniteNote(state, !drawsNothing(traces), finiteRow); // (health.js)
+    markNote(this.el, note);
     const full = baseLayout({
       showlegend: false, // the card header says which colour is which
       margin: { l: 60, r: 12, t: top, b: paramMargin(names, bars.display) },
@@ -748,6 +754,7 @@ class ParamBarChart {
       yaxis: axis({ type: "log", title: { text: title }, ...logAxisFor(values) }),
       ...layout,
     });
+    if (note) full.annotations = [...(full.annotations || []), note];
     Plotly.react(this.el, traces, full, PLOT_CONFIG);
     bindPick(this, "x");
   }
@@ -874,6 +881,8 @@ export class HistChart {
       });
     }
     const note = centerNote;
+    const blank = hg ? nonfiniteNote(state, !drawsNothing(traces), finiteRow) : null; // (health.js)
+    markNote(this.el, blank);
     const layout = baseLayout({
       barmode: "overlay",
       showlegend: false,
@@ -896,6 +905,7 @@ export class HistChart {
             ),
           ],
     });
+    if (blank) layout.annotations = [...layout.annotations, blank];
     Plotly.react(this.el, traces, layout, PLOT_CONFIG);
   }
 

@@ -229,9 +229,11 @@ export class Watch {
     this.worstNote.dataset.held = String(held);
     this.worstNote.textContent = held
       ? heldNote()
-      : list.length
-        ? `step ${row.step}: furthest from their own last 32 sampled values (robust z of log₁₀)`
-        : `step ${row.step}: nothing ranked yet (a tensor needs 8 sampled values)`;
+      : list.length && list[0].since !== undefined
+        ? `step ${row.step}: non-finite, by origin (the first to go, then what rose most before it)`
+        : list.length
+          ? `step ${row.step}: furthest from their own last 32 sampled values (robust z of log₁₀)`
+          : `step ${row.step}: nothing ranked yet (a tensor needs 8 sampled values)`;
     this.worstEl.replaceChildren(
       ...list
         .slice(0, 10)
@@ -250,7 +252,13 @@ export class Watch {
             this.pinButton(name, "worst-pin"),
             nameText(name, { cls: "w-name mono" }),
             h("span", { class: "w-stat" }, STAT_WORDS[w.stat] || w.stat),
-            h("span", { class: "w-val mono" }, `${fmt(w.value)} vs ${fmt(w.median)}`),
+            h(
+              "span",
+              { class: "w-val mono" },
+              w.since !== undefined
+                ? `${fmt(w.value)} since ${w.since}`
+                : `${fmt(w.value)} vs ${fmt(w.median)}`,
+            ),
             h("span", { class: `w-z mono${z !== null && Math.abs(z) >= 5 ? " hot" : ""}` }, `z ${zText}`),
           );
         }),
