@@ -53,11 +53,12 @@ export function nonfiniteNote(state, drawable, ok) {
   const o = nonfiniteOrigin(state, row);
   if (!o) return null;
   const m = lastFinite(state, ok);
-  const text = `step ${row.step} is non-finite (first in ${o.param}, since step ${o.since}): nothing to draw${
-    m === null ? "" : `; last finite step ${m}`
-  }`;
+  const lines = [
+    `step ${row.step} is non-finite: nothing to draw`,
+    `first in ${o.param} since step ${o.since}${m === null ? "" : `; last finite step ${m}`}`,
+  ];
   return {
-    text: plotlyText(text),
+    text: lines.map(plotlyText).join("<br>"),
     xref: "paper",
     yref: "paper",
     x: 0.5,
@@ -76,7 +77,7 @@ export function drawsNothing(traces) {
 
 /** Mark a chart element with the note's text (tests and screenshots wait on it), or clear it. */
 export function markNote(el, note) {
-  const text = note ? note.text : "";
+  const text = note ? note.text.split("<br>").join("; ") : "";
   if ((el.dataset.nonfiniteNote || "") !== text) el.dataset.nonfiniteNote = text;
 }
 

@@ -97,6 +97,6 @@ def test_health_line_and_origin_on_deep(deep: ServerProcess, new_page: Any) -> N
         arg=at,
     )
     note = flow.get_attribute("data-nonfinite-note")
-    assert f"first in {origin}" in note and "nothing to draw; last finite step" in note, note
+    assert f"nothing to draw; first in {origin} since step {first_bad}; last finite step" in note, note
     expect(flow.locator(".annotation-text", has_text="nothing to draw")).to_have_count(1)
     assert log.errors == []
