@@ -130,7 +130,10 @@ class Source:
         """The `worst` of a stored run's newest recorded step, ranked against the `WORST_WINDOW`
         recorded steps before it (their stored statistics; a thinned step counts as none)."""
         steps, stats = self._store().detail(run, None, WORST_STATS, limit=WORST_WINDOW + 1)
-        rows = [{k: [per_param[j] for per_param in stats[k]] for k in WORST_STATS} for j in range(len(steps))]
+        rows = [
+            {"step": steps[j], **{k: [per_param[j] for per_param in stats[k]] for k in WORST_STATS}}
+            for j in range(len(steps))
+        ]  # (the step: a non-finite tensor's `since`)
         return worst_of(rows)
 
     def set_detail(self, client_id: str, names: list[str]) -> None:

@@ -192,6 +192,8 @@ def test_detail_route_and_groups_of_a_stored_run(tmp_path):
                 "z": "inf",
                 "value": "inf",
                 "median": None,
+                "since": 10,  # the stored step it went non-finite at
+                "before": None,
             }, "ranked from the stored rows (the run was recorded without worst)"
             ws.send_text(json.dumps({"type": "subscribe", "request_id": 1, "detail": ["a.q"]}))
             assert json.loads(ws.receive_text())["status"] == 422
