@@ -100,3 +100,21 @@ def test_health_line_and_origin_on_deep(deep: ServerProcess, new_page: Any) -> N
     assert f"nothing to draw; first in {origin} since step {first_bad}; last finite step" in note, note
     expect(flow.locator(".annotation-text", has_text="nothing to draw")).to_have_count(1)
     assert log.errors == []
+
+
+def test_a_rule_that_paused_the_run_is_named_on_the_health_line(tmp_path, new_page) -> None:
+    """`nan`: every gradient turns NaN at step 30; a rule pauses the run there; the line says both."""
+    from playwright.sync_api import expect
+
+    with start_demo(tmp_path, scenario="nan", rate=0, extra=["--no-shadow"], wait=True) as srv:
+        rule = srv.client.post(
+            "/api/rules", json={"signal": "nonfinite", "op": ">", "threshold": 0, "action": "pause"}
+        )
+        rule.raise_for_status()
+        page, log = new_page()
+        page.goto(srv.url)  # training starts with the first page
+        health = page.get_by_test_id("health")
+        expect(health).to_have_attribute("data-state", "nonfinite", timeout=120_000)
+        expect(health).to_contain_text(f"paused by rule {rule.json()['id']}", timeout=60_000)
+        expect(health).to_contain_text("NaN/Inf since step 30, first in ")
+        assert log.errors == []
