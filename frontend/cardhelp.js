@@ -16,7 +16,8 @@ export const HELP = {
     title: "Worst now",
     text:
       "The ten tensors whose newest raw gradient norm or update ratio is furthest from their own last " +
-      "32 sampled values (a robust z-score), not the largest ones; a NaN or Inf ranks first. Click one " +
+      "32 sampled values (a robust z-score), not the largest ones; a NaN or Inf ranks first, by origin " +
+      "(the first tensor to go non-finite, then those that rose most before it). Click one " +
       "to open its group.",
     doc: "docs/large-models.md#large-models-hundreds-to-thousands-of-tensors",
   },
