@@ -395,20 +395,21 @@ export class DashboardState {
     for (const s of snapshots) {
       const step = num(s.step);
       if (!(step < start)) continue;
-      const row = {
-        step,
-        loss: num(s.loss),
-        total_norm_raw: s.total_norm_raw,
-        total_norm: s.total_norm,
-        total_norm_backward: s.total_norm_backward,
-        // the whole model's optimizer values only (optim.js's time chart)
-        optim: s.optim && s.optim.model ? { kind: s.optim.kind, model: s.optim.model } : null,
-        noise_scale: s.noise_scale || null, // noise.js
-        lr: Array.isArray(s.lr) ? s.lr : null,
-      };
-      this.perParam(row, s, PER_PARAM);
-      rows.push(row);
+      rows.push(this.historyRow(s, step));
     }
+    this.history = { rows, loss: this.historyLoss(scalars, start), range };
+  }
+
+  /**
+   * The loss of older history, come before its snapshots: drawn at once on the loss chart
+   * (the rows held stay until the snapshots replace them; `range` is set with them).
+   */
+  setHistoryLoss(scalars) {
+    const loss = this.historyLoss(scalars, this.windowStart());
+    this.history = { rows: this.history.rows, loss, range: this.history.range };
+  }
+
+  historyLoss(scalars, start) {
     const loss = { x: [], y: [] };
     for (const r of scalars) {
       const step = num(r.step);
@@ -417,7 +418,24 @@ export class DashboardState {
       loss.x.push(step);
       loss.y.push(Number.isFinite(v) ? v : null);
     }
-    this.history = { rows, loss, range };
+    return loss;
+  }
+
+  /** One row of older history from a stored snapshot. */
+  historyRow(s, step) {
+    const row = {
+      step,
+      loss: num(s.loss),
+      total_norm_raw: s.total_norm_raw,
+      total_norm: s.total_norm,
+      total_norm_backward: s.total_norm_backward,
+      // the whole model's optimizer values only (optim.js's time chart)
+      optim: s.optim && s.optim.model ? { kind: s.optim.kind, model: s.optim.model } : null,
+      noise_scale: s.noise_scale || null, // noise.js
+      lr: Array.isArray(s.lr) ? s.lr : null,
+    };
+    this.perParam(row, s, PER_PARAM);
+    return row;
   }
 
   /** The marker x positions kept: markers left of the shown history or window go. */

@@ -5,7 +5,7 @@
 // fetches the older history from the server, downsampled with each bucket's extremes
 // kept (`buckets` about the chart's width in pixels, so a spike survives); zooming into
 // an older range fetches it again, now at full resolution (a range with no more steps
-// than buckets comes back whole). A zoomed range whose right edge is at the newest step
+// than buckets comes back whole; the loss is drawn as soon as it comes, before the tensors' snapshots). A zoomed range whose right edge is at the newest step
 // keeps following it as training streams. A double click shows the whole run.
 
 import { api } from "./api.js";
@@ -208,10 +208,20 @@ export class Timeline {
     const id = ++this.fetchId;
     const run = state.runId;
     const q = { run, since: from > 0 ? from - 1 : undefined, until: to, buckets };
-    this.fetching = Promise.all([api.snapshots(q), api.scalars(q)]).then(([snaps, scal]) => {
-      if (id !== this.fetchId || this.state() !== state) return; // a newer fetch, or another run shown
-      if (!snaps.ok || !scal.ok) return;
-      state.setHistory(snaps.data.snapshots || [], scal.data.scalars || [], [from, to]);
+    const current = () => id === this.fetchId && this.state() === state; // not a newer fetch, not another run
+    // The loss (a light answer) is drawn as soon as it comes: the snapshots, with each tensor's
+    // values, can take seconds on a long run, and the loss chart would show nothing older meanwhile.
+    const scalars = api.scalars(q).then((scal) => {
+      if (!current() || !scal.ok) return null;
+      const rows = scal.data.scalars || [];
+      state.setHistoryLoss(rows);
+      state.pruneMarkers();
+      this.redraw(this.charts);
+      return rows;
+    });
+    this.fetching = Promise.all([api.snapshots(q), scalars]).then(([snaps, rows]) => {
+      if (!current() || !snaps.ok || rows === null) return;
+      state.setHistory(snaps.data.snapshots || [], rows, [from, to]);
       state.pruneMarkers();
       this.redraw(this.charts);
     });

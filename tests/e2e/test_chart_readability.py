@@ -1,0 +1,94 @@
+"""Charts a person can read, in a real Chromium.
+
+Zooming out past what the page holds backfills from the history on every time chart (the loss
+as soon as its light answer comes, the tensors' charts with the snapshots); the hover lists
+every series at the step; legends sit outside the plot area; axes carry at least four ticks in
+one number format; an axis whose series spans more than three decades is logarithmic; a frozen
+tensor's update ratio reads 0 (frozen) at the axis floor; the drill-down heatmap's row of a
+just-clicked tensor has no holes where the history has values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests import support
+
+pytestmark = pytest.mark.e2e
+
+FIRST_X = """(id) => { const gd = document.querySelector(`[data-testid="${id}"]`);
+  return gd && gd.data && gd.data.length && gd.data[0].x && gd.data[0].x.length ? gd.data[0].x[0] : null; }"""
+
+
+def wait_until(pred: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+    return support.wait_until(pred, timeout, what, interval=0.05)
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[support.ServerProcess]:
+    """An mlp demo at 400 steps/s with a history database: past 2,000 steps within seconds."""
+    tmp = tmp_path_factory.mktemp("fast")
+    with support.start_demo(tmp, rate=400, db=tmp / "h.sqlite") as server:
+        yield server
+
+
+def open_page(new_page: Any, server: support.ServerProcess, size: tuple[int, int] = (1440, 900)) -> tuple:
+    page, log = new_page()
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    page.goto(server.url)
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
+    wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") is not None, what="loss drawn")
+    return page, log
+
+
+def test_zooming_out_past_the_held_steps_backfills_the_loss_at_once_and_every_time_chart(fast, new_page):
+    wait_until(lambda: fast.get("/api/session")["training"]["step"] > 2000, 120, "2,000 steps")
+    page, log = open_page(new_page, fast)
+    assert page.evaluate(FIRST_X, "chart-loss") > 1000, (
+        "before zooming out the chart holds the streamed window"
+    )
+    # The history's snapshots (each tensor's values: seconds on a long run) are held back until
+    # the loss chart shows step 1: the loss must not wait for them.
+    held: list[Any] = []
+    released = False
+
+    def hold(route: Any) -> None:
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/api/snapshots?*until=*", hold)
+    page.evaluate(
+        """() => Plotly.relayout(document.querySelector('[data-testid="chart-loss"]'),
+                                 {"xaxis.range[0]": 0, "xaxis.range[1]": 2500})"""
+    )
+    wait_until(lambda: held, what="the history's snapshots asked for")
+    wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") <= 1, what="step 1 on the loss chart")
+    released = True
+    for route in held:
+        route.continue_()
+    wait_until(
+        lambda: (page.evaluate(FIRST_X, "chart-heatmap") or 1e9) <= 2, what="the oldest steps on the heatmap"
+    )
+    assert log.errors == []
+
+
+def test_zooming_out_the_optimizer_chart_past_the_held_steps_asks_the_history(fast, new_page):
+    wait_until(lambda: fast.get("/api/session")["training"]["step"] > 2000, 120, "2,000 steps")
+    page, log = open_page(new_page, fast)
+    page.get_by_test_id("chart-optim-time").scroll_into_view_if_needed()
+    wait_until(lambda: page.evaluate(FIRST_X, "chart-optim-time") is not None, what="optimizer chart drawn")
+    assert page.evaluate(FIRST_X, "chart-optim-time") > 1000
+    with page.expect_request(lambda r: "/api/snapshots?" in r.url and "until=" in r.url):
+        page.evaluate(
+            """() => Plotly.relayout(document.querySelector('[data-testid="chart-optim-time"]'),
+                                     {"xaxis.range[0]": 0, "xaxis.range[1]": 2500})"""
+        )
+    wait_until(lambda: page.evaluate(FIRST_X, "chart-optim-time") <= 2, what="step 1 on the optimizer chart")
+    wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") <= 1, what="and on the loss chart")
+    assert log.errors == []
