@@ -23,7 +23,7 @@ import {
   centerNote,
   labelPixels,
 } from "./theme.js";
-import { decadeTicks, logTicks, shortName, sparseTicks } from "./ticks.js";
+import { decadeTicks, logTicks, shortName, sparseTicks, tickLabel } from "./ticks.js";
 import { childrenOf, commonPrefix } from "./groups.js";
 import { MAX_SNAPSHOTS, statOf } from "./state.js";
 import { markerShapes } from "./timeline.js";
@@ -45,7 +45,10 @@ const DISPLAY_CHARS = 28; // a bar's own label (`display`), at most
 /** The category axis of bars `names`; `display` (one per bar) replaces the tick labels. */
 function paramAxis(names, el, extra = {}, display = null) {
   const width = (el.clientWidth || 600) - 80;
-  const ticks = sparseTicks(names, width, 11, 22);
+  // Rotated labels need about 18 px each along the axis to stay apart (a 9 px font at -50°):
+  // thinned to every k-th, the hover names every bar; each cut from the left (its own end kept).
+  const rotated = names.length > 12;
+  const ticks = sparseTicks(names, width, rotated ? 18 : 11, 22);
   if (display) {
     const at = new Map(names.map((n, j) => [plotlyText(n), display[j]]));
     ticks.ticktext = ticks.tickvals.map((v) => plotlyText(cutStart(at.get(v), DISPLAY_CHARS)));
@@ -54,7 +57,7 @@ function paramAxis(names, el, extra = {}, display = null) {
     type: "category",
     tickmode: "array",
     ...ticks,
-    tickangle: names.length > 12 ? -50 : 0,
+    tickangle: rotated ? -50 : 0,
     tickfont: { size: 9, color: COLORS.muted },
     showgrid: false,
     ...extra,
@@ -100,6 +103,12 @@ function categories(names) {
 // (every redraw paints columns x parameters cells; the scheduler spaces costly draws out).
 const HEATMAP_COLUMNS = MAX_SNAPSHOTS;
 const HEAT_QUANTILE = 0.02; // the colour range: the 2nd to the 98th percentile of log10 |g|
+// ... of the newest RECENT_COLUMNS columns: a warm-up's large gradients do not set the colours
+// (they show at the top colour, clipped), the steps around now do. The colour bar says so.
+const RECENT_COLUMNS = 100;
+// While streaming the range widens at once; it narrows only by more than this (log10), so the
+// colours stay comparable from frame to frame and the warm-up leaves the range once past.
+const NARROW_BY = 0.5;
 const HEAT_ROWS = 160; // a large run's rows, at most, while groups are expanded (older ones collapse)
 const MAX_CHILDREN = 128; // rows an expanded node shows, at most (a stack of 110 blocks fits)
 const ROW_PX = 13; // a large run's row height up to TALL_ROWS rows: every label readable
@@ -394,8 +403,9 @@ export class HeatmapChart {
     el.replaceChildren(...parts);
   }
 
+  /** The colour range of these columns: robust quantiles of the newest RECENT_COLUMNS. */
   zRange(rows) {
-    const q = quantileRange(rows.flat(), HEAT_QUANTILE);
+    const q = quantileRange(rows.slice(-RECENT_COLUMNS).flat(), HEAT_QUANTILE);
     if (!q) return [-4, 1];
     const [lo, hi] = q;
     if (hi - lo < 1) return [lo - 0.5, hi + 0.5];
@@ -405,7 +415,11 @@ export class HeatmapChart {
   colorbar(lo, hi) {
     const t = decadeTicks(lo, hi);
     return {
-      title: { text: `${this.source} ‖g‖`, side: "right", font: { size: 10, color: COLORS.muted } },
+      title: {
+        text: `${this.source} ‖g‖ · colours: 2–98 % of the newest ${RECENT_COLUMNS} steps`,
+        side: "right",
+        font: { size: 10, color: COLORS.muted },
+      },
       tickvals: t.vals,
       ticktext: t.text,
       tickfont: { size: 9, color: COLORS.muted },
@@ -534,11 +548,12 @@ export class HeatmapChart {
       trace.x = [grid.x];
       trace.z = [grid.z];
       trace.text = [new Array(this.rowCount).fill(grid.steps)];
-      // Widen the colour range when the robust range of what is shown grows (never narrows
-      // while streaming, so colours stay comparable; a reset recomputes it).
-      const [lo, hi] = this.zRange(z.slice(-HEATMAP_COLUMNS));
-      if (lo < this.range[0] || hi > this.range[1]) {
-        this.range = [Math.min(lo, this.range[0]), Math.max(hi, this.range[1])];
+      // Widen the colour range when the robust range of the newest columns grows; narrow it
+      // only by more than NARROW_BY (colours stay comparable; a reset recomputes it).
+      const [lo, hi] = this.zRange(z);
+      const [a, b] = this.range;
+      if (lo < a || hi > b || lo - a > NARROW_BY || b - hi > NARROW_BY) {
+        this.range = [lo - a > NARROW_BY ? lo : Math.min(lo, a), b - hi > NARROW_BY ? hi : Math.max(hi, b)];
         this.el.dataset.zmin = String(this.range[0]);
         this.el.dataset.zmax = String(this.range[1]);
         trace.zmin = [this.range[0]];
@@ -926,10 +941,9 @@ const RATIO_BAND = [1e-4, 1e-2]; // the usual healthy range; 1e-3 is the rule of
 export class RatioChart extends ParamBarChart {
   figure(row, bars, labels) {
     const n = bars.names.length;
-    const y = row ? Array.from({ length: n }, (_, j) => positive(bars.val("update_ratio", j))) : [];
-    const colors = y.map((v) =>
-      v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1] ? COLORS.ratioIn : COLORS.ratioOut,
-    );
+    const vals = row ? Array.from({ length: n }, (_, j) => num(bars.val("update_ratio", j))) : [];
+    const y = vals.map(positive);
+    const inBand = (v) => v !== null && v >= RATIO_BAND[0] && v <= RATIO_BAND[1];
     // Groups: the median of their tensors' ratios, the min-max as error bars.
     const spans = bars.mode === "groups" && row ? y.map((_, j) => bars.span(j)) : null;
     const extremes = [];
@@ -947,20 +961,52 @@ export class RatioChart extends ParamBarChart {
         }
       : undefined;
     if (spans) for (const [lo, hi] of spans) extremes.push(positive(lo), positive(hi));
+    const values = [...y, ...extremes, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3];
+    // A frozen tensor's ratio (0, or none) has no place on a log axis: it is drawn at the axis
+    // floor with its own marker and reads "0 (frozen)".
+    const range = barLogRange(values);
+    const floor = range ? 10 ** (range[0] + 0.04 * (range[1] - range[0])) : RATIO_BAND[0] / 3;
+    // frozen: no update (0), or none measured where the optimizer saw no gradient (a freeze
+    // hook, requires_grad off) though the parameter itself is there
+    const isFrozen = (v, j) =>
+      v === 0 ||
+      (v === null && num(bars.val("param_norm", j)) !== null && num(bars.val("grad_norm", j)) === null);
+    const frozen = vals.map((v, j) => (bars.mode !== "groups" && isFrozen(v, j) ? floor : null));
+    const hover = spans
+      ? "%{x}<br>‖Δθ‖/‖θ‖ median %{y:.3g}<extra></extra>"
+      : "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>";
+    const bar = (name, keep, color) => ({
+      name,
+      type: "bar",
+      x: labels,
+      y: y.map((v) => (keep(v) ? v : null)),
+      marker: { color },
+      ...(error ? { error_y: error } : {}),
+      hovertemplate: hover,
+    });
     const traces = [
-      {
-        name: "update / param",
-        type: "bar",
-        x: labels,
-        y,
-        marker: { color: colors },
-        ...(error ? { error_y: error } : {}),
-        hovertemplate: spans
-          ? "%{x}<br>‖Δθ‖/‖θ‖ median %{y:.3g}<extra></extra>"
-          : "%{x}<br>‖Δθ‖/‖θ‖ %{y:.3g}<extra></extra>",
-      },
+      bar(`in ${tickLabel(RATIO_BAND[0])}–${tickLabel(RATIO_BAND[1])}`, inBand, COLORS.ratioIn),
+      bar("out of band", (v) => v !== null && !inBand(v), COLORS.ratioOut),
     ];
+    if (frozen.some((v) => v !== null)) {
+      traces.push({
+        name: "0 (frozen)",
+        type: "scatter",
+        mode: "markers",
+        x: labels,
+        y: frozen,
+        marker: {
+          symbol: "x-thin-open",
+          size: 9,
+          line: { width: 2, color: COLORS.muted },
+          color: COLORS.muted,
+        },
+        hovertemplate: "%{x}<br>‖Δθ‖/‖θ‖ 0 (frozen)<extra></extra>",
+      });
+    }
     const layout = {
+      barmode: "overlay",
+      showlegend: true, // which colour is in the band, which out, which frozen
       shapes: [
         {
           type: "rect",
@@ -989,7 +1035,8 @@ export class RatioChart extends ParamBarChart {
     return {
       traces,
       title: "‖Δθ‖ / ‖θ‖",
-      values: [...y, ...extremes, RATIO_BAND[0] / 3, RATIO_BAND[1] * 3],
+      values,
+      top: 28,
       layout,
     };
   }

@@ -5,7 +5,7 @@
 // percent: this chart is where both show.
 
 import { LEGEND_ABOVE, SERIES_COLORS } from "./modulechart.js";
-import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
+import { COLORS, TIME_HOVER, axis, baseLayout, centerNote } from "./theme.js";
 import { StepChart, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
 
@@ -45,7 +45,7 @@ export class EffectsChart extends StepChart {
           y: rows.map((r) => val(r, "norm_ratio")),
           line: { color, width: 1.5 },
           text: name, // as text: a template would read "%{" in a target
-          hovertemplate: "%{text}<br>step %{x}<br>‖g after‖ / ‖g before‖ %{y:.4g}<extra></extra>",
+          hovertemplate: "%{text}: ‖g after‖ / ‖g before‖ %{y:.4g}<extra></extra>",
         },
         {
           name,
@@ -59,11 +59,12 @@ export class EffectsChart extends StepChart {
           yaxis: "y2",
           line: { color, width: 1.2, dash: "dot" },
           text: name,
-          hovertemplate: "%{text}<br>step %{x}<br>elements changed %{y}<extra></extra>",
+          hovertemplate: "%{text}: elements changed %{y}<extra></extra>",
         },
       );
     });
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 60, r: 16, t: 26, b: 40 },
       showlegend: ids.length > 0,
       legend: { ...LEGEND_ABOVE },

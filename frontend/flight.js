@@ -9,7 +9,7 @@
 // its field. The card stays hidden while the run has no recorder and no stored dump.
 
 import { api, detailList, detailText } from "./api.js";
-import { COLORS, PLOT_CONFIG, axis, baseLayout, centerNote } from "./theme.js";
+import { COLORS, PLOT_CONFIG, TIME_HOVER, axis, baseLayout, centerNote } from "./theme.js";
 import { fmt, h, num, plotlyText, plottable, positive } from "./util.js";
 
 const Plotly = window.Plotly;
@@ -210,7 +210,7 @@ export class FlightCard {
         COLORS.raw,
         2,
         {
-          hovertemplate: "step %{x}<br>‖g‖ raw %{y:.4g}<extra></extra>",
+          hovertemplate: "‖g‖ raw %{y:.4g}<extra></extra>",
         },
       ),
     );
@@ -222,7 +222,7 @@ export class FlightCard {
         1.2,
         {
           line: { color: COLORS.final, width: 1.2, dash: "dot" },
-          hovertemplate: "step %{x}<br>‖g‖ final %{y:.4g}<extra></extra>",
+          hovertemplate: "‖g‖ final %{y:.4g}<extra></extra>",
         },
       ),
     );
@@ -234,7 +234,7 @@ export class FlightCard {
         1.4,
         {
           yaxis: "y2",
-          hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>",
+          hovertemplate: "loss %{y:.4g}<extra></extra>",
         },
       ),
     );
@@ -248,7 +248,7 @@ export class FlightCard {
           color,
           1,
           {
-            hovertemplate: `step %{x}<br>${plotlyText(name)} ‖g‖ %{y:.4g}<extra></extra>`,
+            hovertemplate: `${plotlyText(name)} ‖g‖ %{y:.4g}<extra></extra>`,
           },
         ),
       );
@@ -262,7 +262,7 @@ export class FlightCard {
       type: "scatter",
       mode: "markers",
       marker: { color: COLORS.nonfinite, size: 9, symbol: "x" },
-      hovertemplate: "step %{x}: a non-finite gradient norm or loss<extra></extra>",
+      hovertemplate: "a non-finite gradient norm or loss<extra></extra>",
     });
     const lo = x.length ? x[0] : 0;
     const hi = x.length ? x[x.length - 1] : 0;
@@ -306,6 +306,7 @@ export class FlightCard {
       });
     }
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 56, r: 56, t: 22, b: 40 },
       xaxis: axis({ title: { text: "step (every step)" } }),
       yaxis: axis({ type: "log", title: { text: "‖g‖" } }),

@@ -4,7 +4,8 @@
 // 31-69 %, and the median), raw or final. Each step's histogram has its own
 // edges (its own range), so quantiles, not a common bin grid, are drawn.
 
-import { axis, baseLayout, centerNote } from "./theme.js";
+import { TIME_HOVER, axis, baseLayout, centerNote, labelPixels } from "./theme.js";
+import { logTicksIn, positiveRange, tickLabels } from "./ticks.js";
 import { StepChart, sharedRange } from "./timeline.js";
 import { plotlyText, plottable } from "./util.js";
 
@@ -59,6 +60,11 @@ export class HistTimeChart extends StepChart {
     }
     this.el.dataset.param = this.param || "";
     this.el.dataset.points = String(x.length);
+    // Values over more than three decades (an exploding run's tails): a symmetric log axis.
+    const sym = symlog(qs.flat());
+    const ys = sym ? qs.map((q) => q.map(sym.f)) : qs;
+    const real = (i) => (sym ? { customdata: qs[i] } : {});
+    const yv = sym ? "%{customdata:.3g}" : "%{y:.3g}";
     const color = this.source === "raw" ? "110, 168, 254" : "255, 166, 87";
     const traces = [];
     const n = QUANTILES.length;
@@ -70,7 +76,7 @@ export class HistTimeChart extends StepChart {
         {
           name: `q${lo}`,
           x,
-          y: qs[i],
+          y: ys[i],
           type: "scatter",
           mode: "lines",
           line: { width: 0 },
@@ -80,26 +86,28 @@ export class HistTimeChart extends StepChart {
         {
           name: `q${hi}`,
           x,
-          y: qs[n - 1 - i],
+          y: ys[n - 1 - i],
+          ...real(n - 1 - i),
           type: "scatter",
           mode: "lines",
           line: { width: 0 },
           fill: "tonexty",
           fillcolor: `rgba(${color}, ${0.16 + 0.14 * i})`,
           showlegend: false,
-          hovertemplate: `step %{x}<br>${band}: up to %{y:.3g}<extra></extra>`,
+          hovertemplate: `${band}: up to ${yv}<extra></extra>`,
         },
       );
     }
     traces.push({
       name: "median",
       x,
-      y: qs[(n - 1) / 2],
+      y: ys[(n - 1) / 2],
+      ...real((n - 1) / 2),
       type: "scatter",
       mode: "lines",
       line: { color: `rgb(${color})`, width: 1.5 },
       showlegend: false,
-      hovertemplate: "step %{x}<br>median %{y:.3g}<extra></extra>",
+      hovertemplate: `median ${yv}<extra></extra>`,
     });
     const note = !this.param
       ? "pick a parameter"
@@ -107,12 +115,40 @@ export class HistTimeChart extends StepChart {
         ? null
         : `waiting for histograms of ${this.param}${this.source === "final" ? " with a final gradient" : ""}…`;
     const layout = baseLayout({
-      margin: { l: 56, r: 12, t: 8, b: 40 },
+      ...TIME_HOVER,
+      // room for the tick labels and, left of them, the axis title
+      margin: {
+        l: sym ? labelPixels(Math.max(...sym.ticktext.map((t) => t.length))) + 22 : 72,
+        r: 12,
+        t: 8,
+        b: 40,
+      },
       showlegend: false,
       xaxis: axis({ title: { text: "step" }, visible: x.length > 0, ...sharedRange(this, state) }),
-      yaxis: axis({ title: { text: `${this.source} gradient value` }, visible: x.length > 0 }),
+      yaxis: axis({
+        title: { text: `${this.source} gradient value${sym ? " (symmetric log)" : ""}`, standoff: 4 },
+        visible: x.length > 0,
+        ...(sym ? { tickmode: "array", tickvals: sym.tickvals, ticktext: sym.ticktext } : {}),
+      }),
       annotations: note ? [centerNote(plotlyText(note))] : [],
     });
     this.draw(traces, layout, state);
   }
+}
+
+/**
+ * A symmetric log scale for signed values whose magnitudes span more than three decades:
+ * v -> sign(v) log10(1 + |v| / c), c the smallest magnitude shown, with ticks at 0 and at
+ * ± round powers of ten in one number format. null when a linear axis reads well.
+ */
+export function symlog(values) {
+  const [lo, hi] = positiveRange(values.map((v) => (v === null ? null : Math.abs(v))));
+  if (!Number.isFinite(lo) || hi / lo <= 1e3) return null;
+  const c = lo;
+  const f = (v) =>
+    v === null || !Number.isFinite(v) ? null : Math.sign(v) * Math.log10(1 + Math.abs(v) / c);
+  const any = (pred) => values.some((v) => v !== null && pred(v));
+  const t = logTicksIn(Math.log10(lo), Math.log10(hi), 5).tickvals || [];
+  const vals = [...(any((v) => v < 0) ? t.map((v) => -v).reverse() : []), 0, ...(any((v) => v > 0) ? t : [])];
+  return { f, tickvals: vals.map(f), ticktext: tickLabels(vals) };
 }

@@ -5,7 +5,7 @@
 // traces that changed, whole: the state holds a bounded window); it shares its step axis with
 // the other time charts (timeline.js).
 
-import { COLORS, HOOK_ACTIONS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
+import { COLORS, HOOK_ACTIONS, PLOT_CONFIG, TIME_HOVER, axis, baseLayout } from "./theme.js";
 import { logTicks, logTicksIn } from "./ticks.js";
 import { fmt, num, positive, quantileRange } from "./util.js";
 import { mainLossRange, shadowTraces, shadowUpdate } from "./whatif.js";
@@ -218,7 +218,8 @@ export class LossChart {
       });
     }
     return baseLayout({
-      margin: { l: 60, r: 64, t: 8, b: 40 },
+      ...TIME_HOVER,
+      margin: { l: 60, r: 84, t: 8, b: 40 },
       xaxis: axis({ title: { text: "step" }, ...(range ? { range, autorange: false } : {}) }),
       yaxis: axis(lossAxis),
       yaxis2: axis({
@@ -230,7 +231,6 @@ export class LossChart {
         showgrid: false,
       }),
       yaxis3: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-      hovermode: "closest",
       showlegend: false, // the card header has the legend
       annotations,
     });
@@ -256,19 +256,19 @@ export class LossChart {
     return [
       line("loss", lossX, lossY, COLORS.loss, 1.6, {
         opacity: faint,
-        hovertemplate: "step %{x}<br>loss %{y:.4g}<extra></extra>",
+        hovertemplate: "loss %{y:.4g}<extra></extra>",
       }),
       // Wide and faint under the final line: where a hook changes nothing the two coincide
       // and read as an orange line with a blue halo.
       line("grad norm raw", x.slice(), raw, COLORS.raw, 3.5, {
         yaxis: "y2",
         opacity: smoothOn ? 0.25 : 0.55,
-        hovertemplate: "step %{x}<br>raw norm %{y:.4g}<extra></extra>",
+        hovertemplate: "raw norm %{y:.4g}<extra></extra>",
       }),
       line("grad norm final", x, fin, COLORS.final, 1.5, {
         yaxis: "y2",
         opacity: faint,
-        hovertemplate: "step %{x}<br>final norm %{y:.4g}<extra></extra>",
+        hovertemplate: "final norm %{y:.4g}<extra></extra>",
       }),
       line(
         "loss smoothed",
@@ -277,7 +277,7 @@ export class LossChart {
         COLORS.loss,
         2,
         {
-          hovertemplate: "step %{x}<br>loss (smoothed) %{y:.4g}<extra></extra>",
+          hovertemplate: "loss (smoothed) %{y:.4g}<extra></extra>",
         },
       ),
       line(
@@ -288,7 +288,7 @@ export class LossChart {
         2,
         {
           yaxis: "y2",
-          hovertemplate: "step %{x}<br>raw norm (smoothed) %{y:.4g}<extra></extra>",
+          hovertemplate: "raw norm (smoothed) %{y:.4g}<extra></extra>",
         },
       ),
       line(
@@ -299,7 +299,7 @@ export class LossChart {
         2,
         {
           yaxis: "y2",
-          hovertemplate: "step %{x}<br>final norm (smoothed) %{y:.4g}<extra></extra>",
+          hovertemplate: "final norm (smoothed) %{y:.4g}<extra></extra>",
         },
       ),
       this.nonfiniteTrace(state, rows),
@@ -308,7 +308,7 @@ export class LossChart {
         yaxis: "y2",
         line: { color: COLORS.raw, width: 1.4, dash: "dot" },
         connectgaps: false,
-        hovertemplate: "step %{x}<br>norm as backward left it %{y:.4g} (your loop changed it)<extra></extra>",
+        hovertemplate: "norm as backward left it %{y:.4g} (your loop changed it)<extra></extra>",
       }),
       ...this.compareTraces(state.compare),
       ...this.markerTraces(state.markers),
@@ -361,7 +361,7 @@ export class LossChart {
         type: "scatter",
         mode: "lines",
         line: { color: COLORS.compareLoss, width: 1.2, dash: "dot" },
-        hovertemplate: `${label}<br>step %{x}<br>loss %{y:.4g}<extra></extra>`,
+        hovertemplate: `${label}: loss %{y:.4g}<extra></extra>`,
       },
       {
         name: `${label} final norm`,
@@ -371,7 +371,7 @@ export class LossChart {
         type: "scatter",
         mode: "lines",
         line: { color: COLORS.compareNorm, width: 1.2, dash: "dot" },
-        hovertemplate: `${label}<br>step %{x}<br>final norm %{y:.4g}<extra></extra>`,
+        hovertemplate: `${label}: final norm %{y:.4g}<extra></extra>`,
       },
       {
         name: `${label} hook change`,

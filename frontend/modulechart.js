@@ -5,7 +5,7 @@
 
 import { logTicks } from "./ticks.js";
 import { StepChart, sharedRange } from "./timeline.js";
-import { axis, baseLayout } from "./theme.js";
+import { LEGEND_OUTSIDE, TIME_HOVER, axis, baseLayout } from "./theme.js";
 import { plotlyText, positive } from "./util.js";
 
 export const SERIES_COLORS = [
@@ -19,14 +19,7 @@ export const SERIES_COLORS = [
   "#a5d6ff",
 ];
 /** A legend in one line above the plot, off the lines. */
-export const LEGEND_ABOVE = {
-  orientation: "h",
-  x: 0,
-  y: 1.01,
-  xanchor: "left",
-  yanchor: "bottom",
-  bgcolor: "rgba(0,0,0,0)",
-};
+export const LEGEND_ABOVE = LEGEND_OUTSIDE;
 const MAX_LEGEND = 8;
 const WHICH = [
   ["grad_output_norm", "grad_output", "solid"],
@@ -70,11 +63,12 @@ export class ModuleChart extends StepChart {
           y,
           line: { color: SERIES_COLORS[i % SERIES_COLORS.length], width: 1.5, dash },
           text: plotlyText(moduleLabel(name)), // as text: a template would read "%{" in a name
-          hovertemplate: `%{text}<br>step %{x}<br>‖${label}‖ %{y:.4g}<extra></extra>`,
+          hovertemplate: `%{text}: ‖${label}‖ %{y:.4g}<extra></extra>`,
         });
       }
     });
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 60, r: 16, t: traces.length <= MAX_LEGEND ? 26 : 8, b: 40 },
       // Past MAX_LEGEND lines a legend would crowd the plot out: the hover names each line.
       showlegend: traces.length <= MAX_LEGEND,

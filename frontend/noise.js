@@ -8,7 +8,7 @@
 // caveats. It reads the rows of state.js (the one store) and joins the shared step axis.
 
 import { LEGEND_ABOVE } from "./modulechart.js";
-import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
+import { COLORS, TIME_HOVER, axis, baseLayout, centerNote } from "./theme.js";
 import { logTicks, shortName } from "./ticks.js";
 import { StepChart, sharedRange } from "./timeline.js";
 import { fmt, h, num, plotlyText, positive } from "./util.js";
@@ -153,7 +153,7 @@ export class NoiseChart extends StepChart {
       y,
       connectgaps: false,
       line: { color, width: 1.5 },
-      hovertemplate: `step %{x}<br>${name} %{y:.3g}<extra></extra>`,
+      hovertemplate: `${name} %{y:.3g}<extra></extra>`,
       ...extra,
     });
     const traces = [
@@ -167,7 +167,7 @@ export class NoiseChart extends StepChart {
           color,
           {
             line: { color, width: 1.2, dash: "dot" },
-            hovertemplate: `step %{x}<br>${full}: B_simple %{y:.3g}<extra></extra>`,
+            hovertemplate: `${full}: B_simple %{y:.3g}<extra></extra>`,
           },
         );
       }),
@@ -181,7 +181,7 @@ export class NoiseChart extends StepChart {
         line: { color: BATCH, width: 1.5, dash: "dash", shape: "hv" },
         customdata: rows.map((r) => [fmt(r.noise_scale.b_small), num(r.noise_scale.k) ?? "–"]),
         hovertemplate:
-          "step %{x}<br>B_big %{y:.4g} (B_small %{customdata[0]}, %{customdata[1]} backward passes)<extra></extra>",
+          "B_big %{y:.4g} (B_small %{customdata[0]}, %{customdata[1]} backward passes)<extra></extra>",
       },
     ];
     const lrs = lrSeries(rows);
@@ -191,7 +191,7 @@ export class NoiseChart extends StepChart {
         showlegend: false, // the strip's axis says it
         mode: "lines",
         line: { color: LR, width: 1.2 },
-        hovertemplate: `step %{x}<br>${s.name} %{y:.3g}<extra></extra>`,
+        hovertemplate: `${s.name} %{y:.3g}<extra></extra>`,
       });
     const left = traces.filter((t) => t.yaxis !== "y2").flatMap((t) => t.y.filter((v) => v !== null));
     const anyEstimate = whole.some((v) => v !== null);
@@ -202,6 +202,7 @@ export class NoiseChart extends StepChart {
         : `no estimate yet<br>${plotlyText(clip(latest.noise_scale.reason || "the averages are not positive yet", 80))}`;
     // two strips on one step axis: the batch sizes (log) above, the learning rate below
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 60, r: 12, t: 26, b: 38 },
       showlegend: true,
       legend: { ...LEGEND_ABOVE, font: { size: 10, color: COLORS.text } },

@@ -6,7 +6,7 @@
 // Both read the rows of state.js (the one store); the time chart joins the shared step axis.
 
 import { LEGEND_ABOVE } from "./modulechart.js";
-import { COLORS, PLOT_CONFIG, axis, baseLayout, centerNote } from "./theme.js";
+import { COLORS, PLOT_CONFIG, TIME_HOVER, axis, baseLayout, centerNote } from "./theme.js";
 import { logTicks } from "./ticks.js";
 import { StepChart, sharedRange } from "./timeline.js";
 import { fmt, plotlyText, plottable, positive } from "./util.js";
@@ -191,7 +191,7 @@ export class OptimTimeChart extends StepChart {
       y: k === "step_ratio" ? m(k).map(positive) : m(k),
       yaxis,
       line: { color, width: 1.5, dash },
-      hovertemplate: `step %{x}<br>${hover}<extra></extra>`,
+      hovertemplate: `${hover}<extra></extra>`,
     });
     const traces = [
       line("cos(Δθ, −g)", "cos_update_grad", C.cosUpdate, "y", "cos(Δθ, −g) %{y:.3f}"),
@@ -202,6 +202,7 @@ export class OptimTimeChart extends StepChart {
       traces.push(line("v < eps²", "below_eps_frac", C.below, "y", "share below eps² %{y:.2%}", "dot"));
     const steps = traces[2].y.filter((v) => v !== null);
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 48, r: 56, t: 24, b: 38 },
       showlegend: true,
       legend: { ...LEGEND_ABOVE, font: { size: 10, color: COLORS.text } },

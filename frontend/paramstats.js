@@ -12,7 +12,7 @@ import { api, errorText } from "./api.js";
 import { STATS, hasStats, statOf } from "./state.js";
 import { SERIES_COLORS } from "./modulechart.js";
 import { logTicks } from "./ticks.js";
-import { COLORS, axis, baseLayout, centerNote } from "./theme.js";
+import { COLORS, TIME_HOVER, axis, baseLayout, centerNote } from "./theme.js";
 import { StepChart, sharedRange } from "./timeline.js";
 import { debounce, fmt, h, num, plotlyText, plottable, positive } from "./util.js";
 
@@ -162,10 +162,10 @@ export class ParamStats extends StepChart {
     const hgt = (1 - gap * (n - 1)) / n;
     const traces = [];
     const layout = baseLayout({
+      ...TIME_HOVER,
       margin: { l: 64, r: 16, t: 8, b: 40 },
       showlegend: false, // the chips say which colour is which
       height: 60 + n * 130,
-      hovermode: "closest",
     });
     stats.forEach((s, si) => {
       const ax = si === 0 ? "" : String(si + 1);
@@ -187,7 +187,7 @@ export class ParamStats extends StepChart {
           yaxis: `y${ax}`,
           line: { color: SERIES_COLORS[pi % SERIES_COLORS.length], width: 1.4 },
           text: plotlyText(p), // a name goes in as text: a template would read "%{" in it
-          hovertemplate: `%{text}<br>step %{x}<br>${s.label} %{y:.4g}<extra></extra>`,
+          hovertemplate: `%{text}: ${s.label} %{y:.4g}<extra></extra>`,
         });
       });
       const top = 1 - si * (hgt + gap);

@@ -79,6 +79,9 @@ export function axis(extra = {}) {
     // Fixed margins: automargin makes every streamed redraw measure text and,
     // when a label changes width, draw again.
     automargin: false,
+    // Plotly's own labels (axes without round ticks of ours) in scientific notation, never
+    // SI prefixes: "5p" would sit beside "1.2e-4" in a hover or another chart.
+    exponentformat: "e",
     ...extra,
   };
 }
@@ -90,19 +93,31 @@ export function baseLayout(extra = {}) {
     font: FONT,
     margin: { l: 56, r: 16, t: 8, b: 40 },
     hoverlabel: { bgcolor: "#1b2330", bordercolor: "#3a4656", font: { ...FONT, size: 12 } },
-    legend: {
-      orientation: "h",
-      x: 0.005,
-      y: 0.995,
-      xanchor: "left",
-      yanchor: "top",
-      bgcolor: "rgba(14,19,26,0.75)",
-      font: { size: 11, color: COLORS.text },
-    },
+    legend: { ...LEGEND_OUTSIDE, font: { size: 11, color: COLORS.text } },
     uirevision: "keep", // user zoom survives updates
     ...extra,
   };
 }
+
+/** A legend in one line above the plot area, off the data (Plotly makes room in the top margin). */
+export const LEGEND_OUTSIDE = {
+  orientation: "h",
+  x: 0,
+  y: 1.01,
+  xanchor: "left",
+  yanchor: "bottom",
+  bgcolor: "rgba(0,0,0,0)",
+};
+
+/**
+ * The hover of a chart over steps: one label at the hovered step listing every series's value
+ * there (Plotly's unified hover), with a spike line down the step.
+ */
+export const TIME_HOVER = {
+  hovermode: "x unified",
+  hoverdistance: 50,
+  spikedistance: -1,
+};
 
 /**
  * A log-axis range for bars: bars grow from the bottom of the axis, so the

@@ -41,9 +41,9 @@ export function sparseTicks(names, pixels, perLabel, maxLen) {
   };
 }
 
-/** The label of 10^e: 0.01 ... 1000 written out, 1e-5 beyond. */
-function decadeLabel(e) {
-  return e >= -2 && e <= 3 ? String(10 ** e) : `1e${e}`;
+/** The label of 10^e: 0.01 ... 1000 written out, 1e-5 beyond (`sci`: 1e-2 ... 1e3 too). */
+function decadeLabel(e, sci = false) {
+  return !sci && e >= -2 && e <= 3 ? String(10 ** e) : `1e${e}`;
 }
 
 /**
@@ -61,10 +61,10 @@ export function decadeTicks(lo, hi) {
   // A decade give or take rounding: (hi + 0.5) - (lo - 0.5) can come out a hair under 1.
   if (hi - lo >= 1 - 1e-9) {
     const step = Math.max(1, Math.ceil((b - a) / 8));
-    for (let e = a; e <= b; e += step) {
-      vals.push(e);
-      text.push(decadeLabel(e));
-    }
+    for (let e = a; e <= b; e += step) vals.push(e);
+    // one format along the bar: all written out, or all 1eN
+    const sci = vals.some((e) => e < -2 || e > 3);
+    for (const e of vals) text.push(decadeLabel(e, sci));
     return { vals, text };
   }
   for (let e = a; e <= b; e++) {
@@ -109,7 +109,10 @@ export function logTicksIn(a, b, maxTicks = 8) {
   const first = Math.ceil(a - 1e-9);
   const last = Math.floor(b + 1e-9);
   const decades = last - first + 1;
-  if (decades >= 3) {
+  // At least MIN_TICKS labels where the axis has room for them: powers of ten across
+  // wide spans, else 1, 5 (then 1, 2, 5) times them, else a round linear step.
+  const want = Math.min(MIN_TICKS, m);
+  if (decades >= Math.max(3, want)) {
     const k = Math.max(1, Math.ceil(decades / m));
     for (let e = Math.ceil(first / k) * k; e <= last; e += k) vals.push(Number(`1e${e}`));
   } else {
@@ -125,20 +128,46 @@ export function logTicksIn(a, b, maxTicks = 8) {
       if (cand.length > m) break;
       vals.length = 0;
       vals.push(...cand);
-      if (cand.length >= 3) break;
+      if (cand.length >= want) break;
     }
-    if (vals.length < 2) {
-      // Less than a decade and too few 1-2-5 values inside: a round linear step.
+    if (vals.length < want && b - a < 1.5) {
+      // Little more than a decade and too few 1-2-5 values inside: a round linear step.
       const lo = 10 ** a;
       const hi = 10 ** b;
-      const step = niceStep((hi - lo) / Math.min(m - 1, 4));
-      vals.length = 0;
-      for (let v = Math.ceil(lo / step - 1e-9) * step; v <= hi * (1 + 1e-9); v += step) {
-        vals.push(Number(v.toPrecision(12)));
+      for (let n = want; n <= Math.max(want, m); n++) {
+        const step = niceStep((hi - lo) / n);
+        const lin = [];
+        for (let v = Math.ceil(lo / step - 1e-9) * step; v <= hi * (1 + 1e-9); v += step) {
+          if (v > 0) lin.push(Number(v.toPrecision(12)));
+        }
+        if (lin.length > vals.length) {
+          vals.length = 0;
+          vals.push(...lin);
+        }
+        if (vals.length >= want) break;
       }
     }
   }
-  return { tickmode: "array", tickvals: vals, ticktext: vals.map(tickLabel) };
+  return { tickmode: "array", tickvals: vals, ticktext: tickLabels(vals) };
+}
+
+/** The fewest tick labels a numeric axis gets where it has the room. */
+export const MIN_TICKS = 4;
+
+/**
+ * Labels of one axis's round tick values in ONE format: all written out (0.002, 50) when
+ * every value reads well so, else all in scientific notation (2e-5, 1e0, 5e3).
+ */
+export function tickLabels(vals) {
+  const plain = vals.every((v) => v === 0 || (Math.abs(v) >= 1e-3 && Math.abs(v) < 1e5));
+  return vals.map((v) => (plain ? tickLabel(v) : sciLabel(v)));
+}
+
+/** A value in scientific notation, trimmed: 2e-5, 1e0, 1.5e3. */
+export function sciLabel(v) {
+  if (v === 0) return "0";
+  const [mant, exp] = v.toExponential().split("e");
+  return `${String(Number(Number(mant).toPrecision(6)))}e${Number(exp)}`;
 }
 
 /** 1, 2 or 5 times a power of ten: the round step nearest above `raw`. */

@@ -10,6 +10,8 @@ just-clicked tensor has no holes where the history has values.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,3 +94,89 @@ def test_zooming_out_the_optimizer_chart_past_the_held_steps_asks_the_history(fa
     wait_until(lambda: page.evaluate(FIRST_X, "chart-optim-time") <= 2, what="step 1 on the optimizer chart")
     wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") <= 1, what="and on the loss chart")
     assert log.errors == []
+
+
+def test_time_charts_hover_every_series_at_the_step_with_legends_outside_and_round_ticks(fast, new_page):
+    page, log = open_page(new_page, fast)
+    wait_until(
+        lambda: page.evaluate(
+            """() => document.querySelectorAll('[data-testid="chart-loss"] .y2tick text').length"""
+        ),
+        what="the norm axis's ticks",
+    )
+    for chart in ["chart-optim-time", "chart-param-stats", "chart-loss"]:
+        page.get_by_test_id(chart).scroll_into_view_if_needed()
+        mode = wait_until(
+            lambda chart=chart: page.evaluate(
+                """(id) => { const gd = document.querySelector(`[data-testid="${id}"]`);
+                             return gd && gd._fullLayout ? gd._fullLayout.hovermode : null; }""",
+                chart,
+            ),
+            what=f"{chart} drawn",
+        )
+        assert mode == "x unified", (chart, mode)
+    # the hover at one step lists the loss and both norms in one label
+    page.get_by_test_id("chart-loss").scroll_into_view_if_needed()
+    box = page.locator('[data-testid="chart-loss"] .nsewdrag').first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2)
+    label = wait_until(
+        lambda: page.evaluate(
+            """() => { const l = document.querySelector('[data-testid="chart-loss"] .hoverlayer .legend');
+                       return l ? l.textContent : null; }"""
+        ),
+        what="the unified hover label",
+    )
+    assert "loss" in label and "raw norm" in label and "final norm" in label, label
+    # the norm axis: at least four labels, in one number format
+    ticks = page.evaluate(
+        """() => Array.from(document.querySelectorAll('[data-testid="chart-loss"] .y2tick text'))
+                   .map((t) => t.textContent)"""
+    )
+    assert len(ticks) >= 4, ticks
+    sci = [bool(re.fullmatch(r"-?\d+(\.\d+)?e-?\d+", t)) for t in ticks]
+    assert all(sci) or not any(sci), f"one format per axis: {ticks}"
+    assert not any(re.search(r"[pnµμmkMG]$", t) for t in ticks), ticks
+    # the update ratio's legend (in band, out of band) sits above its plot area, off the bars
+    page.get_by_test_id("chart-ratio").scroll_into_view_if_needed()
+    boxes = wait_until(
+        lambda: page.evaluate(
+            """() => { const gd = document.querySelector('[data-testid="chart-ratio"]');
+                       const leg = gd.querySelector('.legend'), plot = gd.querySelector('.nsewdrag');
+                       if (!leg || !plot) return null;
+                       const a = leg.getBoundingClientRect(), b = plot.getBoundingClientRect();
+                       return { legend: [a.top, a.bottom], plot: [b.top, b.bottom],
+                                names: Array.from(leg.querySelectorAll('.legendtext')).map((t) => t.textContent) }; }"""
+        ),
+        what="the update ratio's legend",
+    )
+    assert boxes["legend"][1] <= boxes["plot"][0] + 1, boxes
+    assert any("out of band" in n for n in boxes["names"]), boxes
+    assert log.errors == []
+
+
+def test_a_frozen_tensors_update_ratio_reads_zero_frozen_at_the_axis_floor(fast, new_page):
+    params = [p["name"] for p in fast.get("/api/session")["params"]]
+    frozen = params[0]
+    hook = fast.client.post("/api/hooks", json={"kind": "freeze", "target": frozen})
+    hook.raise_for_status()
+    try:
+        page, log = open_page(new_page, fast)
+        page.get_by_test_id("chart-ratio").scroll_into_view_if_needed()
+        shown = wait_until(
+            lambda: page.evaluate(
+                """() => { const gd = document.querySelector('[data-testid="chart-ratio"]');
+                           const t = gd && gd.data ? gd.data.find((d) => d.name === "0 (frozen)") : null;
+                           if (!t) return null;
+                           const j = t.y.findIndex((v) => v !== null);
+                           return j < 0 ? null : { x: t.x[j], y: t.y[j], floor: gd._fullLayout.yaxis.range[0],
+                                                   hover: t.hovertemplate }; }"""
+            ),
+            what="the frozen tensor's ratio drawn",
+        )
+        assert shown["x"] == frozen, shown
+        assert abs(math.log10(shown["y"]) - shown["floor"]) < 0.5, "at the axis floor"
+        assert "0 (frozen)" in shown["hover"], shown
+        assert log.errors == []
+    finally:
+        for h in fast.get("/api/hooks"):
+            fast.client.delete(f"/api/hooks/{h['id']}")
