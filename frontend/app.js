@@ -24,6 +24,7 @@ import { Scheduler } from "./scheduler.js";
 import { SELECTORS, byTestId } from "./selectors.js";
 import { DashboardState, MAX_SNAPSHOTS } from "./state.js";
 import { TensorPanel } from "./tensorpanel.js";
+import { detailWindow, holesAfter } from "./detailfill.js";
 import { Watch } from "./watch.js";
 import { timeControls } from "./timecontrols.js";
 import { Timeline } from "./timeline.js";
@@ -92,6 +93,7 @@ class Dashboard {
       };
     }
     this.backfilled = new Set(); // parameter indices of the shown state whose detail was fetched
+    this.holes = new Map(); // parameter index -> the newest step its backfill's answer held
     this.subscribeQueued = false;
     this.scheduler = new Scheduler(
       [
@@ -112,7 +114,14 @@ class Dashboard {
     // The time charts' shared step axis, and the loss chart's own controls.
     this.timeline = new Timeline(
       () => this.view,
-      (charts) => this.scheduler.resetSome(charts),
+      (charts) => {
+        this.scheduler.resetSome(charts);
+        // older rows arrived: the tensors shown get their detail there too
+        if (this.view.large && this.view.history.rows.length) {
+          this.backfilled = new Set();
+          this.subscribe();
+        }
+      },
     );
     for (const c of [this.loss, this.heatmap]) this.timeline.join(c);
     this.measured.join(this.timeline);
@@ -235,6 +244,7 @@ class Dashboard {
         const row = live.addSnapshot(msg.data);
         if (!row || this.view !== live) break;
         if (live.large && this.worstChanged(row)) this.subscribe(); // worst-now tensors get their history
+        this.refillHoles(live);
         const lossY = row.lossAdded ? live.loss.y[live.loss.y.length - 1] : null;
         const pruned = live.pruneMarkers();
         const hist = Boolean(msg.data.hist && this.histParam && msg.data.hist[this.histParam]);
@@ -383,6 +393,7 @@ class Dashboard {
       this.panel.render();
     }
     if (!sameRun) this.backfilled = new Set();
+    if (!sameRun) this.holes.clear();
     this.subscribe();
     if (this.view === live) this.resetCharts();
     this.showSession();
@@ -608,21 +619,32 @@ class Dashboard {
     if (v.large) this.backfill(v, want);
   }
 
+  /** The holes a backfill left (steps stored after it answered): asked for again, once a step later. */
+  refillHoles(v) {
+    if (!this.holes.size || !v.large) return;
+    const since = Math.min(...this.holes.values());
+    const want = [...this.holes.keys()];
+    this.holes.clear();
+    this.backfill(v, want, since);
+  }
+
   /** Fetch the held steps' detail of tensors not fetched before (GET /api/detail), in chunks. */
-  async backfill(v, want) {
-    const fresh = want.filter((i) => !this.backfilled.has(i));
+  async backfill(v, want, after = null) {
+    const fresh = after === null ? want.filter((i) => !this.backfilled.has(i)) : want;
     if (!fresh.length || v.runId === null) return;
     for (const i of fresh) this.backfilled.add(i);
-    const first = [...v.history.rows, ...v.snapshots][0];
-    const since = first ? first.step - 1 : undefined;
     for (let k = 0; k < fresh.length; k += BACKFILL_CHUNK) {
       const names = fresh.slice(k, k + BACKFILL_CHUNK).map((i) => v.params[i]);
-      const res = await api.detail({ params: names, run: v.runId, since, limit: MAX_SNAPSHOTS });
+      const { since, limit } = detailWindow(v, names.length, after);
+      const res = await api.detail({ params: names, run: v.runId, since, limit });
       if (this.view !== v) return;
       if (!res.ok) {
         for (const n of names) this.backfilled.delete(v.index.get(n)); // asked again next time
         return;
       }
+      const asked = names.map((n) => v.index.get(n));
+      // steps that streamed in without their detail after the server answered: asked once more
+      for (const [i, last] of holesAfter(v, asked, res.data.steps || [])) this.holes.set(i, last);
       if (v.mergeDetail(res.data)) {
         // redrawn: the charts that show one of these tensors (the heatmap and the bars only
         // where expanded or drilled into; the statistics follow every tensor the page does)
@@ -936,6 +958,7 @@ class Dashboard {
     if (state.latest) state.step = state.latest.step;
     this.view = state;
     this.backfilled = new Set();
+    this.holes.clear();
     this.panel.state = state;
     this.panel.resetSession();
     this.renderLog();
@@ -963,6 +986,7 @@ class Dashboard {
     this.resetCharts();
     this.showSession();
     this.backfilled = new Set();
+    this.holes.clear();
     this.subscribe();
     $("runPicker").value = String(this.live.runId);
     setRunInUrl(null);
