@@ -23,7 +23,7 @@ import {
   centerNote,
   labelPixels,
 } from "./theme.js";
-import { decadeTicks, logTicks, shortName, sparseTicks, tickLabel } from "./ticks.js";
+import { decadeTicks, logTicks, shortName, sparseTicks, tickLabels } from "./ticks.js";
 import { childrenOf, commonPrefix } from "./groups.js";
 import { MAX_SNAPSHOTS, statOf } from "./state.js";
 import { markerShapes } from "./timeline.js";
@@ -104,7 +104,8 @@ function categories(names) {
 const HEATMAP_COLUMNS = MAX_SNAPSHOTS;
 const HEAT_QUANTILE = 0.02; // the colour range: the 2nd to the 98th percentile of log10 |g|
 // ... of the newest RECENT_COLUMNS columns: a warm-up's large gradients do not set the colours
-// (they show at the top colour, clipped), the steps around now do. The colour bar says so.
+// (they show at the top colour, clipped), the steps around now do. The colour bar says so
+// ("clip: newest 100 steps"; its help, the 2-98 % quantiles).
 const RECENT_COLUMNS = 100;
 // While streaming the range widens at once; it narrows only by more than this (log10), so the
 // colours stay comparable from frame to frame and the warm-up leaves the range once past.
@@ -416,7 +417,7 @@ export class HeatmapChart {
     const t = decadeTicks(lo, hi);
     return {
       title: {
-        text: `${this.source} ‖g‖ · colours: 2–98 % of the newest ${RECENT_COLUMNS} steps`,
+        text: `${this.source} ‖g‖ · clip: newest ${RECENT_COLUMNS} steps`,
         side: "right",
         font: { size: 10, color: COLORS.muted },
       },
@@ -985,7 +986,7 @@ export class RatioChart extends ParamBarChart {
       hovertemplate: hover,
     });
     const traces = [
-      bar(`in ${tickLabel(RATIO_BAND[0])}–${tickLabel(RATIO_BAND[1])}`, inBand, COLORS.ratioIn),
+      bar(`in ${tickLabels(RATIO_BAND).join("–")}`, inBand, COLORS.ratioIn),
       bar("out of band", (v) => v !== null && !inBand(v), COLORS.ratioOut),
     ];
     if (frozen.some((v) => v !== null)) {
