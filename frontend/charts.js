@@ -105,7 +105,7 @@ const HEATMAP_COLUMNS = MAX_SNAPSHOTS;
 const HEAT_QUANTILE = 0.02; // the colour range: the 2nd to the 98th percentile of log10 |g|
 // ... of the newest RECENT_COLUMNS columns: a warm-up's large gradients do not set the colours
 // (they show at the top colour, clipped), the steps around now do. The colour bar says so
-// ("clip: newest 100 steps"; its help, the 2-98 % quantiles).
+// ("clip: newest 100 steps").
 const RECENT_COLUMNS = 100;
 // While streaming the range widens at once; it narrows only by more than this (log10), so the
 // colours stay comparable from frame to frame and the warm-up leaves the range once past.
