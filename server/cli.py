@@ -129,7 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
             "be followed from step 0, and runs until Ctrl-C, at most --steps-per-second steps a second\n"
             "(changeable from the page). Every step is sampled (every=1). A scenario whose loss stays\n"
             "non-finite for 30 steps is reset in place: same run, same hooks, the step count goes on,\n"
-            "and a scenario_reset event marks it. Each start is a new run in the database."
+            "and a scenario_reset event marks it. Each start is a new run in the database.\n\n"
+            "Checkpoints: every 10 steps (tiny_gpt: 25), the newest few kept in memory, so a hint's\n"
+            "'rewind to before step N' finds one. A scenario whose hint names a step (exploding 40,\n"
+            "nan 30, deep 60) pauses 5 steps before it, once, with the reason on the page, until you\n"
+            "resume (--no-pause-before-hint: it does not)."
         ),
     )
     # a metavar, so that argparse lists the choices (and imports the core) only when help is printed
@@ -189,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not start a shadow comparison at each hook change from the page (the page's "
         "'compare from here' still does; a shadow costs a second training step per step)",
+    )
+    demo.add_argument(
+        "--no-pause-before-hint",
+        action="store_true",
+        help="train straight through the step a scenario's hint names (by default exploding, nan "
+        "and deep pause 5 steps before it, once, saying why, until you resume)",
     )
     demo.add_argument("--seed", type=int, default=0, help="the scenario's random seed (default 0)")
     demo.add_argument(
@@ -348,13 +358,19 @@ def run_demo(args: argparse.Namespace) -> int:
     except StoreError as e:
         insp.close()
         raise _Fail(str(e)) from None
-    scenario = {"name": sc.name, "description": sc.description, "try_this": getattr(sc, "try_this", None)}
+    scenario = {
+        "name": sc.name,
+        "description": sc.description,
+        "try_this": getattr(sc, "try_this", None),
+        "hint_step": getattr(sc, "hint_step", None),
+    }
     trainer = Trainer(
         sc,
         insp,
         steps_per_second=args.steps_per_second,
         wait_for_client=not args.no_wait,
         auto_shadow=not args.no_shadow,
+        pause_before_hint=None if args.no_pause_before_hint else 5,
     )
     source = LiveSource(
         insp,

@@ -42,6 +42,9 @@ class ApiError(Exception):
         self.detail = detail
 
 
+CAPABILITIES = ("commands", "targets", "checkpoints", "checkpoint", "shadow", "rate")
+
+
 def read_only_error() -> ApiError:
     return ApiError(403, "read-only: this server does not accept commands")
 
@@ -104,6 +107,16 @@ class Source:
     # reads
     def session(self, run: int | None = None) -> dict[str, Any]:
         raise NotImplementedError
+
+    def capabilities(self) -> dict[str, Any]:
+        """What this server does besides reading the history (the session's `capabilities`): a
+        page calls no route it lists as refused. Each entry is `{"ok": bool, "why": reason or
+        null}`: `commands` (hooks, rules, training controls), `targets` (`GET /api/targets`),
+        `checkpoints` (`GET /api/checkpoints`, the list), `checkpoint` (`POST /api/checkpoints`, a
+        rewind: refused with the reason where the Inspector refuses checkpoints), `shadow` (the
+        demo's comparison), `rate` (the demo's speed cap). A replay has none of them."""
+        why = "read-only: a replay of a recorded run, nothing to command"
+        return {k: {"ok": False, "why": why} for k in CAPABILITIES}
 
     def param_names(self, run: int | None = None) -> list[str]:
         return [p["name"] for p in self._info(self._run(run))["params"]]
@@ -373,6 +386,7 @@ class Source:
             "history": {"db": self._store().path, "paused": None},
             "checkpoints": None,
             "shadow": None,
+            "capabilities": self.capabilities(),
             "branches": self._store().branches_of(run),
             "branch": None
             if info.get("parent_run") is None

@@ -219,14 +219,28 @@ def start_demo(
     db: Path | str | None = None,
     extra: Iterable[str] = (),
     wait: bool = False,
+    hint_pause: bool = False,
     **kwargs: Any,
 ) -> ServerProcess:
-    """``gradient-inspector demo --scenario SCENARIO --steps-per-second RATE --db DB --no-wait EXTRA``
-    (``--no-db`` when ``db`` is None; without ``--no-wait`` when ``wait``: training then starts
-    with the first page) as a `ServerProcess`; ``kwargs`` go to `start_cli`."""
+    """``gradient-inspector demo --scenario SCENARIO --steps-per-second RATE --db DB --no-wait
+    --no-pause-before-hint EXTRA`` (``--no-db`` when ``db`` is None; without ``--no-wait`` when
+    ``wait``: training then starts with the first page; without ``--no-pause-before-hint`` when
+    ``hint_pause``: the scenario then pauses before its hint's step) as a `ServerProcess`;
+    ``kwargs`` go to `start_cli`."""
     history = ["--db", str(db)] if db is not None else ["--no-db"]
     no_wait = [] if wait else ["--no-wait"]
-    args = ["demo", "--scenario", scenario, "--steps-per-second", str(rate), *history, *no_wait, *extra]
+    no_pause = [] if hint_pause else ["--no-pause-before-hint"]
+    args = [
+        "demo",
+        "--scenario",
+        scenario,
+        "--steps-per-second",
+        str(rate),
+        *history,
+        *no_wait,
+        *no_pause,
+        *extra,
+    ]
     return start_cli(args, log_dir=log_dir, **kwargs)
 
 

@@ -61,15 +61,20 @@ class Scenario:
             demo: so that a rewind can skip batches, inspector/whatif/skip.py).
         checkpoint_every, checkpoints: class attributes the demo attaches with
             (``attach(..., checkpoint_every=, checkpoints=)``): an automatic checkpoint every
-            that many steps, the newest that many kept; None (the default): none but the page's.
+            that many steps, the newest that many kept (by default every 10 steps, 6 kept: a
+            small model's checkpoint is a few KB), so a hint's "rewind to before step N" finds one.
+        hint_step: a class attribute: the step the scenario's ``try_this`` asks the user to act
+            before (None: the hint names no step). The demo pauses a few steps before it, saying
+            why, until the user resumes (``gradient-inspector demo --no-pause-before-hint``: not).
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
     try_this: ClassVar[str]
     micro_batches: ClassVar[int] = 1
-    checkpoint_every: ClassVar[int | None] = None
-    checkpoints: ClassVar[int] = 3
+    checkpoint_every: ClassVar[int | None] = 10
+    checkpoints: ClassVar[int] = 6
+    hint_step: ClassVar[int | None] = None
 
     def __init__(self, *, seed: int = 0, device: torch.device | str | None = None) -> None:
         self.seed = seed

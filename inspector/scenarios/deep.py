@@ -172,6 +172,7 @@ class Deep(WarmupSGD):
     # 60" finds the one of step 50 until step 120, and none is taken while the gradients are NaN
     checkpoint_every = 10
     checkpoints = 8
+    hint_step = 60  # the demo pauses at step 55: time to find layers.71 and add the hook
 
     def build_model(self) -> nn.Module:
         return Llama(

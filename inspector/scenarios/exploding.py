@@ -40,6 +40,7 @@ class Exploding(WarmupSGD):
         "norm it holds (about 5-10) is still too large a step at lr 0.3 for the loss to keep falling."
     )
 
+    hint_step = 40  # "before step ~40"
     in_features = 16
     width = 64
     depth = 8

@@ -39,6 +39,7 @@ class NaNBatch(ReluTeacher):
     )
 
     bad_step = 30
+    hint_step = bad_step
     bad_every = 100
     in_features = 8
     hidden = 32

@@ -152,6 +152,9 @@ class TinyGPT(Scenario):
     block_size = 128
     batch_size = 16
     micro_batches = 4  # gradient accumulation: 4 backward passes of 4 windows per step
+    # a checkpoint holds the weights and AdamW's two moments, about 40 MB: every 25 steps, 3 kept
+    checkpoint_every = 25
+    checkpoints = 3
     lr = 1e-3
 
     def build_model(self) -> nn.Module:

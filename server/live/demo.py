@@ -19,6 +19,12 @@ It stays the same run: the step counter goes on, the hooks stay, and a
 `scenario_reset` event marks the moment, so a hook added to tame the
 explosion is seen working on the fresh start.
 
+Hints that can be followed: a scenario whose hint names a step (`scenario.hint_step`: "add
+clip_norm before step ~40") is paused `pause_before_hint` steps before it (held at that step's
+boundary), once per run, with a `hint_pause` event and the reason in the training state
+(`pause_reason`) until the user resumes; `pause_before_hint=None` (the CLI's
+`--no-pause-before-hint`) trains straight through.
+
 What-if (server/live/shadow.py): between two steps the thread carries out the
 inspector's checkpoint and rewind requests (`insp.checkpoints.service`), and
 makes and steps the shadow copy of a comparison (`whatif.after_step`). A
@@ -53,6 +59,9 @@ class Trainer:
         steps_per_second: the cap (None for none).
         reset_after: consecutive non-finite losses before the scenario is reset.
         wait_for_client: train nothing until `client_arrived()` (the first page).
+        auto_shadow: start a shadow comparison at each hook change from the page.
+        pause_before_hint: hold training this many steps before the scenario's `hint_step`, once
+            (None: never).
     """
 
     def __init__(
@@ -64,6 +73,7 @@ class Trainer:
         reset_after: int = 30,
         wait_for_client: bool = False,
         auto_shadow: bool = True,
+        pause_before_hint: int | None = None,
     ) -> None:
         from .shadow import ShadowHost
 
@@ -87,6 +97,15 @@ class Trainer:
             self._go.set()
         self._thread: threading.Thread | None = None
         self._service = False  # a request waits for the next point between steps
+        hint = getattr(scenario, "hint_step", None)
+        # the step whose boundary holds for the hint (once per run); None: no pause
+        self._hint_hold: int | None = (
+            max(1, int(hint) - pause_before_hint)
+            if hint is not None and pause_before_hint is not None
+            else None
+        )
+        self._hint_step = hint
+        self.pause_reason: str | None = None  # why training is held, while the hint's pause lasts
 
     @property
     def rate(self) -> float | None:
@@ -134,6 +153,23 @@ class Trainer:
             log.exception("gradient-inspector demo: the what-if failed")
             self.insp.add_event("shadow_error", message=f"{type(e).__name__}: {e}", step=self.insp.step)
 
+    def _before_hint(self) -> None:
+        """Between two steps: the step before the hint's hold asks for a pause (it holds at the next
+        boundary, the hold step's); a reason stays only while that pause lasts."""
+        step = self.insp.step
+        if self.pause_reason is not None and self.insp.state["state"] != "paused":
+            self.pause_reason = None
+        hold = self._hint_hold
+        if hold is None or step != hold - 1:
+            return
+        self._hint_hold = None  # once per run: a rewind or a reset before it does not pause again
+        self.pause_reason = (
+            f"paused at step {hold}, {self._hint_step - hold} steps before step {self._hint_step}"
+            " that the scenario's hint names: follow it (add the hook), then resume"
+        )
+        self.insp.add_event("hint_pause", step=hold, hint_step=self._hint_step, reason=self.pause_reason)
+        self.insp.pause()
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="gradient-inspector-demo", daemon=True)
@@ -177,6 +213,7 @@ class Trainer:
                         reason=f"loss non-finite for {self.reset_after} steps: fresh weights, same hooks",
                     )
                 self._between_steps()
+                self._before_hint()
                 while not self._stop.is_set():  # the rate cap's wait, woken early for requests
                     rate = self._rate
                     delay = t0 + 1.0 / rate - time.monotonic() if rate else 0.0

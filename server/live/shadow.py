@@ -34,8 +34,11 @@ COST_NOTE = "the shadow costs a second training step per step"
 
 
 def describe_difference(main: list[dict[str, Any]], shadow: list[dict[str, Any]]) -> str:
-    """What the shadow's hooks lack or have compared with the main run's, in words:
-    "without clip_norm h1", "with noise h2", "h1 as before (max_norm=1.0)", or "same hooks"."""
+    """What the shadow's hooks lack or have compared with what the main run has now, in words:
+    "without clip_norm h1", "without clip_norm h1, which the main run has disabled: the same hooks
+    in effect", "with clip_norm h1, which the main run no longer has", "with clip_norm h1
+    enabled, disabled in the main run", "h1 as before (max_norm=1.0), changed in the main run",
+    or "same hooks"."""
 
     def name(h: dict[str, Any]) -> str:
         return f"{h.get('kind')} {h.get('id')}"
@@ -50,18 +53,33 @@ def describe_difference(main: list[dict[str, Any]], shadow: list[dict[str, Any]]
 
     ours = {h["id"]: h for h in shadow}
     theirs = {h["id"]: h for h in main}
-    parts = [f"without {name(h)}" for h in main if h["id"] not in ours]
-    parts += [f"with {name(h)}" for h in shadow if h["id"] not in theirs]
+    parts = [
+        f"without {name(h)}" + ("" if h.get("enabled", True) else ", which the main run has disabled")
+        for h in main
+        if h["id"] not in ours
+    ]
+    parts += [f"with {name(h)}, which the main run no longer has" for h in shadow if h["id"] not in theirs]
     for h in shadow:
         m = theirs.get(h["id"])
         if m is None or content(m) == content(h):
             continue
         if m.get("enabled") != h.get("enabled") and content({**m, "enabled": h.get("enabled")}) == content(h):
-            parts.append(f"with {name(h)} {'enabled' if h.get('enabled') else 'disabled'}")
+            on = "enabled" if h.get("enabled") else "disabled"
+            parts.append(
+                f"with {name(h)} {on}, {'disabled' if h.get('enabled') else 'enabled'} in the main run"
+            )
         else:
             params = ", ".join(f"{k}={v}" for k, v in (h.get("params") or {}).items())
-            parts.append(f"{name(h)} as before ({params})" if params else f"{name(h)} as before")
-    return ", ".join(parts) if parts else "same hooks"
+            before = f"{name(h)} as before ({params})" if params else f"{name(h)} as before"
+            parts.append(f"{before}, changed in the main run")
+    if not parts:
+        return "same hooks"
+    # a hook only the main run has, but disabled there, changes nothing: say the effect is the same
+    inert = all(h["id"] in ours or not h.get("enabled", True) for h in main) and all(
+        h["id"] in theirs for h in shadow
+    )
+    same = inert and all(content(theirs[h["id"]]) == content(h) for h in shadow if h["id"] in theirs)
+    return "; ".join(parts) + (": the same hooks in effect" if same else "")
 
 
 class Shadow:
@@ -255,6 +273,8 @@ class ShadowHost:
             self._shadow, self._start, self._stop = sh, None, None
             self._points.clear()
             self._state = {
+                "ended": None,
+                "ended_step": None,
                 "active": True,
                 "run": run,
                 "branch_step": cp.step,
@@ -279,7 +299,7 @@ class ShadowHost:
         finally:
             with self._lock:
                 self._shadow, self._stop = None, None
-                self._state = {**self._state, "active": False, "ended": why}
+                self._state = {**self._state, "active": False, "ended": why, "ended_step": sh.insp.step}
                 state = dict(self._state)
         self.insp.add_event(
             "shadow_ended",

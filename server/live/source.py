@@ -174,7 +174,11 @@ class LiveSource(Source):
             self.trainer.start()
 
     def _training(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {**state, "steps_per_second": self.trainer.rate if self.trainer is not None else None}
+        """The core's training state, with the demo's rate cap (null: none) and, while the demo
+        holds before its hint's step, `pause_reason` (null otherwise)."""
+        tr = self.trainer
+        why = tr.pause_reason if tr is not None and state.get("state") == "paused" else None
+        return {**state, "steps_per_second": tr.rate if tr is not None else None, "pause_reason": why}
 
     def stop(self) -> None:
         """The app stops: the hub is disconnected; the recording too unless it outlives the server."""
@@ -344,9 +348,8 @@ class LiveSource(Source):
             "hooks": insp.hooks(),
             "config_version": version,
             "training": {
-                **insp.state,
+                **self._training(insp.state),
                 "scenario": self.scenario["name"] if self.scenario else None,
-                "steps_per_second": self.trainer.rate if self.trainer is not None else None,
             },
             "read_only": self.read_only,
             "scenario": self.scenario,
@@ -356,8 +359,24 @@ class LiveSource(Source):
             },
             "checkpoints": self.checkpoints(),
             "shadow": self.shadow_state(points=False),
+            "capabilities": self.capabilities(),
             "branches": self.store.branches_of(self.run_id) if self.store is not None and self.run_id else [],
             "branch": None,
+        }
+
+    def capabilities(self) -> dict[str, Any]:
+        def cap(why: str | None) -> dict[str, Any]:
+            return {"ok": why is None, "why": why}
+
+        ro = "read-only: this server does not accept commands" if self.read_only else None
+        demo = None if self.trainer is not None else "the demo's only: no built-in training here"
+        return {
+            "commands": cap(ro),
+            "targets": cap(None),
+            "checkpoints": cap(None),
+            "checkpoint": cap(ro or self.insp.checkpoints.refusal()),
+            "shadow": cap(ro or demo),
+            "rate": cap(ro or demo),
         }
 
     def param_names(self, run: int | None = None) -> list[str]:
