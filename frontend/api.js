@@ -114,6 +114,7 @@ export const api = {
     request("GET", "/api/detail", { params: { params: (params || []).join(","), run, since, limit } }),
   runs: () => request("GET", "/api/runs"),
   checkpoints: () => request("GET", "/api/checkpoints"),
+  checkpoint: (label = null) => request("POST", "/api/checkpoints", { body: label ? { label } : {} }),
   // skip: "since_checkpoint" (the batches received since the checkpoint are not received again)
   rewind: (id, skip = null) =>
     request("POST", `/api/checkpoints/${encodeURIComponent(id)}/rewind`, skip ? { body: { skip } } : {}),

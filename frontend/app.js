@@ -7,6 +7,7 @@
 // now: at most MAX_DETAIL tensors) and backfills it over HTTP (GET /api/detail).
 
 import { api, errorText, takeTokenFromUrl } from "./api.js";
+import { can, connectionText, isReplay, setCapabilities, showThinnedNote } from "./capabilities.js";
 import { FlowChart, HeatmapChart, HistChart, RatioChart } from "./charts.js";
 import { LossChart } from "./losschart.js";
 import { EventLog } from "./eventlog.js";
@@ -182,7 +183,7 @@ class Dashboard {
     const el = $("connectionStatus");
     const shown = state === "open" ? "live" : state;
     el.dataset.state = shown;
-    if (state === "open") el.textContent = "● live";
+    if (state === "open") el.textContent = connectionText(state);
     else if (state === "connecting") el.textContent = info.attempt ? "reconnecting…" : "connecting…";
     else if (state === "reconnecting")
       el.textContent = `○ offline · retry in ${Math.ceil(info.delayMs / 1000)} s`;
@@ -357,6 +358,8 @@ class Dashboard {
    */
   onHello(msg) {
     const session = msg.session || {};
+    setCapabilities(session); // what this server serves: nothing else is asked of it
+    if (this.connState === "open") $("connectionStatus").textContent = connectionText("open");
     const live = this.live;
     const sameRun = Boolean(msg.resumed) && live.runId !== null && live.runId === session.run_id;
     if (!sameRun) {
@@ -429,6 +432,7 @@ class Dashboard {
     this.ranks.show(v.latest, v.params, v.groups ? v.groups.names : []);
     if (!this.histParam) this.defaultHistParam();
     this.showHistStatus();
+    if (v !== this.live || isReplay() || v.history.rows.length) showThinnedNote(v);
   }
 
   resetCharts() {
@@ -472,7 +476,7 @@ class Dashboard {
         ? ` The scenario was reset at step ${this.resetStep} (fresh weights, same hooks): you can try it again.`
         : "";
     tryThis.textContent = sc && sc.try_this ? `Try this: ${sc.try_this}${again}` : "";
-    tryThis.hidden = !(sc && sc.try_this) || v !== this.live;
+    tryThis.hidden = !(sc && sc.try_this) || v !== this.live || !can("commands"); // a replay is read, not followed
     this.showTrainingState();
     // The cap (demo mode, live run only): 0 reads "no cap", as the CLI's --steps-per-second.
     const rateWrap = document.querySelector('[data-role="rate-wrap"]');
@@ -491,6 +495,18 @@ class Dashboard {
     if (this.disconnected && this.view === this.live) state = "disconnected";
     el.textContent = state;
     el.dataset.state = state;
+    // the demo holds before the step its hint names: why, until it is resumed
+    const why = this.view === this.live && state === "paused" ? this.live.training.pause_reason : null;
+    let reason = $("pauseReason");
+    if (!reason && why) {
+      reason = h("p", { class: "pause-reason", dataset: { testid: SELECTORS.pauseReason }, role: "status" });
+      document.querySelector('[data-role="try-this"]').before(reason);
+    }
+    if (reason) {
+      reason.textContent = why ? `⏸ ${why}` : "";
+      reason.hidden = !why;
+    }
+    el.title = why || "";
   }
 
   applyReadOnly() {
@@ -540,6 +556,14 @@ class Dashboard {
     if (v.large) {
       const worst = row.worst && row.worst.length ? row.worst[0].param : null;
       best = worst !== null && v.params[worst] !== undefined ? worst : (v.groups.members[best] || [0])[0];
+    }
+    // a recorded run (a replay, an earlier run) has the histograms it kept: start on one of those
+    const stored = v !== this.live || isReplay();
+    if (stored && v.hists.size && !v.hists.has(v.params[best])) {
+      const kept = v.params.filter((p) => v.hists.has(p));
+      const value = (p) => plottable((v.large ? [] : row.grad_norm_raw || [])[v.index.get(p)]) ?? -Infinity;
+      kept.sort((a, b) => value(b) - value(a));
+      best = v.index.get(kept[0]);
     }
     this.pickParam(v.params[best], { auto: true });
   }
@@ -683,7 +707,12 @@ class Dashboard {
     const hg = this.histParam ? this.view.latestHist(this.histParam) : null;
     if (!this.histParam)
       el.textContent = "pick a parameter: click the heatmap or the flow chart, or use the list";
-    else if (!hg)
+    else if (!hg && (this.view !== this.live || isReplay())) {
+      const kept = [...this.view.hists.keys()];
+      el.textContent = kept.length
+        ? `no histogram of ${this.histParam} was recorded; this run kept those of ${kept.slice(0, 4).join(", ")}${kept.length > 4 ? ", …" : ""}`
+        : "this run recorded no histograms";
+    } else if (!hg)
       el.textContent = `waiting for a histogram of ${this.histParam} (taken every few sampled steps)`;
     else el.textContent = `${this.histParam} · step ${hg.step}`;
   }

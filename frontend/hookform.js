@@ -7,6 +7,7 @@
 // warned about and needs a second click. It posts through the hook panel,
 // which updates the list.
 
+import { can, whyNot } from "./capabilities.js";
 import { api, errorText } from "./api.js";
 import {
   clearDetail,
@@ -160,8 +161,10 @@ export class AddHookForm {
     const glob = this.target.value;
     const point = this.point.value;
     this.found = null;
-    if (!glob) {
-      this.matches.textContent = "";
+    if (!glob || !can("targets")) {
+      // (a replay has no live model to match a glob against: nothing is asked)
+      this.matches.className = "matches";
+      this.matches.textContent = glob ? whyNot("targets") : "";
       return;
     }
     const res = await api.targets(glob, point);
@@ -191,6 +194,7 @@ export class AddHookForm {
   /** The server's matches for a glob at a point (the newest lookup when it is that one); null when unknown. */
   async matchesOf(glob, point) {
     if (this.found && this.found.glob === glob && this.found.point === point) return this.found.matches;
+    if (!can("targets")) return null;
     const res = await api.targets(glob, point);
     return res.ok ? res.data.matches || [] : null;
   }

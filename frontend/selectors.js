@@ -80,6 +80,12 @@ export const SELECTORS = {
   rewindSkip: "rewind-skip",
   markerPop: "marker-pop",
   markerRewind: "marker-rewind",
+  checkpointNow: "checkpoint-now",
+  shadowEnded: "shadow-ended",
+  // a replay's note where the history thinned per-tensor detail (capabilities.js)
+  detailThinned: "detail-thinned",
+  // the demo's pause before its hint's step (the reason, beside the training state)
+  pauseReason: "pause-reason",
   // the Rules panel (rules.js)
   cardRules: "card-rules",
   ruleList: "rule-list",

@@ -7,7 +7,11 @@
 //   checkpoints kept in host memory ("checkpoints: N kept · size [of the budget] host memory
 //   [· every N steps]"), each with a rewind button showing its step, size and time (who took it
 //   and how long the copy took in its title), and why the last automatic checkpoint was not
-//   taken (over the budget, refused, non-finite gradients), where it applies.
+//   taken (over the budget, refused, non-finite gradients), where it applies; "checkpoint now"
+//   (POST /api/checkpoints: taken at the next step boundary; disabled with the reason where
+//   the Inspector refuses checkpoints, absent where the server serves none: a replay).
+// - A shadow that ended says why and at which step, and when its loss was never finite (a
+//   shadow from already-ruined weights) that it has no line to draw.
 // - On the loss chart: the shadow's loss and total norm (raw and final) dashed from its branch
 //   step (traces after the loss chart's own), and a branch marker at every rewind.
 // - A click on a hook-change marker offers "rewind to before this change": the newest
@@ -16,6 +20,7 @@
 // GET /api/shadow; an earlier run's from its shadow branch in the history).
 
 import { api, errorText } from "./api.js";
+import { can, whyNot } from "./capabilities.js";
 import { SELECTORS } from "./selectors.js";
 import { COLORS, PLOT_CONFIG, axis, baseLayout } from "./theme.js";
 import { h, num, plotlyText, positive } from "./util.js";
@@ -25,7 +30,37 @@ export const SHADOW_TRACES = 6; // loss, raw norm, final norm, branch line, bran
 const MAX_POINTS = 3000;
 
 function emptyShadow() {
-  return { runId: null, branchStep: null, label: null, active: false, x: [], loss: [], raw: [], fin: [] };
+  return {
+    runId: null,
+    branchStep: null,
+    label: null,
+    active: false,
+    ended: null, // why it ended (the server's `ended`), and at which step (`endedStep`)
+    endedStep: null,
+    x: [],
+    loss: [],
+    raw: [],
+    fin: [],
+  };
+}
+
+/** The first step from the branch on where the main run went NaN/Inf (its NaN/Inf markers), or null. */
+function mainNonfinite(state, sh) {
+  if (sh.branchStep === null) return null;
+  const xs = (state.markers || [])
+    .filter((m) => m.kind === "nonfinite" && m.x >= sh.branchStep)
+    .map((m) => m.x);
+  return xs.length ? Math.min(...xs) : null;
+}
+
+/** Why the shadow has no line, or at which step its loss left the finite (null: nothing to say). */
+function nonfiniteNote(sh) {
+  if (!sh.x.length) return null;
+  const firstBad = sh.loss.findIndex((v) => v === null);
+  if (firstBad < 0) return null;
+  if (sh.loss.every((v) => v === null))
+    return `its loss was NaN/Inf from its first step (${sh.x[0]}): the weights it started from were already non-finite, so there is no line to draw`;
+  return `its loss is NaN/Inf from step ${sh.x[firstBad]}: the dashed line stops there`;
 }
 
 function fmtBytes(n) {
@@ -195,6 +230,14 @@ export class WhatIf {
       "stop training the shadow (its history stays)",
       () => this.end(),
     );
+    // a checkpoint now, at the next step boundary (listed below once taken)
+    this.cpNowBtn = b(
+      SELECTORS.checkpointNow,
+      "checkpoint now",
+      "save the model, optimizer and inspector state at the next step boundary (in host memory; listed under checkpoints)",
+      () => this.checkpointNow(),
+    );
+    this.endedNote = h("span", { class: "small shadow-ended", dataset: { testid: SELECTORS.shadowEnded } });
     this.cpList = h("span", { class: "cp-list" });
     // why the last automatic checkpoint was not taken (GET /api/checkpoints' auto_refused)
     this.cpNote = h("span", { class: "small cp-note", dataset: { testid: SELECTORS.checkpointsNote } });
@@ -231,7 +274,9 @@ export class WhatIf {
       this.status,
       this.diffBtn,
       this.endBtn,
+      this.endedNote,
       h("span", { class: "grow" }),
+      this.cpNowBtn,
       cps,
     );
     card.querySelector(".card-head").after(this.bar);
@@ -260,7 +305,7 @@ export class WhatIf {
         this.setState(state, res.data);
         for (const p of res.data.points || []) addPoint(state.shadow, p);
       } else await this.fromHistory(state);
-      await this.refreshCheckpoints();
+      if (can("checkpoints")) await this.refreshCheckpoints();
     } else {
       await this.fromHistory(state);
     }
@@ -306,10 +351,13 @@ export class WhatIf {
       branchStep: num(s.branch_step),
       label: s.label,
       active: Boolean(s.active),
+      ended: s.active ? null : (s.ended ?? null),
+      endedStep: s.active ? null : num(s.ended_step),
     });
   }
 
   async refreshCheckpoints() {
+    if (!can("checkpoints")) return; // (a replay keeps none: nothing to ask)
     const res = await api.checkpoints();
     if (res.ok && res.data) this.checkpoints = res.data;
     this.show();
@@ -347,6 +395,12 @@ export class WhatIf {
   }
 
   // ----- commands -----
+
+  async checkpointNow() {
+    const res = await api.checkpoint();
+    if (!res.ok) this.note(`checkpoint now: ${errorText(res)}`);
+    else this.note(`checkpoint ${res.data.id} requested: taken at the next step boundary`);
+  }
 
   async compareHere() {
     const res = await api.startShadow();
@@ -455,6 +509,40 @@ export class WhatIf {
     });
     this.diffEl.dataset.points = String(x.length);
     const name = plotlyText(`main − ${sh.label || "shadow"}`);
+    // past the main run's NaN/Inf there is no difference to draw: a line and a word say where
+    const bad = mainNonfinite(state, sh);
+    this.diffEl.dataset.mainNonfinite = bad === null ? "" : String(bad);
+    const shapes =
+      bad === null
+        ? []
+        : [
+            {
+              type: "line",
+              xref: "x",
+              yref: "paper",
+              x0: bad,
+              x1: bad,
+              y0: 0,
+              y1: 1,
+              line: { color: COLORS.nonfinite, width: 1.5, dash: "dot" },
+            },
+          ];
+    const annotations =
+      bad === null
+        ? []
+        : [
+            {
+              x: bad,
+              xref: "x",
+              y: 1,
+              yref: "paper",
+              xanchor: "left",
+              yanchor: "top",
+              showarrow: false,
+              text: plotlyText(`main run NaN/Inf from step ${bad}: no difference from here`),
+              font: { size: 11, color: COLORS.nonfinite },
+            },
+          ];
     Plotly.react(
       this.diffEl,
       [
@@ -472,6 +560,8 @@ export class WhatIf {
         margin: { l: 60, r: 64, t: 8, b: 32 },
         xaxis: axis({ title: { text: "step" } }),
         yaxis: axis({ title: { text: "loss: main − shadow" }, zeroline: true }),
+        shapes,
+        annotations,
         showlegend: false,
       }),
       PLOT_CONFIG,
@@ -500,14 +590,32 @@ export class WhatIf {
     this.skipBox.disabled = ro;
     this.diffBtn.hidden = !sh.x.length;
     this.bar.dataset.shadow = sh.active ? "active" : sh.x.length ? "ended" : "none";
-    if (sh.x.length || sh.active) {
+    if (sh.x.length || sh.active || sh.ended) {
       const from = sh.branchStep !== null ? ` · from step ${sh.branchStep}` : "";
       const cost = sh.active ? " · costs a second training step per step" : " · ended";
       this.status.textContent = `${sh.label || "shadow"}${from} (dashed)${cost}`;
-    } else this.status.textContent = demo ? "" : "";
+    } else this.status.textContent = "";
+    // why it ended, at which step; a shadow whose loss never was finite has no line: say so
+    const ended = sh.ended
+      ? `ended${sh.endedStep !== null ? ` at step ${sh.endedStep}` : ""}: ${sh.ended}`
+      : "";
+    const bad = nonfiniteNote(sh);
+    const mainBad = sh.x.length || sh.active ? mainNonfinite(state, sh) : null;
+    const main =
+      mainBad === null ? "" : `the main run is NaN/Inf from step ${mainBad}: no difference from there`;
+    const note = [ended, bad, main].filter(Boolean).join(" · ");
+    if (this.endedNote.textContent !== note) this.endedNote.textContent = note;
+    this.endedNote.hidden = !note;
+    // checkpoint now: absent where the server takes none (a replay, an earlier run), disabled
+    // with the reason where the Inspector refuses them
+    this.cpNowBtn.hidden = !isLive || !can("checkpoints");
+    this.cpNowBtn.disabled = ro || !can("checkpoint");
+    this.cpNowBtn.title = can("checkpoint")
+      ? "save the model, optimizer and inspector state at the next step boundary (in host memory; listed under checkpoints)"
+      : `checkpoint now: ${whyNot("checkpoint")}`;
     const c = this.checkpoints;
     const list = (c.checkpoints || []).filter((x) => x.taken);
-    this.cpSummary.hidden = !isLive || !!c.refused;
+    this.cpSummary.hidden = !isLive || !!c.refused || !can("checkpoints"); // (a replay keeps none)
     const every = num(c.every) ? ` · every ${num(c.every)} steps` : "";
     const budget = num(c.budget) ? ` of ${fmtBytes(c.budget)}` : "";
     this.cpSummary.textContent =
