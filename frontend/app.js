@@ -503,7 +503,7 @@ class Dashboard {
       document.querySelector('[data-role="try-this"]').before(reason);
     }
     if (reason) {
-      reason.textContent = why ? `⏸ ${why}` : "";
+      reason.textContent = why ? `❚❚ ${why}` : "";
       reason.hidden = !why;
     }
     el.title = why || "";
