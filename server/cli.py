@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(changeable from the page). Every step is sampled (every=1). A scenario whose loss stays\n"
             "non-finite for 30 steps is reset in place: same run, same hooks, the step count goes on,\n"
             "and a scenario_reset event marks it. Each start is a new run in the database.\n\n"
-            "Checkpoints: every 10 steps (tiny_gpt: 25), the newest few kept in memory, so a hint's\n"
+            "Checkpoints: every 10 steps (nan 8, tiny_gpt 25), the newest few kept in memory, so a hint's\n"
             "'rewind to before step N' finds one. A scenario whose hint names a step (exploding 40,\n"
             "nan 30, deep 60) pauses 5 steps before it, once, with the reason on the page, until you\n"
             "resume (--no-pause-before-hint: it does not)."

@@ -40,6 +40,9 @@ class NaNBatch(ReluTeacher):
 
     bad_step = 30
     hint_step = bad_step
+    # a checkpoint every 8 steps (24 is the newest before the bad batch); not 10, whose step 30
+    # would read the bad step's NaN/Inf check at its own boundary (a checkpoint step waits for it)
+    checkpoint_every = 8
     bad_every = 100
     in_features = 8
     hidden = 32
