@@ -1,5 +1,5 @@
 // The Recent steps card: the flight recorder (inspector/stats/flight.py) and the spike
-// detector's settings. A dump (a spike, a NaN/Inf, or the "Recent steps" button: POST
+// detector's settings. A dump (a spike, a NaN/Inf, or the "Read the recorder now" button: POST
 // /api/flight) holds every step of the last N at full resolution, unsampled ones too: the
 // chart draws its global gradient norm (raw and final) and the loss over those steps, the
 // groups whose norm rose most, the non-finite steps and the spike markers, with the
@@ -280,7 +280,7 @@ export class FlightCard {
     });
     const shapes = [];
     const annotations = [];
-    if (!rows.length) annotations.push(centerNote("no steps recorded yet: press Recent steps"));
+    if (!rows.length) annotations.push(centerNote('no steps recorded yet: press "Read the recorder now"'));
     if (this.incident && this.incident.step !== null && x.length) {
       const s = this.incident.step;
       const color = this.incident.reason === "spike" ? COLORS.spike : COLORS.nonfinite;

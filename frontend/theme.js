@@ -3,7 +3,8 @@
 
 import { positiveRange } from "./ticks.js";
 
-export const COLORS = {
+// The dark palette and the light one: the same meanings, colours dark enough to read on white.
+const DARK = {
   raw: "#6ea8fe",
   final: "#ffa657",
   loss: "#7ee787",
@@ -24,7 +25,38 @@ export const COLORS = {
   spike: "#f2cc60",
   rule: "#39d0c5", // a rule's firing (rules.js)
   ruleFailed: "#ff6b81",
+  hoverBg: "#1b2330",
+  hoverBorder: "#3a4656",
+  legendBg: "rgba(14,19,26,0.75)",
 };
+const LIGHT = {
+  raw: "#2f6fd6",
+  final: "#d4670f",
+  loss: "#1a8f36",
+  hook: "#8250df",
+  nonfinite: "#d1243f",
+  ratioIn: "#0e8a96",
+  ratioOut: "#b7791f",
+  band: "rgba(14, 138, 150, 0.10)",
+  grid: "#e1e6ed",
+  zero: "#b9c3cf",
+  text: "#1f2733",
+  muted: "#5a6677",
+  plotBg: "#ffffff",
+  reset: "#c4561a",
+  compareLoss: "#6cc07f",
+  compareNorm: "#e3a263",
+  branch: "#bf3989",
+  spike: "#a87b00",
+  rule: "#0b857b",
+  ruleFailed: "#d1243f",
+  hoverBg: "#ffffff",
+  hoverBorder: "#b9c3cf",
+  legendBg: "rgba(255,255,255,0.8)",
+};
+
+/** The current theme's colours: updated in place by setChartTheme, read at every draw. */
+export const COLORS = { ...DARK };
 
 // A hook change's marker on the time charts, by action: [symbol, colour] (the hover names
 // the action and the values too, so colour is never the only cue).
@@ -37,7 +69,7 @@ export const HOOK_ACTIONS = {
   import: ["square", "#e3b341"],
 };
 
-// A perceptually even scale that reads well on the dark background.
+// A perceptually even scale that reads on both backgrounds (its ends are dark blue and yellow).
 export const HEAT_SCALE = [
   [0.0, "#0d0887"],
   [0.15, "#46039f"],
@@ -50,11 +82,8 @@ export const HEAT_SCALE = [
   [1.0, "#f0f921"],
 ];
 
-const FONT = {
-  family: 'Inter, "Segoe UI", system-ui, -apple-system, sans-serif',
-  size: 11,
-  color: COLORS.text,
-};
+const FAMILY = 'Inter, "Segoe UI", system-ui, -apple-system, sans-serif';
+const font = () => ({ family: FAMILY, size: 11, color: COLORS.text });
 
 /** A muted note in the middle of a chart (what it waits for, why it is empty); `y` in paper units. */
 export function centerNote(text, y = 0.5) {
@@ -90,9 +119,9 @@ export function baseLayout(extra = {}) {
   return {
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: COLORS.plotBg,
-    font: FONT,
+    font: font(),
     margin: { l: 56, r: 16, t: 8, b: 40 },
-    hoverlabel: { bgcolor: "#1b2330", bordercolor: "#3a4656", font: { ...FONT, size: 12 } },
+    hoverlabel: { bgcolor: COLORS.hoverBg, bordercolor: COLORS.hoverBorder, font: { ...font(), size: 12 } },
     legend: { ...LEGEND_OUTSIDE, font: { size: 11, color: COLORS.text } },
     uirevision: "keep", // user zoom survives updates
     ...extra,
@@ -144,3 +173,71 @@ export const PLOT_CONFIG = {
   modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toImage"],
   scrollZoom: false,
 };
+
+/** "dark" or "light": the palette COLORS holds now. */
+export function chartTheme() {
+  return COLORS.plotBg === LIGHT.plotBg ? "light" : "dark";
+}
+
+/**
+ * Switch the charts' palette to `name` ("dark" or "light"): COLORS is updated in place (later
+ * draws use it) and every Plotly chart on the page is restyled now (backgrounds, fonts, grids,
+ * and each trace, annotation and shape colour of the old palette to its counterpart).
+ */
+export function setChartTheme(name) {
+  const from = chartTheme() === "light" ? LIGHT : DARK;
+  const to = name === "light" ? LIGHT : DARK;
+  if (from === to) return;
+  Object.assign(COLORS, to);
+  const swap = new Map();
+  for (const k of Object.keys(from)) if (from[k] !== to[k]) swap.set(from[k].toLowerCase(), to[k]);
+  const map = (c) => (typeof c === "string" && swap.has(c.toLowerCase()) ? swap.get(c.toLowerCase()) : c);
+  const Plotly = window.Plotly;
+  if (!Plotly) return;
+  for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+    if (!gd.layout || !gd.data) continue;
+    const lay = {
+      plot_bgcolor: COLORS.plotBg,
+      "font.color": COLORS.text,
+      "hoverlabel.bgcolor": COLORS.hoverBg,
+      "hoverlabel.bordercolor": COLORS.hoverBorder,
+      "hoverlabel.font.color": COLORS.text,
+      "legend.bgcolor": COLORS.legendBg,
+      "legend.font.color": COLORS.text,
+    };
+    for (const key of Object.keys(gd.layout)) {
+      if (!/^[xy]axis\d*$/.test(key)) continue;
+      Object.assign(lay, {
+        [`${key}.gridcolor`]: COLORS.grid,
+        [`${key}.zerolinecolor`]: COLORS.zero,
+        [`${key}.linecolor`]: COLORS.zero,
+        [`${key}.tickfont.color`]: COLORS.muted,
+        [`${key}.title.font.color`]: COLORS.muted,
+      });
+    }
+    (gd.layout.annotations || []).forEach((a, i) => {
+      if (a.font && a.font.color) lay[`annotations[${i}].font.color`] = map(a.font.color);
+      if (a.bgcolor) lay[`annotations[${i}].bgcolor`] = map(a.bgcolor);
+    });
+    (gd.layout.shapes || []).forEach((s, i) => {
+      if (s.line && s.line.color) lay[`shapes[${i}].line.color`] = map(s.line.color);
+      if (s.fillcolor) lay[`shapes[${i}].fillcolor`] = map(s.fillcolor);
+    });
+    const style = { "line.color": [], "marker.color": [], fillcolor: [] };
+    const idx = [];
+    gd.data.forEach((t, i) => {
+      idx.push(i);
+      style["line.color"].push(map(t.line && t.line.color));
+      style["marker.color"].push(
+        Array.isArray(t.marker && t.marker.color) ? t.marker.color.map(map) : map(t.marker && t.marker.color),
+      );
+      style.fillcolor.push(map(t.fillcolor));
+    });
+    try {
+      Plotly.relayout(gd, lay);
+      if (idx.length) Plotly.restyle(gd, style, idx);
+    } catch {
+      // (a chart being replaced at this moment is drawn again with COLORS by its own draw)
+    }
+  }
+}

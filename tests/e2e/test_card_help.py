@@ -41,7 +41,7 @@ def docs_page_named(text: str) -> tuple[Path, str] | None:
 def test_every_card_has_a_help_note_naming_a_docs_page(demo: support.ServerProcess, new_page: Any) -> None:
     page, log = new_page()
     page.set_viewport_size({"width": 1024, "height": 768})
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.locator('[data-testid="help-loss"]')).to_be_visible()
     cards = page.evaluate(CARDS)
     assert len(cards) >= 18

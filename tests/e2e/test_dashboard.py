@@ -62,7 +62,7 @@ def reset(server: support.ServerProcess) -> None:
 
 
 def open_dashboard(page: Any, server: support.ServerProcess) -> None:
-    page.goto(server.url)
+    page.goto(server.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     # A few streamed steps drawn: every chart that follows the newest snapshot has data.
     page.wait_for_function(
@@ -468,7 +468,7 @@ def test_a_token_url_leaves_the_address_bar_and_read_only_disables_every_control
     )
     try:
         page, log = new_page()
-        page.goto(f"{server.url}?token={token}")
+        page.goto(f"{server.url}?token={token}#all")
         # The page moved the token to sessionStorage: the address bar is clean.
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         assert "token" not in page.url

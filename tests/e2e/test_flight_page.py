@@ -51,7 +51,7 @@ def test_a_nan_dump_settings_and_replay(new_page: Any, tmp_path: Path) -> None:
         tmp_path, scenario="nan", rate=20, db=db, extra=["--no-shadow"], wait=True
     ) as srv:
         page, log = new_page()
-        page.goto(srv.url)
+        page.goto(srv.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         card = page.get_by_test_id("card-flight")
         expect(card).to_be_visible()
@@ -92,7 +92,7 @@ def test_a_nan_dump_settings_and_replay(new_page: Any, tmp_path: Path) -> None:
         page, log = new_page()
         bad: list[tuple[int, str]] = []
         page.on("response", lambda r: bad.append((r.status, r.url)) if r.status >= 400 else None)
-        page.goto(replay.url)
+        page.goto(replay.url + "#all")
         card = page.get_by_test_id("card-flight")
         expect(card).to_be_visible()
         card.scroll_into_view_if_needed()
@@ -110,7 +110,7 @@ def test_a_spike_has_a_marker_on_the_loss_chart(new_page: Any, tmp_path: Path) -
         page, log = new_page()
         bad: list[tuple[int, str]] = []
         page.on("response", lambda r: bad.append((r.status, r.url)) if r.status >= 400 else None)
-        page.goto(srv.url)
+        page.goto(srv.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         s = page.wait_for_function(
             f"() => {{ const s = ({SPIKES})(); return s && s.x.length ? s : null; }}", timeout=90_000

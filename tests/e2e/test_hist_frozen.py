@@ -33,7 +33,7 @@ def test_a_frozen_parameters_histogram_draws_raw_alone_without_console_errors(
     r = demo.client.post("/api/hooks", json={"kind": "freeze", "target": frozen})
     r.raise_for_status()
     page, log = new_page()
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
 
     page.get_by_test_id("hist-param").select_option(frozen)

@@ -23,7 +23,7 @@ def open_live(demo: support.ServerProcess, new_page: Any) -> tuple[Any, Any]:
     for hook in demo.get("/api/hooks"):
         demo.client.delete(f"/api/hooks/{hook['id']}").raise_for_status()
     page, log = new_page()
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     return page, log
 
@@ -310,7 +310,7 @@ def test_a_filter_typed_before_the_first_snapshot_keeps_its_picks(new_page: Any,
         names = srv.get("/api/snapshots", params={"limit": 1})["params"]
         page, log = new_page()
         page.route_web_socket("**/ws*", route)
-        page.goto(srv.url)
+        page.goto(srv.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         # (the route's handler runs while Playwright works: each poll asks the page something)
         support.wait_until(lambda: page.evaluate("() => true") and held, 30, "a snapshot held back")

@@ -88,7 +88,7 @@ def open_cards(demo: support.ServerProcess, new_page: Any) -> tuple[Any, Any]:
     # drawn at most every 2 s (test_timecharts), so while the run is followed its range lags
     # the charts on screen by design; what is compared here is what a user sees.
     page.set_viewport_size({"width": 1440, "height": TALL})
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     page.get_by_test_id("param-filter").fill("0.weight")
     expect(page.get_by_test_id("param-picked").get_by_test_id("param-chip")).to_have_count(1)

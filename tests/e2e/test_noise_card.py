@@ -68,7 +68,7 @@ def test_noise_card_estimate_reason_and_replay(new_page: Any, tmp_path: Path) ->
         tmp_path, scenario="tiny_gpt", rate=0, db=db, extra=["--no-shadow"], timeout=120
     ) as gpt:
         page, log = new_page()
-        page.goto(gpt.url)
+        page.goto(gpt.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         card = page.get_by_test_id("card-noise")
         card.scroll_into_view_if_needed()
@@ -102,7 +102,7 @@ def test_noise_card_estimate_reason_and_replay(new_page: Any, tmp_path: Path) ->
     # mlp: one backward per step, one process: no estimate, the reason and how to get one
     with support.start_demo(tmp_path, db=db, extra=["--no-shadow"]) as mlp:
         page, log = new_page()
-        page.goto(mlp.url)
+        page.goto(mlp.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         page.get_by_test_id("card-noise").scroll_into_view_if_needed()
         c = page.wait_for_function(
@@ -118,7 +118,7 @@ def test_noise_card_estimate_reason_and_replay(new_page: Any, tmp_path: Path) ->
         assert c["traces"]["lr"][-1] == pytest.approx(0.01)
 
         # the tiny_gpt run, replayed from the database: its stored estimate again
-        page.goto(f"{mlp.url}?run={gpt_run}")
+        page.goto(f"{mlp.url}?run={gpt_run}#all")
         expect(page.get_by_test_id("history-banner")).to_be_visible()
         page.get_by_test_id("card-noise").scroll_into_view_if_needed()
         stored = newest_noise(mlp, run=gpt_run)["noise"]

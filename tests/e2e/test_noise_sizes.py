@@ -65,7 +65,7 @@ def test_the_card_says_how_uneven_sizes_were_used_or_why_a_step_added_none(
     store.close()
     with start_cli(["replay", str(db)], log_dir=tmp_path) as server:
         page, log = new_page()
-        page.goto(f"{server.base}/?run={known}")
+        page.goto(f"{server.base}/?run={known}#all")
         page.get_by_test_id("card-noise").scroll_into_view_if_needed()
         status = page.wait_for_function(
             f"() => {{ const t = ({STATUS})(); return t.includes('B_simple') ? t : null; }}"
@@ -74,7 +74,7 @@ def test_the_card_says_how_uneven_sizes_were_used_or_why_a_step_added_none(
         assert "uneven sizes (8, 8, 8, 2)" in text and "harmonic mean (4.57)" in text, text
         assert "added none" not in text
 
-        page.goto(f"{server.base}/?run={unknown}")
+        page.goto(f"{server.base}/?run={unknown}#all")
         page.get_by_test_id("card-noise").scroll_into_view_if_needed()
         status = page.wait_for_function(
             f"() => {{ const t = ({STATUS})(); return t.includes('added none') ? t : null; }}"
@@ -84,7 +84,7 @@ def test_the_card_says_how_uneven_sizes_were_used_or_why_a_step_added_none(
         assert "Step 6 added none: micro-batches of uneven sizes (8, 8, 8, 8, 8, 8, 2, 2)" in text
         assert "8 forwards for 4 backward passes" in text
 
-        page.goto(f"{server.base}/?run={never}")
+        page.goto(f"{server.base}/?run={never}#all")
         page.get_by_test_id("card-noise").scroll_into_view_if_needed()
         status = page.wait_for_function(
             f"() => {{ const t = ({STATUS})(); return t.startsWith('No estimate') ? t : null; }}"

@@ -18,7 +18,7 @@ def test_the_optimizer_cards_draw_the_newest_step_and_the_model_over_steps(
     demo: support.ServerProcess, new_page: Any
 ) -> None:
     page, log = new_page()
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     now = page.get_by_test_id("chart-optim-now")
     expect(now).to_have_attribute("data-kind", "other")  # SGD: no Adam state

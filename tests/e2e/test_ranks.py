@@ -73,7 +73,7 @@ def test_the_ranks_card_shows_world_size_a_differing_rank_and_a_nan_rank(tmp_pat
     make_db(db, four_ranks if with_ranks else (lambda step: None))
     with start_cli(["replay", str(db)], log_dir=tmp_path) as server:
         page, log = new_page()
-        page.goto(server.base + "/")
+        page.goto(server.base + "/#all")
         page.get_by_test_id("step-counter").filter(has_text="3").wait_for()
         card = page.get_by_test_id("card-ranks")
         if not with_ranks:

@@ -41,7 +41,7 @@ def test_safe_overnight_from_the_panel_rewinds_past_the_nan(new_page: Any, tmp_p
     # training starts with the first page (wait=True), slowly: the set-up is done paused, before step 30
     with support.start_demo(tmp_path, scenario="nan", rate=4, db=db, wait=True, extra=["--no-shadow"]) as srv:
         page, log = new_page()
-        page.goto(srv.url)
+        page.goto(srv.url + "#all")
         expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
         srv.client.post("/api/training/pause").raise_for_status()
         support.wait_until(lambda: srv.get("/api/session")["training"].get("held"), 20, "the pause held")
@@ -145,7 +145,7 @@ def test_safe_overnight_from_the_panel_rewinds_past_the_nan(new_page: Any, tmp_p
     # the replay: the rule from the history's events, fired once; nothing to edit
     with start_cli(["replay", str(db)], log_dir=tmp_path) as replay:
         page, log = new_page()
-        page.goto(replay.url)
+        page.goto(replay.url + "#all")
         card = page.get_by_test_id("card-rules")
         card.scroll_into_view_if_needed()
         row = page.get_by_test_id("rule-row")
@@ -176,7 +176,7 @@ def test_a_rule_on_the_loss_recorded_after_step_fires_and_the_panel_shows_what_e
         ):
             srv.client.post("/api/rules", json=body).raise_for_status()
         page, log = new_page()
-        page.goto(srv.url)  # training starts with the first page
+        page.goto(srv.url + "#all")  # training starts with the first page
         support.wait_until(lambda: srv.get("/api/session")["training"].get("held"), 60, "the rule's pause")
         fired = [e for e in srv.get("/api/events")["events"] if e["kind"] == "rule_fired"]
         assert [(e["rule"], e["step"], e["at"]) for e in fired] == [("r2", 2, 4)]

@@ -131,7 +131,7 @@ def patient_expect() -> Iterator[None]:
 
 def open_page(large: support.ServerProcess, new_page: Any) -> tuple[Any, Any]:
     page, log = new_page()
-    page.goto(large.url)
+    page.goto(large.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live", timeout=60_000)
     return page, log
 
@@ -313,7 +313,7 @@ def test_representative_layers_pins_five_blocks_of_each_stack(large, new_page) -
 
 def test_a_small_run_shows_the_worst_list_and_no_group_navigation(demo, new_page) -> None:
     page, log = new_page()
-    page.goto(demo.url)
+    page.goto(demo.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     expect(page.get_by_test_id("worst-list")).to_be_attached()
     expect(page.get_by_test_id("heatmap-crumbs")).to_be_hidden()
