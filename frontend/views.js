@@ -124,11 +124,27 @@ function syncTabs(nav) {
   }
 }
 
-const hasPoint = (a) => Boolean(a) && Array.prototype.some.call(a, (v) => v !== null && v !== undefined);
+const drawable = (v) => v !== null && v !== undefined && !(typeof v === "number" && !Number.isFinite(v));
+const anyDrawable = (a) =>
+  Boolean(a) &&
+  Array.prototype.some.call(a, (v) =>
+    Array.isArray(v) || ArrayBuffer.isView(v) ? Array.prototype.some.call(v, drawable) : drawable(v),
+  );
+
+/** Whether a trace has a point to draw: a finite z or value, or an x and a y both there at one index. */
+function hasPoint(t) {
+  if (t.z) return anyDrawable(t.z);
+  if (t.values) return anyDrawable(t.values);
+  const { x, y } = t;
+  if (!x || !y) return anyDrawable(x || y);
+  const n = Math.min(x.length, y.length);
+  for (let i = 0; i < n; i++) if (drawable(x[i]) && drawable(y[i])) return true;
+  return false;
+}
 
 /** A chart with no trace that has a point to draw (what it shows, if anything, is its note). */
 function isEmpty(gd) {
-  return !(gd.data || []).some((t) => hasPoint(t.x) || hasPoint(t.y) || hasPoint(t.z) || hasPoint(t.values));
+  return !(gd.data || []).some(hasPoint);
 }
 
 /** Give `gd` the `chart-empty` class when it has nothing to draw, and fit it to its new box. */
@@ -137,6 +153,10 @@ function checkEmpty(gd) {
   const empty = isEmpty(gd);
   if (empty === gd.classList.contains("chart-empty")) return;
   gd.classList.toggle("chart-empty", empty);
+  // a chart without a note of its own says so in words (style.css shows data-empty-note)
+  const notes = ((gd.layout && gd.layout.annotations) || []).filter((n) => n.text && n.visible !== false);
+  if (empty && !notes.length) gd.dataset.emptyNote = "no finite values to draw";
+  else delete gd.dataset.emptyNote;
   if (gd.offsetParent === null) return; // (resized when its view is shown)
   // after this draw, not inside it; at once (Plots.resize waits 100 ms), so a click lands right
   Promise.resolve().then(() => {
