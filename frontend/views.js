@@ -30,7 +30,9 @@ const DEFAULT_VIEW = "overview";
 const COLLAPSED_KEY = "gi.collapsed"; // JSON list of the collapsed cards' data-help keys
 
 function viewFromHash() {
-  const name = decodeURIComponent(window.location.hash.replace(/^#/, ""));
+  // (the first part: "#all&token=..." or "#all=" after the token is taken out of the address)
+  const first = window.location.hash.replace(/^#/, "").split("&")[0].replace(/=$/, "");
+  const name = decodeURIComponent(first);
   return VIEWS.some(([id]) => id === name) ? name : DEFAULT_VIEW;
 }
 
