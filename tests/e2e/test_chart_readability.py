@@ -42,7 +42,7 @@ def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[support.ServerPro
 def open_page(new_page: Any, server: support.ServerProcess, size: tuple[int, int] = (1440, 900)) -> tuple:
     page, log = new_page()
     page.set_viewport_size({"width": size[0], "height": size[1]})
-    page.goto(server.url)
+    page.goto(server.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") is not None, what="loss drawn")
     return page, log
@@ -204,7 +204,7 @@ HEAT_ROW = """(name) => { const gd = document.querySelector('[data-testid="chart
 
 def test_a_just_opened_tensors_heatmap_row_has_no_holes_where_the_history_has_values(large, new_page):
     page, log = new_page()
-    page.goto(large.url)
+    page.goto(large.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live", timeout=60_000)
     wait_until(
         lambda: page.evaluate(

@@ -56,7 +56,7 @@ def test_health_line_and_origin_on_deep(deep: ServerProcess, new_page: Any) -> N
     from playwright.sync_api import expect
 
     page, log = new_page()
-    page.goto(deep.url)
+    page.goto(deep.url + "#all")
     health = page.get_by_test_id("health")
 
     at = hold_at(deep, 40)  # warm-up done, nothing wrong
@@ -112,7 +112,7 @@ def test_a_rule_that_paused_the_run_is_named_on_the_health_line(tmp_path, new_pa
         )
         rule.raise_for_status()
         page, log = new_page()
-        page.goto(srv.url)  # training starts with the first page
+        page.goto(srv.url + "#all")  # training starts with the first page
         health = page.get_by_test_id("health")
         expect(health).to_have_attribute("data-state", "nonfinite", timeout=120_000)
         expect(health).to_contain_text(f"paused by rule {rule.json()['id']}", timeout=60_000)

@@ -70,7 +70,7 @@ def test_a_replay_asks_nothing_it_is_refused_and_shows_no_live_control(tmp_path:
         page, log = new_page()
         bad: list[tuple[int, str]] = []
         page.on("response", lambda r: bad.append((r.status, r.url)) if r.status >= 400 else None)
-        page.goto(replay.url)
+        page.goto(replay.url + "#all")
         # (a replay's first load is slow on a busy machine: 27 s here beside other work)
         expect(page.get_by_test_id("step-counter")).to_have_text(str(STEPS), timeout=120_000)
         # the histogram: on 2.bias, the tensor with histograms (not 0.weight, the largest norm)

@@ -35,7 +35,7 @@ def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[support.ServerPro
 def open_page(new_page: Any, server: support.ServerProcess, size: tuple[int, int]) -> tuple[Any, Any]:
     page, log = new_page()
     page.set_viewport_size({"width": size[0], "height": size[1]})
-    page.goto(server.url)
+    page.goto(server.url + "#all")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     expect(page.get_by_test_id("worst-item").first).to_be_visible(timeout=60_000)
     return page, log
