@@ -5,15 +5,19 @@
     insp.add_hook("clip_norm", target="*", max_norm=1.0)
     url = insp.serve()          # the dashboard (imports the server lazily)
 
-This package imports torch only: no web framework is imported until ``serve()``.
+This package imports torch only: no web framework is imported until ``serve()``. Importing
+it imports only the wire's tables (the hook kinds, the records, the errors: no torch); torch and
+the rest of the core are imported on first use of a name that needs them (``attach``,
+``Inspector``, ``compare``, ...), so a server that only reads a recorded run (a replay) never
+imports torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .hooks.handles import HookHandle
-from .hooks.owned import attached
-from .hooks.targets import match as match_targets
-from .inspector import Inspector, Options, attach
-from .whatif.compare import CompareWarning, Comparison, compare
 from .wire.errors import (
     AttachError,
     CheckpointBusy,
@@ -26,6 +30,40 @@ from .wire.errors import (
 )
 from .wire.kinds import POINTS, hook_kinds
 from .wire.records import HookSpec, Snapshot
+
+if TYPE_CHECKING:
+    from .hooks.handles import HookHandle
+    from .hooks.owned import attached
+    from .hooks.targets import match as match_targets
+    from .inspector import Inspector, Options, attach
+    from .whatif.compare import CompareWarning, Comparison, compare
+
+# name -> (module, attribute): imported on first use (`__getattr__`)
+_LAZY = {
+    "HookHandle": (".hooks.handles", "HookHandle"),
+    "attached": (".hooks.owned", "attached"),
+    "match_targets": (".hooks.targets", "match"),
+    "Inspector": (".inspector", "Inspector"),
+    "Options": (".inspector", "Options"),
+    "attach": (".inspector", "attach"),
+    "CompareWarning": (".whatif.compare", "CompareWarning"),
+    "Comparison": (".whatif.compare", "Comparison"),
+    "compare": (".whatif.compare", "compare"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[0], __name__), where[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",
