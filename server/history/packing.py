@@ -42,7 +42,18 @@ import numpy as np
 
 from .optim import drop_null_lists, put_optim, take_optim
 
-__all__ = ["PER_PARAM", "PackError", "join", "pack", "packable", "short_values", "split", "unpack"]
+__all__ = [
+    "PER_PARAM",
+    "PackError",
+    "join",
+    "pack",
+    "packable",
+    "read",
+    "short_values",
+    "split",
+    "unpack",
+    "unpack_many",
+]
 
 PER_PARAM = (
     "grad_norm_raw",
@@ -198,6 +209,7 @@ def short_values(values: list[Any]) -> list[Any]:
 
 
 def _column(bits: np.ndarray, flags: int, index: Sequence[int] | None, version: int) -> list[Any]:
+    """An `INTEGERS` column's values (the float32 ones are written by `unpack_many`)."""
     if index is not None:
         bits = bits[np.asarray(index, dtype=np.int64)]
     if version >= 2 and flags & INTEGERS:  # exact ints
@@ -206,12 +218,9 @@ def _column(bits: np.ndarray, flags: int, index: Sequence[int] | None, version: 
         for i in np.flatnonzero(bits == none).tolist():
             out[i] = None
         return out
-    f = bits.view(np.float32)
+    f = bits.view(np.float32)  # a GIP1 column: ints rounded from float32
     bad = np.flatnonzero(~np.isfinite(f)).tolist()
-    if flags & INTEGERS:  # a GIP1 column: ints rounded from float32
-        out = np.rint(np.nan_to_num(f)).astype(np.int64).tolist()
-    else:
-        out = _short(f.astype(np.float64)).tolist()
+    out = np.rint(np.nan_to_num(f)).astype(np.int64).tolist()
     for i in bad:
         b = int(bits[i])
         x = float(f[i])
@@ -223,6 +232,43 @@ def unpack(
     blob: bytes, keys: Iterable[str] | None = None, index: Sequence[int] | None = None
 ) -> dict[str, list[Any]]:
     """The columns of a `pack`ed BLOB (only `keys`, when given; only the values at `index`, when given).
+
+    Raises:
+        PackError: not a BLOB `pack` wrote, or a damaged one.
+    """
+    return unpack_many([read(blob, keys, index)])[0]
+
+
+Read = tuple[dict[str, list[Any]], list[tuple[str, np.ndarray]]]
+
+
+def unpack_many(reads: list[Read]) -> list[dict[str, list[Any]]]:
+    """The columns of BLOBs that `read` has read, as `unpack` returns them: their float32 columns
+    written in one pass of `_short` over all of them (a stored snapshot's columns are short, a
+    value per tensor or group, and numpy's cost per call, not per value, is what reading many
+    rows of a stored run spends its time on)."""
+    floats = [col for _, cols in reads for col in cols]
+    if not floats:
+        return [out for out, _ in reads]
+    bits = np.concatenate([b for _, b in floats])
+    f = bits.view(np.float32)
+    values = _short(f.astype(np.float64)).tolist()
+    for i in np.flatnonzero(~np.isfinite(f)).tolist():
+        b = int(bits[i])
+        x = float(f[i])
+        values[i] = None if b == NONE_BITS else "nan" if x != x else "inf" if x > 0 else "-inf"
+    at = 0
+    for out, cols in reads:
+        for name, b in cols:
+            out[name] = values[at : at + len(b)]
+            at += len(b)
+    return [out for out, _ in reads]
+
+
+def read(blob: bytes, keys: Iterable[str] | None = None, index: Sequence[int] | None = None) -> Read:
+    """A `pack`ed BLOB read (only `keys`, when given; only the values at `index`, when given), its
+    float32 columns not yet written as values: `(columns, floats)`, each of `floats` a column's name
+    and its bit patterns, its place in `columns` held by an empty list; `unpack_many` fills them.
 
     Raises:
         PackError: not a BLOB `pack` wrote, or a damaged one.
@@ -253,6 +299,7 @@ def unpack(
         raise PackError("a damaged packed column set: its stream has the wrong length")
     bits_of: list[tuple[int, np.ndarray | None]] = []
     out: dict[str, list[Any]] = {}
+    floats: list[tuple[str, np.ndarray]] = []  # float32 columns, written by unpack_many
     offset = 0
     size = n if index is None else len(index)
     for name, mode, flags, ref in cols:
@@ -278,9 +325,12 @@ def unpack(
             out[name] = [0 if flags & INTEGERS else 0.0] * size
         elif mode == NULL:
             out[name] = [None] * size
+        elif bits is not None and not flags & INTEGERS:
+            out[name] = []  # (its place in the order; filled below)
+            floats.append((name, bits if index is None else bits[np.asarray(index, dtype=np.int64)]))
         elif bits is not None:
             out[name] = _column(bits, flags, index, version)
-    return out
+    return out, floats
 
 
 def split(snap: dict[str, Any]) -> tuple[dict[str, Any], bytes | None, bytes | None]:

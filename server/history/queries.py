@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .optim import cut_optim
-from .packing import PER_PARAM, PackError, join, unpack
+from .packing import PER_PARAM, PackError, Read, join, read, unpack_many
 from .schema import StoreError
 
 log = logging.getLogger("gradient_inspector.server")
@@ -393,12 +393,11 @@ class HistoryReader:
         have = {r[1] for r in self._all("PRAGMA table_info(snapshots)")}
         return ", ".join(f"{prefix}{c}" if c in have else f"NULL AS {c}" for c in ("detail", "groups"))
 
-    def _unpack(
-        self, run: int, step: int, blob: Any, keys: Any = None, index: Any = None
-    ) -> dict[str, list[Any]] | None:
-        """A packed column set, or None (skipped, with one warning naming the row) when damaged."""
+    def _unpack(self, run: int, step: int, blob: Any, keys: Any = None, index: Any = None) -> Read | None:
+        """A packed column set `read` (its floats written by `unpack_many`, many rows' at once), or
+        None (skipped, with one warning naming the row) when damaged."""
         try:
-            return unpack(blob, keys, index)
+            return read(blob, keys, index)
         except PackError as e:
             self._warn("snapshots", run, "step", step, str(e))
             return None
@@ -432,24 +431,31 @@ class HistoryReader:
                 f" AND c.step = s.step WHERE s.run = ? AND s.step IN ({marks}) ORDER BY s.step",
                 (run, *chunk),
             )
+            read_rows: list[tuple[int, dict[str, Any], Read | None, Read | None, bool, Any]] = []
             for step, d, det, grp, c in rows:
                 snap = self._decode("snapshots", run, "step", step, d)
                 if snap is None:
                     continue
                 groups = self._unpack(run, step, grp) if grp is not None else None
+                thinned = detail and _thinned(det)
+                lists = self._unpack(run, step, det) if detail and not thinned and det is not None else None
+                read_rows.append((step, snap, lists, groups, thinned, c))
+            blobs = [r for row in read_rows for r in row[2:4] if r is not None]
+            unpack_many(blobs)  # (every float column of the chunk's rows written in one pass)
+            for step, snap, lists, groups, thinned, c in read_rows:
+                group_cols = groups[0] if groups is not None else None
                 if not detail:
                     snap = {k: v for k, v in snap.items() if k not in PER_PARAM}
                     snap["detail"] = {"index": [], **{k: [] for k in PER_PARAM}}
                     if "optim" in snap:  # its per-parameter lists too (server/history/optim.py)
                         snap["optim"] = cut_optim(snap["optim"], [])
-                    snap = join(snap, None, groups)
-                elif _thinned(det):  # None for every parameter
+                    snap = join(snap, None, group_cols)
+                elif thinned:  # None for every parameter
                     if n_params is None:
                         n_params = self._n_params(run)
-                    snap = join(snap, None, groups, n_params)
+                    snap = join(snap, None, group_cols, n_params)
                 else:
-                    lists = self._unpack(run, step, det) if det is not None else None
-                    snap = join(snap, lists, groups)
+                    snap = join(snap, lists[0] if lists is not None else None, group_cols)
                 late = self._decode("scalars", run, "step", step, c) if c is not None else None
                 out.append(merge_scalars(snap, late))
         return out
@@ -478,11 +484,15 @@ class HistoryReader:
         width = len(index) if index is not None else None
         steps: list[int] = []
         per_step: list[dict[str, list[Any]] | None] = []
+        blobs: list[Read] = []
         for step, d, det, _ in rows:
             steps.append(step)
             lists: dict[str, list[Any]] | None = None
             if det is not None and not _thinned(det):  # a damaged one is skipped, with a warning
-                lists = self._unpack(run, step, det, keys, index)
+                got = self._unpack(run, step, det, keys, index)
+                if got is not None:
+                    blobs.append(got)
+                    lists = got[0]  # (its float columns written below, all rows' at once)
             elif det is None:  # a row from before the packed columns: its lists are in its JSON
                 snap = self._decode("snapshots", run, "step", step, d)
                 if snap is not None:
@@ -491,9 +501,11 @@ class HistoryReader:
                         v = snap.get(k)
                         if isinstance(v, list):
                             lists[k] = v if index is None else [v[i] if i < len(v) else None for i in index]
+            per_step.append(lists)
+        unpack_many(blobs)
+        for lists in per_step:
             if width is None and lists:
                 width = max((len(v) for v in lists.values()), default=0)
-            per_step.append(lists)
         width = width or 0
         stats: dict[str, list[list[Any]]] = {}
         for k in keys:
