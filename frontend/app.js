@@ -400,19 +400,28 @@ class Dashboard {
     this.subscribe();
     if (this.view === live) this.resetCharts();
     this.showSession();
-    this.loadRuns();
-    if (this.view === live) {
-      this.flight.setGroups(live.groups ? live.groups.names : []);
-      const stored = live.readOnly || Boolean(session.history && session.history.db); // (a replay reads one)
-      this.flight.load(live.runId, { live: !live.readOnly, stored });
-    }
-    if (this.view === live) this.whatif.load();
-    if (this.view === live) this.rules.load();
+    // the charts first: the page's other requests go once the next frame has drawn (the loss chart)
+    const shown = this.view === live;
+    this.scheduler.nextDraw().then(() => this.loadAfterHello(live, session, shown));
     if (this.pendingRun !== undefined) {
       const run = this.pendingRun;
       this.pendingRun = undefined;
       if (run !== null && String(run) !== String(live.runId)) this.openRun(run);
     }
+  }
+
+  /**
+   * What a hello's charts do not wait for: the run picker, and when the live run was shown at the
+   * hello (`shown`), the flight recorder, what-if and rules.
+   */
+  loadAfterHello(live, session, shown) {
+    this.loadRuns();
+    if (!shown) return;
+    this.flight.setGroups(live.groups ? live.groups.names : []);
+    const stored = live.readOnly || Boolean(session.history && session.history.db); // (a replay reads one)
+    this.flight.load(live.runId, { live: !live.readOnly, stored });
+    this.whatif.load();
+    this.rules.load();
   }
 
   // ----- drawing -----

@@ -13,7 +13,8 @@
 // of LARGE_GAP_FACTOR x a draw's time after it (drawing at most ~1/3.5 of the
 // main thread: the messages of a large run cost more to take in). A chart under a pressed
 // pointer is not redrawn until the pointer is released: a redraw between press and release
-// would lose the click (Plotly replaces what was pressed on).
+// would lose the click (Plotly replaces what was pressed on). `nextDraw()` says when the next
+// frame's draw is done, so what can wait (the page's other requests at start-up) comes after it.
 
 import { MAX_LOSS_POINTS, MAX_SNAPSHOTS } from "./state.js";
 
@@ -54,6 +55,7 @@ export class Scheduler {
     this.globalNextAt = 0;
     this.stats = {}; // name -> {draws, ms}: visible at window.__dashboard for profiling
     this.pressed = null; // the slot a pointer is pressed on: not redrawn until released
+    this.drawWaiters = []; // nextDraw()'s: resolved after the next frame that may draw
     for (const s of this.slots) {
       if (!s.chart.el || typeof s.chart.el.addEventListener !== "function") continue;
       s.chart.el.addEventListener("pointerdown", () => (this.pressed = s), true);
@@ -153,6 +155,18 @@ export class Scheduler {
     this.draw(s, true, performance.now());
   }
 
+  /**
+   * A promise resolved after the next frame that may draw (past the gap after the last draw):
+   * the chart first in line then (the loss chart, after a `resetAll`) has been drawn, or nothing
+   * could be drawn yet.
+   */
+  nextDraw() {
+    return new Promise((resolve) => {
+      this.drawWaiters.push(resolve);
+      this.request();
+    });
+  }
+
   request() {
     if (this.queued) return;
     this.queued = true;
@@ -166,7 +180,7 @@ export class Scheduler {
     let waiting = false;
     let next = null;
     if (now < this.globalNextAt) {
-      if (this.slots.some((s) => s.pending.dirty)) this.request();
+      if (this.drawWaiters.length || this.slots.some((s) => s.pending.dirty)) this.request();
       return;
     }
     const state = this.state();
@@ -191,6 +205,7 @@ export class Scheduler {
       waiting = waiting || this.slots.some((s) => s.pending.dirty);
     }
     if (waiting) this.request();
+    for (const resolve of this.drawWaiters.splice(0)) resolve();
   }
 
   draw(slot, reset, now, pending) {

@@ -2,12 +2,28 @@
 // 10 s, with jitter) whenever it closes. The owner gets every message and every
 // state change. Each connection's URL says what the owner already has (its
 // `resume()`: run, step, since, seq), so the server's `hello` brings what was
-// missed and nothing twice.
+// missed and nothing twice. The first connection takes over the socket boot.js
+// opened before the modules loaded (`takeEarly`), with what it received meanwhile.
 
 import { socketProtocols } from "./api.js";
 
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 10_000;
+
+/**
+ * The socket boot.js opened (window.__giEarlySocket), once, when it is for `url` (a new page's
+ * first connection): `{socket, opened, messages, closed}`, its own listeners removed; else null
+ * (a socket for another URL is closed).
+ */
+function takeEarly(url) {
+  const early = window.__giEarlySocket;
+  if (!early) return null;
+  window.__giEarlySocket = undefined;
+  early.detach();
+  if (early.url === url) return early;
+  early.socket.close();
+  return null;
+}
 
 export class Connection {
   /**
@@ -61,10 +77,11 @@ export class Connection {
   connect() {
     clearTimeout(this.timer);
     this.onState("connecting", { attempt: this.attempt });
+    const early = takeEarly(this.url());
     let socket;
     try {
       // the token travels as a subprotocol (api.js), never in the URL
-      socket = new WebSocket(this.url(), socketProtocols());
+      socket = early ? early.socket : new WebSocket(this.url(), socketProtocols());
     } catch (err) {
       this.scheduleRetry();
       return;
@@ -90,6 +107,15 @@ export class Connection {
     };
     // onerror is always followed by onclose, which does the work.
     socket.onerror = () => {};
+    if (early) {
+      // What it received before it was taken over, in order, before any later message (a
+      // microtask: no task runs in between); from now on the handlers above get the rest.
+      queueMicrotask(() => {
+        if (early.opened) socket.onopen();
+        for (const ev of early.messages) socket.onmessage(ev);
+        if (early.closed) socket.onclose(early.closed);
+      });
+    }
   }
 
   scheduleRetry(code) {
