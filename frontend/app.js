@@ -400,8 +400,11 @@ class Dashboard {
     this.subscribe();
     if (this.view === live) this.resetCharts();
     this.showSession();
-    // the charts first: the page's other requests go once the next frame has drawn (the loss chart)
+    // the shadow belongs to the loss chart and its messages may start any moment: its state is
+    // asked for now (a later load would wipe what its messages drew meanwhile); the page's other
+    // requests go once the next frame has drawn (the loss chart)
     const shown = this.view === live;
+    if (shown) this.whatif.load();
     this.scheduler.nextDraw().then(() => this.loadAfterHello(live, session, shown));
     if (this.pendingRun !== undefined) {
       const run = this.pendingRun;
@@ -412,7 +415,7 @@ class Dashboard {
 
   /**
    * What a hello's charts do not wait for: the run picker, and when the live run was shown at the
-   * hello (`shown`), the flight recorder, what-if and rules.
+   * hello (`shown`), the flight recorder and rules.
    */
   loadAfterHello(live, session, shown) {
     this.loadRuns();
@@ -420,7 +423,6 @@ class Dashboard {
     this.flight.setGroups(live.groups ? live.groups.names : []);
     const stored = live.readOnly || Boolean(session.history && session.history.db); // (a replay reads one)
     this.flight.load(live.runId, { live: !live.readOnly, stored });
-    this.whatif.load();
     this.rules.load();
   }
 

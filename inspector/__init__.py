@@ -12,10 +12,8 @@ the rest of the core are imported on first use of a name that needs them (``atta
 imports torch.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 from ._version import __version__
 from .wire.errors import (
@@ -31,7 +29,7 @@ from .wire.errors import (
 from .wire.kinds import POINTS, hook_kinds
 from .wire.records import HookSpec, Snapshot
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .hooks.handles import HookHandle
     from .hooks.owned import attached
     from .hooks.targets import match as match_targets
@@ -52,11 +50,11 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where[0], __name__), where[1])
+    value = getattr(_importlib.import_module(where[0], __name__), where[1])
     globals()[name] = value
     return value
 
