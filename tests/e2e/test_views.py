@@ -5,7 +5,8 @@ Each view is reachable from the nav bar and by its URL fragment, the fragment su
 back and forward move between views; a collapsed card stays collapsed after a reload; the overview
 of the `deep` demo at 1440x900 is at most two screens tall; at 1024x768 nothing overflows sideways
 and the top bar's controls are in view; the theme follows prefers-color-scheme, the toggle is
-remembered and changes the charts' background; an Events badge's text is not clipped.
+remembered and changes the charts' background; the health line's text reads on its background in
+either theme; an Events badge's text is not clipped.
 """
 
 from __future__ import annotations
@@ -220,6 +221,43 @@ def test_an_empty_chart_is_a_short_message(browser, demo):
             """() => document.querySelector('[data-testid="chart-effects"]').classList.contains('chart-empty')"""
         )
         assert chart.bounding_box()["height"] < 100
+        assert errors == []
+    finally:
+        ctx.close()
+
+
+def _rgba(css: str) -> tuple[float, ...]:
+    parts = [float(x) for x in css[css.index("(") + 1 : css.index(")")].split(",")]
+    return tuple(parts) if len(parts) == 4 else (*parts, 1.0)
+
+
+def _luminance(rgb: tuple[float, ...]) -> float:
+    def lin(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(rgb[0]) + 0.7152 * lin(rgb[1]) + 0.0722 * lin(rgb[2])
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_the_health_lines_text_reads_on_its_background_in_either_theme(browser, demo, scheme):
+    """The health line's text against its background (laid over the page's): a contrast of 4.5:1
+    at least (WCAG AA for body text), in the light theme as in the dark one."""
+    ctx, page, errors = open_page(browser, demo.url, scheme=scheme)
+    try:
+        health = page.get_by_test_id("health")
+        expect(health).to_be_visible(timeout=40_000)
+        text, back, body = page.evaluate(
+            """() => { const el = document.querySelector('[data-testid="health"] .health-text');
+              const s = (e) => getComputedStyle(e);
+              return [s(el).color, s(el.closest('[data-testid="health"]')).backgroundColor,
+                      s(document.body).backgroundColor]; }"""
+        )
+        fg, bg, under = _rgba(text), _rgba(back), _rgba(body)
+        shown = tuple(bg[3] * bg[i] + (1 - bg[3]) * under[i] for i in range(3))
+        hi, lo = sorted([_luminance(fg), _luminance(shown)], reverse=True)
+        contrast = (hi + 0.05) / (lo + 0.05)
+        assert contrast >= 4.5, (scheme, text, back, body, contrast)
         assert errors == []
     finally:
         ctx.close()
