@@ -52,11 +52,14 @@ function paramInfo(state, name) {
   return p && typeof p === "object" ? p : { name };
 }
 
-/** A positive series' axis: log with round ticks where it spans values, else linear. */
-function yAxisFor(values, title) {
+/**
+ * A positive series' axis: log with round ticks where it spans values, else linear; at most 5
+ * ticks, which the panel's short charts have room for (6, say 0.01 0.05 ... 5, overlap).
+ */
+export function yAxisFor(values, title) {
   const v = values.filter((x) => x !== null);
   if (!v.length) return axis({ title: { text: title }, visible: false });
-  return axis({ title: { text: title }, type: "log", ...logTicks(v, 6) });
+  return axis({ title: { text: title }, type: "log", ...logTicks(v, 5) });
 }
 
 export class TensorPanel {

@@ -3,7 +3,8 @@
 A click on a tensor's name (worst now, a chart, the statistics table, an event naming it) opens
 its panel inside the viewport with no scroll, at 1440x900 and 1024x768; the panel's norm chart
 starts at the run's first recorded step although the page holds only its newest window; Escape,
-a second click and the close button close it, another name switches it.
+a second click and the close button close it, another name switches it; the tick labels of its
+short log-scale charts stay apart.
 """
 
 from __future__ import annotations
@@ -174,3 +175,29 @@ def test_a_chart_click_a_table_row_and_an_event_naming_a_tensor_open_it(demo: An
     for h in (hook, other):
         demo.client.delete(f"/api/hooks/{h.json()['id']}").raise_for_status()
     assert log.errors == []
+
+
+def test_the_panels_log_axes_keep_their_tick_labels_apart(fast: support.ServerProcess, new_page: Any) -> None:
+    """A tensor's norm over a run that blows up (0.006 to 10, the deep demo's layers.71) and its
+    update ratio (1e-5 to 0.26) on the panel's short charts: neighbouring tick labels at least a
+    label's height (14 px) apart, at the height the open panel gives its norm chart."""
+    page, _ = open_page(new_page, fast, (1440, 900))
+    click_name(page, hold_worst(page)[0])
+    expect(page.get_by_test_id("tensor-panel-norm")).not_to_have_attribute("data-points", "0")
+    gaps = page.evaluate(
+        """async () => {
+          const { yAxisFor } = await import("/static/tensorpanel.js");
+          const gd = document.querySelector('[data-testid="tensor-panel-norm"]');
+          const len = gd._fullLayout.yaxis._length;
+          return [[0.006, 0.02, 9.88], [1e-5, 1e-4, 0.26]].map((vals) => {
+            const ax = yAxisFor(vals, "t");
+            const lo = Math.log10(Math.min(...vals)), hi = Math.log10(Math.max(...vals));
+            const v = ax.tickvals.map(Math.log10).sort((a, b) => a - b);
+            let gap = Infinity;
+            for (let i = 1; i < v.length; i++) gap = Math.min(gap, ((v[i] - v[i - 1]) / (hi - lo)) * len);
+            return { ticks: ax.ticktext, len, gap };
+          });
+        }"""
+    )
+    for g in gaps:
+        assert len(g["ticks"]) >= 2 and g["gap"] >= 14, gaps
