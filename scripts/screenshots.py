@@ -9,13 +9,17 @@ dashboard in Debian's Chromium (Python Playwright, launched by tests/support.py'
 `launch_chromium`), drives training through the HTTP API the way the scenario's "try this"
 suggests (a hook added part-way, so its marker and effect show), pauses, waits until the page
 has drawn the last step, and saves `docs/dashboard-<scenario>.png` (1440x900) and, from the same
-paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768), both full-page. Training is driven step
-by step near each hook, so the pictures are the same from run to run up to timing noise. The
-scenario pictures are taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its
-shadow comparison (the run without the clip, dashed) and the difference chart open; `deep` (a
-large model, shown by groups) also gets `docs/dashboard-deep-drill.png`, the page after a click on
-the worst-now list's first tensor; `nan-rules` (the "safe overnight" rule rewinding past the NaN)
-also gets the Rules card alone and the loss card with the firing's marker hovered.
+paused run in a second page, `docs/dashboard-<scenario>-1024.png` (1024x768): the scenario's view
+(its URL fragment; the Overview unless the plan names another) in the dark theme, as the
+viewport shows it (top bar, health line and view bar included), not the whole page. Training is driven step by step near each
+hook, so the pictures are the same from run to run up to timing noise. The scenario pictures are
+taken with `--no-shadow`; `exploding-whatif` is the `exploding` run with its shadow comparison
+(the run without the clip, dashed) and the difference chart open, in the What-if view; `deep` (a
+large model, shown by groups) also gets `docs/dashboard-deep-drill.png`, the Overview after a
+click on the worst-now list's first tensor, its tensor panel open; `tiny_gpt` also gets
+`docs/dashboard-tiny_gpt-optimizer.png`, the Optimizer view (the update ratio of the frozen
+block); `nan-rules` (the "safe overnight" rule rewinding past the NaN) also gets the Rules card
+alone and the loss card with the firing's marker hovered.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from tests.support import launch_chromium, start_demo  # noqa: E402
 SIZES = [(1440, 900), (1024, 768)]  # a laptop, and a small one: dashboard-<scenario>.png, -1024.png
 
 # What each picture shows: hooks added at given steps (the scenario's "try this"), the step
-# to stop at, and the parameter whose histogram is shown.
+# to stop at, and the view shown ("view", the Overview unless named; "more": further views, one
+# picture each, dashboard-<scenario>-<view>.png at 1440x900).
 PLANS: dict[str, dict[str, Any]] = {
     "mlp": {
         "actions": [
@@ -46,14 +51,10 @@ PLANS: dict[str, dict[str, Any]] = {
             (80, "disable", None),
         ],
         "stop": 130,
-        "hist": "0.weight",
-        "flow": "norm",
     },
     "exploding": {
         "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
         "stop": 140,
-        "hist": "8.weight",
-        "flow": "norm",
     },
     # zclip from the start, no threshold chosen: its warm-up, then the norm held near its
     # warm-up level while the raw norm climbs (the hook row shows its threshold)
@@ -61,8 +62,6 @@ PLANS: dict[str, dict[str, Any]] = {
         "scenario": "exploding",
         "actions": [(1, "add", {"kind": "zclip", "target": "*", "params": {}})],
         "stop": 140,
-        "hist": "8.weight",
-        "flow": "norm",
     },
     # what-if: the same run with its shadow, the run without the clip, dashed; the
     # difference chart open. The other pictures are taken with --no-shadow.
@@ -70,16 +69,13 @@ PLANS: dict[str, dict[str, Any]] = {
         "scenario": "exploding",
         "extra": [],
         "diff": True,
+        "view": "whatif",
         "actions": [(30, "add", {"kind": "clip_norm", "target": "*", "params": {"max_norm": 1.0}})],
         "stop": 110,
-        "hist": "8.weight",
-        "flow": "norm",
     },
     "nan": {
         "actions": [(10, "add", {"kind": "nan_guard", "target": "*", "params": {"action": "skip"}})],
         "stop": 90,
-        "hist": None,
-        "flow": "absmax",
     },
     # rules: a checkpoint at step 10 and the "safe overnight" preset; the NaN at step 30 fires it,
     # rewinding to the checkpoint and skipping the batches since it. Also
@@ -89,25 +85,20 @@ PLANS: dict[str, dict[str, Any]] = {
         "scenario": "nan",
         "actions": [(10, "checkpoint", None), (10, "rules", {"preset": "safe overnight"})],
         "stop": 60,
-        "hist": None,
-        "flow": "norm",
         "cards": ["card-rules"],
         "hover": "rule fired",
     },
     "tiny_gpt": {
         "actions": [(15, "add", {"kind": "freeze", "target": "blocks.0.*", "params": {}})],
         "stop": 45,
-        "hist": "blocks.1.attn.qkv.weight",
-        "flow": "norm",
+        "more": ["optimizer"],
     },
     # a large model, shown by groups: stopped a few steps after layers.71 went wrong, before any
     # hook; "deep.png" is the overview, "deep-drill.png" the same page after a click on the
-    # worst-now list's first tensor (opened everywhere: its group expanded and drilled into)
+    # worst-now list's first tensor: its tensor panel open, its group expanded in the heatmap
     "deep": {
         "actions": [],
         "stop": 64,
-        "hist": None,
-        "flow": "norm",
         "open_worst": True,
     },
 }
@@ -173,12 +164,12 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
     ):
         api = Api(server.base)
         api.call("POST", "/api/training/pause")
-        page = browser.new_page(viewport={"width": SIZES[0][0], "height": SIZES[0][1]})
+        page = browser.new_page(viewport={"width": SIZES[0][0], "height": SIZES[0][1]}, color_scheme="dark")
         errors: list[str] = []
         watch(page, errors)
-        page.goto(api.base + "/")
+        view = plan.get("view", "overview")
+        page.goto(f"{api.base}/#{view}")
         page.get_by_test_id("connection-status").filter(has_text="live").wait_for()
-        set_views(page, plan)
         for at, action, spec in plan["actions"]:
             api.run_to(at)
             if action == "add":
@@ -197,6 +188,10 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
         paths = [settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}.png")]
         if plan.get("open_worst"):
             paths.append(open_worst(page, last, sampled, out / f"dashboard-{scenario}-drill.png"))
+        for more in plan.get("more", []):
+            show_view(page, more)
+            paths.append(settle_and_shoot(page, last, sampled, out / f"dashboard-{scenario}-{more}.png"))
+        show_view(page, view)
         for card in plan.get("cards", []):  # one card alone, as the 1440x900 page shows it
             el = page.get_by_test_id(card)
             el.scroll_into_view_if_needed()
@@ -206,11 +201,10 @@ def shoot(browser: Any, scenario: str, out: Path) -> list[Path]:
             paths.append(hover_marker(page, plan["hover"], out / f"dashboard-{scenario}-loss-hover.png"))
         page.close()
         for width, height in SIZES[1:]:  # the same paused run, seen on a smaller screen
-            small = browser.new_page(viewport={"width": width, "height": height})
+            small = browser.new_page(viewport={"width": width, "height": height}, color_scheme="dark")
             watch(small, errors)
-            small.goto(api.base + "/")
+            small.goto(f"{api.base}/#{view}")
             small.get_by_test_id("connection-status").filter(has_text="live").wait_for()
-            set_views(small, plan)
             show_diff(small, plan)
             paths.append(settle_and_shoot(small, last, sampled, out / f"dashboard-{scenario}-{width}.png"))
             small.close()
@@ -224,10 +218,10 @@ def watch(page: Any, errors: list[str]) -> None:
     page.on("pageerror", lambda e: errors.append(str(e)))
 
 
-def set_views(page: Any, plan: dict[str, Any]) -> None:
-    if plan["hist"]:
-        page.get_by_test_id("hist-param").select_option(plan["hist"])
-    page.get_by_test_id("flow-metric").locator(f'button[data-value="{plan["flow"]}"]').click()
+def show_view(page: Any, view: str) -> None:
+    """Show `view` (its URL fragment, as the view bar's link sets it) and wait until it is shown."""
+    page.evaluate("(v) => { window.location.hash = v; }", view)
+    page.wait_for_function("(v) => document.body.dataset.shownView === v", arg=view, timeout=10_000)
 
 
 def show_diff(page: Any, plan: dict[str, Any]) -> None:
@@ -247,11 +241,20 @@ def show_diff(page: Any, plan: dict[str, Any]) -> None:
 
 
 def open_worst(page: Any, last: int, sampled: int, path: Path) -> Path:
-    """Click the worst-now list's first tensor, wait until the heatmap shows it (its group
-    expanded down to it), and shoot."""
+    """Click the worst-now list's first tensor, wait until its tensor panel has drawn its norm over
+    the run and the heatmap shows it (its group expanded down to it), and shoot, the panel open."""
     item = page.get_by_test_id("worst-item").first
     name = item.get_attribute("data-param")
     item.click()
+    panel = page.get_by_test_id("tensor-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function(
+        """(name) => { const p = document.querySelector('[data-testid="tensor-panel"]');
+          const gd = document.querySelector('[data-testid="tensor-panel-norm"]');
+          return p.dataset.param === name && Number(gd.dataset.points) > 0; }""",
+        arg=name,
+        timeout=30_000,
+    )
     page.wait_for_function(
         """(name) => { const gd = document.querySelector('[data-testid="chart-heatmap"]');
           return ((gd._fullData || [])[0]?.y || []).some((y) => String(y).includes(name.split(".").pop())); }""",
@@ -274,42 +277,42 @@ def hover_marker(page: Any, trace: str, path: Path) -> Path:
         trace,
     )
     page.mouse.move(xy[0], xy[1])
-    page.locator('[data-testid="chart-loss"] .hoverlayer .hovertext').first.wait_for(timeout=10_000)
+    # (a hover box; "x unified" hover draws its box as the hover layer's legend)
+    page.locator(
+        '[data-testid="chart-loss"] .hoverlayer .hovertext, [data-testid="chart-loss"] .hoverlayer .legend'
+    ).first.wait_for(timeout=10_000)
     card.screenshot(path=str(path))
     return path
 
 
 def settle_and_shoot(page: Any, last: int, sampled: int, path: Path) -> Path:
     """Wait until the page has drawn step `last` and its newest snapshot, step `sampled` (paused, no hook
-    pending, no chart redraw due), then take a full-page screenshot. A large run's page draws only
-    the charts on screen, so each (but a hidden one) is scrolled into view and drawn first."""
-    slots = page.evaluate("window.__dashboard.scheduler.slots.length")
-    for i in range(slots):
-        page.evaluate(f"window.__dashboard.scheduler.slots[{i}].chart.el?.scrollIntoView()")
-        page.wait_for_function(
-            f"""() => {{ const s = window.__dashboard.scheduler.slots[{i}];
-              return !s.chart.el || s.chart.el.offsetParent === null || (!s.pending.dirty && !s.stale); }}""",
-            timeout=30_000,
-        )
+    pending, no chart in view with a redraw due), then screenshot the viewport, scrolled to the top.
+    A large run's page draws only the charts on screen, so those in view are waited for."""
+    page.mouse.move(0, 0)
+    page.evaluate("window.scrollTo(0, 0)")
     page.wait_for_function(
         """([last, sampled]) => {
           const flow = document.querySelector('[data-testid="chart-flow"]');
           const counter = document.querySelector('[data-testid="step-counter"]');
-          return Number(flow.dataset.step) === sampled && Number(counter.textContent) === last
+          // (the flow chart, where the view shows it, names the snapshot it drew)
+          return (flow.offsetParent === null || Number(flow.dataset.step) === sampled)
+            && Number(counter.textContent) === last
             && document.querySelectorAll('[data-testid="hook-row"][data-pending="true"]').length === 0;
         }""",
         arg=[last, sampled],
         timeout=60_000,
     )
     page.get_by_test_id("training-state").filter(has_text="paused").wait_for(timeout=20_000)
-    # Let the throttled charts finish their last redraws.
-    page.wait_for_function(
-        """() => { const s = window.__dashboard.scheduler.slots; return s.every((x) => !x.pending.dirty); }""",
-        timeout=30_000,
-    )
-    page.mouse.move(0, 0)
-    page.evaluate("window.scrollTo(0, 0)")  # sticky bars belong at the top of a full-page shot
-    page.screenshot(path=str(path), full_page=True)
+    # Let the charts in view finish their last redraws (the observer has seen the scroll by then).
+    for _ in range(2):
+        page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        page.wait_for_function(
+            """() => window.__dashboard.scheduler.slots.every((s) => !s.chart.el
+              || s.chart.el.offsetParent === null || !s.visible || (!s.pending.dirty && !s.stale))""",
+            timeout=30_000,
+        )
+    page.screenshot(path=str(path))
     return path
 
 
