@@ -201,3 +201,27 @@ def test_the_panels_log_axes_keep_their_tick_labels_apart(fast: support.ServerPr
     )
     for g in gaps:
         assert len(g["ticks"]) >= 2 and g["gap"] >= 14, gaps
+
+
+def test_on_a_wide_page_the_panel_leaves_the_main_column_and_the_top_bar_in_reach(
+    fast: support.ServerProcess, new_page: Any
+) -> None:
+    page, log = open_page(new_page, fast, (1440, 900))
+    names = hold_worst(page)
+    click_name(page, names[0])
+    expect(page.get_by_test_id(PANEL)).to_be_visible()
+    panel = page.get_by_test_id(PANEL).bounding_box()
+    charts = page.locator("main.layout > section.charts").bounding_box()
+    top = page.locator("header.topbar").bounding_box()
+    assert panel is not None and charts is not None and top is not None
+    # every chart of the main column stays clickable: the panel covers the side column only
+    assert panel["x"] >= charts["x"] + charts["width"], (panel, charts)
+    # the training controls stay in reach: the panel starts below the sticky stack
+    assert panel["y"] >= top["y"] + top["height"], (panel, top)
+    hit = page.evaluate(
+        """() => { const b = document.querySelector('[data-testid="pause"]').getBoundingClientRect();
+                   const el = document.elementFromPoint(b.x + b.width / 2, b.y + b.height / 2);
+                   return Boolean(el && el.closest('[data-testid="pause"]')); }"""
+    )
+    assert hit, "the Pause button is covered"
+    assert log.errors == []
