@@ -261,3 +261,19 @@ def test_the_health_lines_text_reads_on_its_background_in_either_theme(browser, 
         assert errors == []
     finally:
         ctx.close()
+
+
+def test_what_is_scrolled_into_view_lands_below_the_sticky_stack(browser, demo):
+    ctx, page, errors = open_page(browser, f"{demo.url}#all")
+    try:
+        expect(page.get_by_test_id("chart-heatmap")).to_be_visible()
+        page.evaluate("() => document.querySelector('[data-testid=chart-heatmap]').scrollIntoView()")
+        page.wait_for_function("() => window.scrollY > 0")
+        nav = page.get_by_test_id("view-nav").bounding_box()
+        chart = page.get_by_test_id("chart-heatmap").bounding_box()
+        assert nav is not None and chart is not None
+        # its top row is not under the top bar, the health line or the nav
+        assert chart["y"] >= nav["y"] + nav["height"], (chart, nav)
+        assert errors == []
+    finally:
+        ctx.close()
