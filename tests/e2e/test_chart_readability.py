@@ -70,7 +70,9 @@ def test_zooming_out_past_the_held_steps_backfills_the_loss_at_once_and_every_ti
         """() => Plotly.relayout(document.querySelector('[data-testid="chart-loss"]'),
                                  {"xaxis.range[0]": 0, "xaxis.range[1]": 2500})"""
     )
-    wait_until(lambda: held, what="the history's snapshots asked for")
+    # (a sync Playwright route handler runs only while a Playwright call is in progress: each poll
+    # makes one, or a request made after the relayout returned would never reach `hold`)
+    wait_until(lambda: page.evaluate("0") == 0 and held, what="the history's snapshots asked for")
     wait_until(lambda: page.evaluate(FIRST_X, "chart-loss") <= 1, what="step 1 on the loss chart")
     released = True
     for route in held:
