@@ -51,7 +51,7 @@ def wait_until(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any
 def open_page(new_page: Any, server: support.ServerProcess, size: tuple[int, int] = (1440, 900)) -> tuple:
     page, log = new_page()
     page.set_viewport_size({"width": size[0], "height": size[1]})
-    page.goto(server.url)
+    page.goto(server.url + "#all")  # every card: some tests read charts outside the overview
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "live")
     wait_until(
         lambda: (page.evaluate(LOSS) or {}).get("traces", {}).get("loss", {}).get("x"), what="loss drawn"
