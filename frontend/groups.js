@@ -236,23 +236,24 @@ export function searchNames(lower, names, query, limit = 50) {
 
 /** fnmatch's translation of a glob: `*` any run, `?` one character, `[seq]`/`[!seq]` a class. */
 export function globRegExp(glob) {
-  let re = "";
+  let out = "";
   for (let k = 0; k < glob.length; k++) {
     const c = glob[k];
-    if (c === "*") re += ".*";
-    else if (c === "?") re += ".";
+    if (c === "*") out += ".*";
+    else if (c === "?") out += ".";
     else if (c === "[") {
       const end = glob.indexOf("]", k + 2);
-      if (end < 0) re += "\\[";
+      if (end < 0) out += "\\[";
       else {
-        let body = glob.slice(k + 1, end).replace(/\\/g, "\\\\");
-        if (body[0] === "!") body = `^${body.slice(1)}`;
-        re += `[${body}]`;
+        let set = glob.slice(k + 1, end).replace(/\\/g, "\\\\");
+        if (set.startsWith("!")) set = `^${set.slice(1)}`;
+        else if (set.startsWith("^")) set = `\\${set}`;
+        out += `[${set}]`;
         k = end;
       }
-    } else re += c.replace(/[.+^${}()|\\\]]/g, "\\$&");
+    } else out += c.replace(/[.+^${}()|\\\]]/g, "\\$&");
   }
-  return new RegExp(`^${re}$`, "s");
+  return new RegExp(`^${out}$`, "s");
 }
 
 /** A short signature of a model's parameter names (the key pins are kept under). */

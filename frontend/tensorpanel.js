@@ -12,6 +12,7 @@
 
 import { api, errorText } from "./api.js";
 import { HistTimeChart } from "./histtime.js";
+import { globRegExp } from "./groups.js";
 import { nameText } from "./names.js";
 import { hasStats, statOf } from "./state.js";
 import { COLORS, PLOT_CONFIG, axis, baseLayout, centerNote } from "./theme.js";
@@ -21,28 +22,6 @@ import { fmt, h, num, plotlyText, positive } from "./util.js";
 const Plotly = window.Plotly;
 export const MAX_STEPS = 5000; // sampled steps one GET /api/detail answer holds, at most
 const REDRAW_MS = 400; // streamed rows redraw the panel at most this often
-
-/** fnmatch.fnmatchcase's glob (a hook's target, inspector/hooks/targets.py) as a RegExp. */
-export function globRegExp(glob) {
-  let out = "";
-  for (let k = 0; k < glob.length; k++) {
-    const c = glob[k];
-    if (c === "*") out += ".*";
-    else if (c === "?") out += ".";
-    else if (c === "[") {
-      const end = glob.indexOf("]", k + 2);
-      if (end < 0) out += "\\[";
-      else {
-        let set = glob.slice(k + 1, end).replace(/\\/g, "\\\\");
-        if (set.startsWith("!")) set = `^${set.slice(1)}`;
-        else if (set.startsWith("^")) set = `\\${set}`;
-        out += `[${set}]`;
-        k = end;
-      }
-    } else out += c.replace(/[.+^${}()|\\\]]/g, "\\$&");
-  }
-  return new RegExp(`^${out}$`, "s");
-}
 
 /** The session's record of a parameter ({name, shape, dtype, numel, module}), or {name}. */
 function paramInfo(state, name) {

@@ -167,7 +167,7 @@ def test_a_chart_click_a_table_row_and_an_event_naming_a_tensor_open_it(demo: An
     globs = ["0.*", "*.weight", "?.bias", "[02].weight", "[!0].weight", "0.w*t", "*", "0.[a-z]ias"]
     names = ["0.weight", "0.bias", "2.weight", "0.sub.bias", "10.weight", "0.Weight"]
     got = page.evaluate(
-        """async ([globs, names]) => { const { globRegExp } = await import("/static/tensorpanel.js");
+        """async ([globs, names]) => { const { globRegExp } = await import("/static/groups.js");
              return globs.map((g) => names.map((n) => globRegExp(g).test(n))); }""",
         [globs, names],
     )
